@@ -1,0 +1,1 @@
+"""Autoregressive objective and decoding."""

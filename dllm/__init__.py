@@ -1,0 +1,1 @@
+"""Masked (absorbing-state) discrete diffusion objective and samplers."""

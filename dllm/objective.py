@@ -1,0 +1,121 @@
+"""Masked diffusion (MDLM-style absorbing state, continuous time) as a training objective.
+
+Forward process: each loss token is independently replaced by ``[MASK]`` with probability
+1 - alpha_t. The model sees the noised row with bidirectional attention and predicts the clean
+token at every masked position (SUBS parameterisation: ``[MASK]`` is never a prediction, and
+unmasked positions are copied through, so they carry no loss). The per-row loss is
+
+    w(t) * sum over masked positions of -log p(x_i | x_t),    w(t) = -alpha'_t / (1 - alpha_t),
+
+and dividing the batch sum by the number of loss tokens gives the NELBO in nats per token, an
+upper bound on the NLL that is directly comparable with the autoregressive loss.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dllm.schedules import get_schedule
+from shared.objective import LossOutput, loss_positions
+
+
+def stratified_times(n_rows: int, generator: torch.Generator, eps: float) -> torch.Tensor:
+    """One t per row, t_i = eps + (1 - eps) (i + u) / n with one shared uniform u.
+
+    Every row still has a uniform marginal on [eps, 1], so the estimator stays unbiased, but the
+    batch covers the interval evenly, which lowers the variance of the batch mean.
+    """
+    u = torch.rand((), generator=generator, dtype=torch.float64)
+    return eps + (1.0 - eps) * (torch.arange(n_rows, dtype=torch.float64) + u) / n_rows
+
+
+def mask_exact_count(
+    scored: torch.Tensor, uniforms: torch.Tensor, u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """LLaDA's estimator: mask exactly k of a row's n loss positions, k = ceil(u n) (uniform on
+    1..n for uniform u), chosen uniformly at random, and weight the row by n / k.
+
+    Summing over k and mask sets, its expectation is sum_M CE(M) / (|M| C(n, |M|)), the NELBO of
+    the linear schedule, without the 1/t weights that explode for rows with tiny t.
+    """
+    n = scored.sum(-1)
+    k = torch.ceil(u * n).clamp(min=1)
+    # Rank the loss positions of each row by their uniform; the k lowest are masked.
+    keys = torch.where(scored, uniforms, torch.full_like(uniforms, 2.0))
+    rank = keys.argsort(-1).argsort(-1)
+    masked = (rank < k[:, None]) & scored
+    return masked, n.double() / k.double()
+
+
+ESTIMATORS = ("time", "count")
+
+
+class MaskedDiffusionObjective:
+    name = "mdm"
+    attention = "bidirectional"
+    metric = "nelbo"
+
+    def __init__(
+        self,
+        *,
+        pad_id: int,
+        mask_id: int | None = None,
+        schedule: str = "linear",
+        t_eps: float = 1e-3,
+        estimator: str = "time",
+    ):
+        if not 0.0 <= t_eps < 1.0:
+            raise ValueError(f"t_eps={t_eps!r} must be in [0, 1)")
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"estimator={estimator!r} must be one of {ESTIMATORS}")
+        if estimator == "count" and schedule != "linear":
+            raise ValueError(
+                "estimator='count' estimates the linear-schedule NELBO; use schedule='linear'"
+            )
+        self.pad_id = pad_id
+        self.mask_id = mask_id  # set by model_vocab_size when not given
+        self.schedule = get_schedule(schedule)
+        self.t_eps = t_eps
+        self.estimator = estimator
+
+    def model_vocab_size(self, tokenizer_vocab_size: int) -> int:
+        # One extra row for [MASK]; it is the last id so tokenizer ids are unchanged.
+        self.mask_id = tokenizer_vocab_size
+        return tokenizer_vocab_size + 1
+
+    def sample_noise(
+        self, n_rows: int, seq_len: int, generator: torch.Generator
+    ) -> dict[str, torch.Tensor]:
+        t = stratified_times(n_rows, generator, self.t_eps)
+        uniforms = torch.rand((n_rows, seq_len), generator=generator, dtype=torch.float64)
+        return {"t": t, "uniforms": uniforms}
+
+    def noise_rows(self, tokens: torch.Tensor, noise: dict[str, torch.Tensor]):
+        """Apply the forward process: returns (noised tokens, masked positions, per-row weight)."""
+        scored = loss_positions(tokens, self.pad_id)
+        uniforms = noise["uniforms"].to(tokens.device)
+        t = noise["t"].to(tokens.device)
+        if self.estimator == "time":
+            masked = (uniforms < (1.0 - self.schedule.alpha(t))[:, None]) & scored
+            weight = self.schedule.loss_weight(t)
+        else:
+            masked, weight = mask_exact_count(scored, uniforms, t)
+        noised = torch.where(masked, torch.full_like(tokens, self.mask_id), tokens)
+        return noised, masked, weight
+
+    def loss(
+        self, model: nn.Module, tokens: torch.Tensor, noise: dict[str, torch.Tensor]
+    ) -> LossOutput:
+        if self.mask_id is None:
+            raise RuntimeError("call model_vocab_size() before loss() so the [MASK] id is known")
+        noised, masked, weight = self.noise_rows(tokens, noise)
+        logits = model(noised, attention=self.attention, output_mask=masked)
+        # SUBS: drop the [MASK] column so the softmax runs over real tokens only.
+        token_nats = F.cross_entropy(
+            logits[:, : self.mask_id].float(), tokens[masked], reduction="none"
+        )
+        row_of_token = masked.nonzero()[:, 0]
+        nats = (token_nats.double() * weight[row_of_token]).sum().float()
+        return LossOutput(nats=nats, n_tokens=loss_positions(tokens, self.pad_id).sum())

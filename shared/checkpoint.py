@@ -1,0 +1,217 @@
+"""Checkpoints: written atomically, verified on load, self-describing.
+
+A checkpoint is a directory ``step_000123/`` holding
+
+- ``model.safetensors``   the weights (tied weights stored once),
+- ``optimizer.pt``        optimizer and LR-scheduler state,
+- ``rng.pt``              torch / numpy / python RNG states,
+- ``state.json``          step, model and training config, objective, data protocol,
+- ``tokenizer/``          the tokenizer, so the checkpoint decodes on its own,
+- ``manifest.json``       sha256 of every file above, written last.
+
+It is built in a temporary sibling directory, every file is fsynced, and one ``rename`` makes it
+visible: a crash leaves either the previous checkpoints or the complete new one, never half of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_model, save_model
+from torch import nn
+
+from shared.tokenizer import Tokenizer
+
+CHECKPOINT_PATTERN = re.compile(r"^step_(\d{6,})$")
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete or corrupted."""
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+    _fsync_dir(root)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rng_state() -> dict[str, Any]:
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(
+    root: Path,
+    step: int,
+    *,
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    state: dict[str, Any],
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any | None = None,
+    keep_last: int = 0,
+) -> Path:
+    """Write ``root/step_{step}`` atomically and return its path.
+
+    ``keep_last > 0`` then deletes all but the newest ``keep_last`` checkpoints.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / checkpoint_name(step)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    try:
+        save_model(model, str(staging / "model.safetensors"))
+        if optimizer is not None:
+            torch.save(
+                {
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                },
+                staging / "optimizer.pt",
+            )
+        torch.save(rng_state(), staging / "rng.pt")
+        (staging / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
+        tokenizer.save(staging / "tokenizer")
+        files = sorted(p for p in staging.rglob("*") if p.is_file())
+        manifest = {str(p.relative_to(staging)): _sha256(p) for p in files}
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        _fsync_tree(staging)
+        if final.exists():  # re-saving the same step (e.g. after a resume): replace it whole
+            shutil.rmtree(final)
+        os.rename(staging, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if keep_last > 0:
+        for old in list_checkpoints(root)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoint directories under ``root``, oldest first (staging dirs are ignored)."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and CHECKPOINT_PATTERN.match(p.name)]
+    return sorted(found, key=lambda p: int(CHECKPOINT_PATTERN.match(p.name).group(1)))
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Raise ``CheckpointError`` unless every file listed in the manifest is present and intact."""
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        raise CheckpointError(f"{path}: no {MANIFEST} (incomplete checkpoint)")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path}: unreadable {MANIFEST}: {error}") from None
+    for name, expected in manifest.items():
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"{path}: missing file {name}")
+        if _sha256(file) != expected:
+            raise CheckpointError(f"{path}: checksum mismatch in {name} (corrupted or truncated)")
+
+
+def resolve_checkpoint(path: Path, log=print) -> Path:
+    """A checkpoint directory, or the newest valid one under a run or checkpoints directory.
+
+    Invalid checkpoints are skipped with a message saying which and why.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"resume path {path} does not exist")
+    if (path / MANIFEST).exists() or CHECKPOINT_PATTERN.match(path.name):
+        verify_checkpoint(path)
+        return path
+    root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    candidates = list_checkpoints(root)
+    if not candidates:
+        raise CheckpointError(f"no checkpoints found under {root}")
+    for candidate in reversed(candidates):
+        try:
+            verify_checkpoint(candidate)
+            return candidate
+        except CheckpointError as error:
+            log(f"skipping checkpoint {candidate.name}: {error}")
+    raise CheckpointError(f"no valid checkpoint under {root}: all {len(candidates)} failed checks")
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    return json.loads((Path(path) / "state.json").read_text())
+
+
+def load_weights(path: Path, model: nn.Module) -> None:
+    missing, unexpected = load_model(model, str(Path(path) / "model.safetensors"), strict=False)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path}: weights do not fit the model (missing {missing}, unexpected {unexpected})"
+        )
+
+
+def load_training_state(path: Path, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
+    blob = torch.load(Path(path) / "optimizer.pt", map_location="cpu", weights_only=False)
+    optimizer.load_state_dict(blob["optimizer"])
+    if scheduler is not None and blob["scheduler"] is not None:
+        scheduler.load_state_dict(blob["scheduler"])
+    restore_rng_state(torch.load(Path(path) / "rng.pt", weights_only=False))
+
+
+def load_model_from_checkpoint(path: Path, device: str | torch.device = "cpu"):
+    """(model, tokenizer, state) from a checkpoint, for sampling and evaluation."""
+    from shared.config import ModelConfig
+    from shared.model import Transformer
+
+    path = resolve_checkpoint(Path(path))
+    state = read_state(path)
+    model = Transformer(ModelConfig.from_dict(state["model_config"]))
+    load_weights(path, model)
+    tokenizer = Tokenizer.load(path / "tokenizer")
+    return model.to(device).eval(), tokenizer, state

@@ -1,0 +1,356 @@
+"""The Llama-style transformer backbone shared by the autoregressive and diffusion objectives.
+
+Pre-norm RMSNorm, rotary position embeddings on queries and keys (the rotate-half convention of
+Hugging Face Llama), SwiGLU feed-forward, grouped-query attention through
+``scaled_dot_product_attention``. The attention pattern is the only switch between objectives:
+``"causal"`` for next-token prediction, ``"bidirectional"`` for masked diffusion, or an explicit
+boolean mask (True = may attend) for anything in between, such as block-causal attention.
+Module names follow the Llama reference so checkpoints map one-to-one onto Hugging Face Llama.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shared.config import ModelConfig
+
+# "causal", "bidirectional" or a boolean mask [T_q, T_k] or [B, 1, T_q, T_k] (True = may attend)
+Attention = str | torch.Tensor
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 even under bf16 autocast: a bf16 mean of squares loses precision.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_frequencies(head_dim: int, theta: float) -> torch.Tensor:
+    """Inverse frequencies of the rotary embedding, one per channel pair: theta^(-2i/head_dim)."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, ...]:
+    """cos and sin tables [..., T, head_dim] for integer positions [..., T] (float32)."""
+    angles = positions.to(torch.float64)[..., None] * rope_frequencies(head_dim, theta)
+    angles = torch.cat([angles, angles], dim=-1)  # rotate-half layout: first and second halves pair
+    return angles.cos().float(), angles.sin().float()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat([-second, first], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate channel pairs (i, i + head_dim/2) of x [B, H, T, head_dim] by per-position angles."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return x * cos + rotate_half(x) * sin
+
+
+def attention_mask(
+    query_slots: torch.Tensor,
+    key_slots: torch.Tensor,
+    *,
+    causal: bool,
+    window: int = 0,
+    key_valid: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Boolean mask (True = may attend) from slot indices: [T_q, T_k], or [B, 1, T_q, T_k] when
+    ``key_valid`` [B, T_k] marks which keys are real tokens (False for padding).
+
+    Slots are positions in the sequence (or in a KV cache). A query always sees its own slot, so
+    a padding query never has every key masked: SDPA would return NaN there, and the NaN would
+    reach real tokens through the next layer's keys and values even though they are masked.
+    """
+    distance = query_slots[:, None] - key_slots[None, :]
+    allowed = torch.ones_like(distance, dtype=torch.bool)
+    if causal:
+        allowed &= distance >= 0
+    if window:
+        allowed &= distance.abs() < window
+    if key_valid is None:
+        return allowed
+    return (allowed & key_valid[:, None, None, :]) | (distance == 0)
+
+
+class KVCache:
+    """Preallocated keys and values of every layer, [layers, B, n_kv_heads, max_len, head_dim].
+
+    It stores the KV heads, not the query heads, so grouped-query models keep their memory saving.
+    ``valid`` [B, max_len] marks slots that hold real tokens (False for left padding), and
+    ``length`` is how many slots are filled. A forward with ``cache_start=s`` writes its keys
+    and values into slots s..s+T and attends over slots 0..max(length, s+T); writing below
+    ``length`` overwrites slots in place, which is how a block of a sequence is recomputed while
+    the rest stays cached.
+    """
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        batch_size: int,
+        max_len: int,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ):
+        if max_len > cfg.max_seq_len:
+            raise ValueError(f"cache max_len={max_len} exceeds max_seq_len={cfg.max_seq_len}")
+        shape = (cfg.n_layers, batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
+        self.keys = torch.zeros(shape, device=device, dtype=dtype)
+        self.values = torch.zeros(shape, device=device, dtype=dtype)
+        self.valid = torch.zeros(batch_size, max_len, device=device, dtype=torch.bool)
+        self.length = 0
+
+    @property
+    def max_len(self) -> int:
+        return self.keys.shape[3]
+
+    def store(
+        self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor, end: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v [B, H_kv, T, d] at slots start..start+T; return slots 0..end of the layer."""
+        stop = start + k.shape[2]
+        self.keys[layer, :, :, start:stop] = k
+        self.values[layer, :, :, start:stop] = v
+        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+
+    def crop(self, length: int) -> None:
+        """Forget slots from ``length`` on (e.g. to reuse a prompt's cache for another sample)."""
+        self.valid[:, length:] = False
+        self.length = min(self.length, length)
+
+
+class GroupedQueryAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.n_kv_heads = cfg.n_kv_heads
+        self.head_dim = cfg.head_dim
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        is_causal: bool,
+        cache: CachedLayer | None = None,
+    ) -> torch.Tensor:
+        batch, length, _ = x.shape
+        q = self.wq(x).view(batch, length, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(batch, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(batch, length, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.cache.store(cache.layer, cache.start, k, v, cache.end)
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=is_causal,
+            enable_gqa=self.n_kv_heads != self.n_heads,
+        )
+        return self.wo(out.transpose(1, 2).reshape(batch, length, -1))
+
+
+@dataclass
+class CachedLayer:
+    """Where one layer's attention reads and writes its KV cache during a cached forward."""
+
+    cache: KVCache
+    layer: int
+    start: int
+    end: int
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, dim: int, hidden_dim: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attention = GroupedQueryAttention(cfg)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg.dim, cfg.hidden_dim)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        is_causal: bool,
+        cache: CachedLayer | None = None,
+    ) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, mask, is_causal, cache)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg.validate()
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        cos, sin = rope_cos_sin(torch.arange(cfg.max_seq_len), cfg.head_dim, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # GPT-2 style: N(0, 0.02), with the projections that write into the residual stream scaled
+        # down by depth so the residual variance does not grow with the number of layers.
+        for name, param in self.named_parameters():
+            if name.endswith("norm.weight"):
+                nn.init.ones_(param)
+            elif name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
+                nn.init.normal_(param, std=0.02 / math.sqrt(2 * self.config.n_layers))
+            else:
+                nn.init.normal_(param, std=0.02)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        attention: Attention,
+        output_mask: torch.Tensor | None = None,
+        *,
+        positions: torch.Tensor | None = None,
+        key_valid: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        cache_start: int | None = None,
+    ) -> torch.Tensor:
+        """Logits for ``tokens`` [B, T].
+
+        ``attention``: "causal", "bidirectional", or a boolean mask (True = may attend) used as is.
+        ``output_mask`` [B, T] (bool) restricts the output head to the selected positions and
+            returns logits [N_selected, vocab]; the diffusion loss only needs masked positions,
+            and skipping the rest saves the largest matmul at small model sizes.
+        ``positions`` [B, T] or [T]: RoPE positions (default: the slot index), so left-padded rows
+            can start at position 0.
+        ``key_valid`` [B, T]: False marks padding that no token may attend to (uncached forward).
+        ``cache`` / ``cache_start``: write keys and values into slots cache_start.. of a
+            ``KVCache`` (default: append at ``cache.length``) and attend over the filled slots;
+            the new tokens' validity is recorded from ``key_valid`` (default: all real).
+        """
+        batch, length = tokens.shape
+        start = 0
+        if cache is not None:
+            start = cache.length if cache_start is None else cache_start
+            if start + length > cache.max_len:
+                raise ValueError(
+                    f"cache overflow: slots {start}..{start + length} exceed the cache's "
+                    f"max_len={cache.max_len}"
+                )
+        elif length > self.config.max_seq_len:
+            raise ValueError(
+                f"sequence length {length} exceeds max_seq_len={self.config.max_seq_len}"
+            )
+        slots = torch.arange(start, start + length, device=tokens.device)
+        if positions is None:
+            positions = slots
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        if cos.dim() == 3:  # per-row positions: broadcast over heads
+            cos, sin = cos[:, None], sin[:, None]
+
+        layer_cache: list[CachedLayer | None] = [None] * len(self.layers)
+        if cache is not None:
+            end = max(cache.length, start + length)
+            new_valid = (
+                torch.ones_like(tokens, dtype=torch.bool) if key_valid is None else key_valid
+            )
+            cache.valid[:, start : start + length] = new_valid
+            cache.length = end
+            key_slots = torch.arange(end, device=tokens.device)
+            layer_cache = [CachedLayer(cache, i, start, end) for i in range(len(self.layers))]
+            mask, is_causal = self._mask(attention, slots, key_slots, cache.valid[:, :end]), False
+        else:
+            mask, is_causal = self._uncached_mask(attention, slots, key_valid)
+
+        x = self.tok_embeddings(tokens)
+        for layer, layer_kv in zip(self.layers, layer_cache):
+            x = layer(x, cos, sin, mask, is_causal, layer_kv)
+        x = self.norm(x)
+        if output_mask is not None:
+            x = x[output_mask]
+        return self.output(x)
+
+    def _mask(
+        self,
+        attention: Attention,
+        query_slots: torch.Tensor,
+        key_slots: torch.Tensor,
+        key_valid: torch.Tensor | None,
+    ) -> torch.Tensor:
+        if isinstance(attention, torch.Tensor):
+            return attention.to(query_slots.device)
+        if attention not in ("causal", "bidirectional"):
+            raise ValueError(
+                f"attention={attention!r} must be 'causal', 'bidirectional' or a "
+                "boolean mask tensor"
+            )
+        return attention_mask(
+            query_slots,
+            key_slots,
+            causal=attention == "causal",
+            window=self.config.sliding_window,
+            key_valid=key_valid,
+        )
+
+    def _uncached_mask(
+        self, attention: Attention, slots: torch.Tensor, key_valid: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, bool]:
+        """The plain cases need no mask tensor: SDPA's is_causal (or nothing) lets it pick its
+        fused kernels. is_causal is only right here, where queries and keys are the same slots."""
+        window = self.config.sliding_window
+        plain = key_valid is None and not (window and window < len(slots))
+        if plain and attention in ("causal", "bidirectional"):
+            return None, attention == "causal"
+        return self._mask(attention, slots, slots, key_valid), False
+
+    def num_parameters(self, include_embeddings: bool = True) -> int:
+        total = sum(p.numel() for p in self.parameters())  # tied weights are counted once
+        return total if include_embeddings else total - self.tok_embeddings.weight.numel()
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token (forward + backward) by the usual count: 6 per matmul weight
+    (every linear layer, the output head included; the embedding lookup is not a matmul) plus
+    the attention score and value products, 12 * layers * dim * seq_len, counted as if full."""
+    per_layer = (
+        2 * cfg.dim * cfg.n_heads * cfg.head_dim  # wq, wo
+        + 2 * cfg.dim * cfg.n_kv_heads * cfg.head_dim  # wk, wv
+        + 3 * cfg.dim * cfg.hidden_dim
+    )  # w1, w2, w3
+    matmul_weights = cfg.n_layers * per_layer + cfg.dim * cfg.vocab_size
+    return 6.0 * matmul_weights + 12.0 * cfg.n_layers * cfg.dim * seq_len

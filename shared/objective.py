@@ -1,0 +1,68 @@
+"""The small interface every training objective offers to ``train.py`` and the evaluators.
+
+An objective decides three things: how many vocabulary rows the backbone needs, which attention
+pattern it runs with, and how a batch of token rows becomes a sum of nats. Randomness (diffusion
+noise) is drawn for the *global* batch from a generator seeded by the step, then sliced per
+process, so any number of processes and any resume point see exactly the same noise.
+
+Row format (see ``shared.data``): every row starts with the BOS/EOS id; loss positions are the
+positions >= 1 that are not padding. Every objective is scored on exactly those tokens, so their
+nats per token are directly comparable.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import nn
+
+
+@dataclass
+class LossOutput:
+    nats: torch.Tensor  # summed over loss tokens; differentiable
+    n_tokens: torch.Tensor  # how many loss tokens the sum covers (the per-token denominator)
+
+
+class Objective(Protocol):
+    name: str  # "ar", "mdm", ...
+    attention: str  # attention pattern the backbone runs with
+    metric: str  # what nats/token means for it: "nll" (exact) or "nelbo" (an upper bound)
+
+    def model_vocab_size(self, tokenizer_vocab_size: int) -> int: ...
+
+    def sample_noise(
+        self, n_rows: int, seq_len: int, generator: torch.Generator
+    ) -> dict[str, torch.Tensor]: ...
+
+    def loss(
+        self, model: nn.Module, tokens: torch.Tensor, noise: dict[str, torch.Tensor]
+    ) -> LossOutput: ...
+
+
+def loss_positions(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Boolean [B, L]: the positions every objective is scored on (not BOS, not padding)."""
+    positions = tokens != pad_id
+    positions[:, 0] = False
+    return positions
+
+
+def slice_noise(noise: dict[str, torch.Tensor], start: int, stop: int) -> dict[str, torch.Tensor]:
+    """Rows start..stop of a global-batch noise draw (every entry has the batch as dim 0)."""
+    return {key: value[start:stop] for key, value in noise.items()}
+
+
+# name -> "module:factory". A new objective registers here and touches no other objective.
+OBJECTIVES = {
+    "ar": "arlm.objective:AutoregressiveObjective",
+    "mdm": "dllm.objective:MaskedDiffusionObjective",
+}
+
+
+def build_objective(name: str, *, pad_id: int, **options) -> Objective:
+    if name not in OBJECTIVES:
+        raise ValueError(f"objective={name!r} is unknown; valid objectives: {sorted(OBJECTIVES)}")
+    module_name, factory = OBJECTIVES[name].split(":")
+    return getattr(importlib.import_module(module_name), factory)(pad_id=pad_id, **options)

