@@ -29,7 +29,14 @@ import numpy as np
 import torch
 
 from shared.checkpoint import CheckpointError
-from shared.config import ConfigError, ModelConfig, ResourceUnavailableError, get_preset
+from shared.config import (
+    ConfigError,
+    ModelConfig,
+    ResourceUnavailableError,
+    check_field_types,
+    get_preset,
+)
+from shared.faults import StopRequest, fault_active
 from shared.objective import OBJECTIVES, build_objective, loss_positions, slice_noise
 
 DEFAULT_CACHE = Path(os.environ.get("DUOLM_CACHE", Path.home() / ".cache" / "duolm"))
@@ -75,7 +82,8 @@ class TrainConfig:
     eval_seed: int = 1234
     log_every: int = 10
     checkpoint_every: int = 0  # 0: at every evaluation and at the end
-    keep_checkpoints: int = 3
+    keep_checkpoints: int = 3  # newest kept, plus the best by periodic validation loss
+    max_bad_steps: int = 5  # consecutive steps with non-finite loss/gradients before stopping
     seed: int = 0
     num_threads: int = 0  # torch CPU threads; 0 leaves torch's default
     peak_tflops: float = 0.0  # hardware peak for MFU; 0 = look up or measure
@@ -83,6 +91,7 @@ class TrainConfig:
     cache_dir: str = str(DEFAULT_CACHE)
 
     def validate(self) -> TrainConfig:
+        check_field_types(self)
         choices = {
             "objective": sorted(OBJECTIVES),
             "protocol": ["packed", "padded"],
@@ -95,7 +104,14 @@ class TrainConfig:
         for name, valid in choices.items():
             if getattr(self, name) not in valid:
                 raise ConfigError(f"{name}={getattr(self, name)!r} is not one of {valid}")
-        positive = ("seq_len", "batch_size", "grad_accum", "eval_every", "log_every")
+        positive = (
+            "seq_len",
+            "batch_size",
+            "grad_accum",
+            "eval_every",
+            "log_every",
+            "max_bad_steps",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 1")
@@ -132,6 +148,10 @@ class TrainConfig:
         if not (self.max_steps or self.max_tokens or self.max_flops):
             raise ConfigError("no budget: set max_steps, max_tokens or max_flops to a value > 0")
         return self
+
+
+class TrainingDiverged(RuntimeError):
+    """Too many consecutive steps had a non-finite loss or gradient."""
 
 
 # Fields whose change makes a checkpoint a different experiment: resuming across them refuses.
@@ -232,7 +252,7 @@ def split_overrides(overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str
 def resolve_config(preset_name: str, overrides: dict[str, Any]) -> tuple[ModelConfig, TrainConfig]:
     preset = get_preset(preset_name)
     model_over, train_over = split_overrides(overrides)
-    model_cfg = ModelConfig(**{**preset["model"], **model_over})
+    model_cfg = ModelConfig(**{**preset["model"], **model_over}).validate()
     train_cfg = TrainConfig(**{**preset["train"], **train_over}).validate()
     if train_cfg.seq_len > model_cfg.max_seq_len:
         raise ConfigError(
@@ -258,7 +278,7 @@ def resumed_config(
     """The checkpoint's config with only the flags typed now applied on top. Changing a field that
     defines the experiment (objective, data, tokenizer, model shape) refuses unless allowed."""
     model_over, train_over = split_overrides(overrides)
-    model_cfg = ModelConfig(**{**saved["model_config"], **model_over})
+    model_cfg = ModelConfig(**{**saved["model_config"], **model_over}).validate()
     train_cfg = TrainConfig(**{**saved["train_config"], **train_over}).validate()
     shape_fields = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "vocab_size")
     changed = config_differences(
@@ -578,11 +598,25 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
         merged = LossTotals(float(summed[0]), int(summed[1]), int(summed[2]))
         return {"step": step, "kind": "eval", "metric": objective.metric, **merged.as_dict("val")}
 
-    def save(step: int) -> None:
+    checkpoints = out / "checkpoints"
+    best = ckpt.read_best(checkpoints)
+    last_good: list[Path | None] = [resume_from]
+    bad_streak = 0
+
+    def save(step: int, val: dict[str, float] | None) -> None:
+        """Checkpoint ``step``; ``val`` is the evaluation of this step's weights, if any."""
+        nonlocal best
         accelerator.wait_for_everyone()
+        path = checkpoints / ckpt.checkpoint_name(step)
+        is_best = val is not None and (
+            best is None or val["val_nats_per_token"] < best["val_nats_per_token"]
+        )
+        if is_best:
+            best = {"step": step, "val_nats_per_token": val["val_nats_per_token"]}
         if accelerator.is_main_process:
-            path = ckpt.save_checkpoint(
-                out / "checkpoints",
+            protect = (checkpoints / ckpt.checkpoint_name(best["step"]),) if best else ()
+            ckpt.save_checkpoint(
+                checkpoints,
                 step,
                 model=unwrapped,
                 tokenizer=tokenizer,
@@ -590,8 +624,13 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
                 optimizer=optimizer.optimizer,
                 scheduler=scheduler,
                 keep_last=train_cfg.keep_checkpoints,
+                protect=protect,
             )
-            log(f"saved {path}")
+            if is_best:
+                ckpt.write_json_atomic(checkpoints / ckpt.BEST_FILE, best)
+            log(f"saved {path}" + (" (best so far)" if is_best else ""))
+        if bad_streak == 0:  # weights saved in the middle of a streak of skipped steps
+            last_good[0] = path
         accelerator.wait_for_everyone()
 
     end_step = total_steps
@@ -609,7 +648,8 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
     )
     window_tokens, window_start = 0, time.perf_counter()
     throughput: list[float] = []
-    last_eval: dict[str, float] = {}
+    stop = StopRequest()
+    skipped_steps, stopped_by = 0, None
     for step in progress:
         rows = torch.as_tensor(
             train_rows[sampler.indices(step * train_cfg.batch_size, train_cfg.batch_size)],
@@ -630,21 +670,54 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
             with context:
                 micro_noise = slice_noise(noise, start, start + micro_batch)
                 out_loss = objective.loss(model, batch, micro_noise)
+                if fault_active("nan_loss", step + 1):
+                    out_loss.nats = out_loss.nats * float("nan")
                 accelerator.backward(out_loss.nats * world / max(global_tokens, 1))
             step_nats += out_loss.nats.detach().double()
-        grad_norm = (
-            accelerator.clip_grad_norm_(model.parameters(), train_cfg.grad_clip)
-            if train_cfg.grad_clip
-            else None
+        # One reduction per step carries the loss and any stop request, so every process takes
+        # the same decision (skip, stop, save) at the same step.
+        shared_state = accelerator.reduce(
+            torch.stack([step_nats, torch.tensor(float(stop.requested), device=device).double()]),
+            "sum",
         )
-        optimizer.step()
+        loss = float(shared_state[0]) / max(global_tokens, 1)
+        grad_norm = accelerator.clip_grad_norm_(
+            model.parameters(), train_cfg.grad_clip or float("inf")
+        )
+        done = step + 1
+        if math.isfinite(loss) and math.isfinite(float(grad_norm)):
+            optimizer.step()
+            bad_streak = 0
+        else:
+            # Skip the update but keep the schedule and data order moving, so a later resume
+            # still lines up step for step.
+            bad_streak += 1
+            skipped_steps += 1
+            metrics.log(
+                {
+                    "step": done,
+                    "kind": "skipped",
+                    "loss": loss,
+                    "grad_norm": float(grad_norm),
+                    "skipped_steps": skipped_steps,
+                }
+            )
+            progress.write(
+                f"step {done}: non-finite loss {loss} or gradient norm "
+                f"{float(grad_norm)}; update skipped ({bad_streak} in a row)"
+            )
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
+        if bad_streak >= train_cfg.max_bad_steps:
+            stop.close()
+            raise TrainingDiverged(
+                f"stopping at step {done}: {bad_streak} consecutive steps with a non-finite loss "
+                f"or gradient (last loss {loss}, gradient norm {float(grad_norm)}); the last good "
+                f"checkpoint is {last_good[0] or 'none (no checkpoint was written yet)'}"
+            )
 
         window_tokens += tokens_per_step
-        done = step + 1
         if done % train_cfg.log_every == 0 or done == end_step:
-            loss = float(accelerator.reduce(step_nats, "sum")) / max(global_tokens, 1)
             elapsed = time.perf_counter() - window_start
             tokens_per_s = window_tokens / elapsed
             throughput.append(tokens_per_s)
@@ -657,26 +730,35 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
                 "tokens_per_s": tokens_per_s,
                 "mfu": mfu,
                 "tokens": done * tokens_per_step,
-                "grad_norm": float(grad_norm) if grad_norm is not None else None,
+                "grad_norm": float(grad_norm),
+                "skipped_steps": skipped_steps,
             }
             metrics.log(record)
             progress.set_postfix(
                 loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:,.0f}", mfu=f"{mfu:.1%}", refresh=False
             )
             window_tokens, window_start = 0, time.perf_counter()
+        evaluated = None
         if done % train_cfg.eval_every == 0 and done != total_steps:
-            last_eval = validate(done, train_cfg.eval_batches or None)  # 0: the whole split
-            metrics.log(last_eval)
+            evaluated = validate(done, train_cfg.eval_batches or None)
+            metrics.log(evaluated)
             progress.write(
                 f"step {done}: val {objective.metric} "
-                f"{last_eval['val_nats_per_token']:.4f} "
-                f"nats/token, {last_eval['val_bpb']:.4f} bits/byte"
+                f"{evaluated['val_nats_per_token']:.4f} "
+                f"nats/token, {evaluated['val_bpb']:.4f} bits/byte"
             )
             window_start = time.perf_counter()  # keep evaluation time out of tokens/s
+        if float(shared_state[1]) > 0:
+            stopped_by = stop.signal_name or "a signal to another process"
+            end_step = done
         if done % checkpoint_every == 0 or done == end_step:
-            save(done)
+            save(done, evaluated)
             window_start = time.perf_counter()
+        if stopped_by:
+            progress.write(f"stopped by {stopped_by} at step {done}; resume with --resume {out}")
+            break
     progress.close()
+    stop.close()
 
     finished = end_step == total_steps
     summary: dict[str, Any] = {
@@ -685,6 +767,9 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
         "step": end_step,
         "total_steps": total_steps,
         "finished": finished,
+        "stopped_by": stopped_by,
+        "skipped_steps": skipped_steps,
+        "best_checkpoint": best,
         "parameters": unwrapped.num_parameters(),
         "tokens_seen": end_step * tokens_per_step,
         "flops_per_token": flops_token,
@@ -728,6 +813,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except TrainingDiverged as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -30,10 +30,12 @@ import torch
 from safetensors.torch import load_model, save_model
 from torch import nn
 
+from shared.faults import kill_now_if
 from shared.tokenizer import Tokenizer
 
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d{6,})$")
 MANIFEST = "manifest.json"
+BEST_FILE = "best.json"  # {"step", "val_nats_per_token"} of the best checkpoint so far
 
 
 class CheckpointError(RuntimeError):
@@ -97,16 +99,23 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     scheduler: Any | None = None,
     keep_last: int = 0,
+    protect: tuple[Path, ...] = (),
 ) -> Path:
     """Write ``root/step_{step}`` atomically and return its path.
 
-    ``keep_last > 0`` then deletes all but the newest ``keep_last`` checkpoints.
+    ``keep_last > 0`` then deletes all but the newest ``keep_last`` checkpoints, except those in
+    ``protect`` (the best checkpoint so far).
     """
     root.mkdir(parents=True, exist_ok=True)
+    # Staging directories left by a process that died mid-save are garbage: only one process
+    # writes checkpoints, so anything staged before this call is dead.
+    for stale in root.glob(".step_*"):
+        shutil.rmtree(stale, ignore_errors=True)
     final = root / checkpoint_name(step)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
         save_model(model, str(staging / "model.safetensors"))
+        kill_now_if("kill_in_checkpoint", step)  # tests: a crash in the middle of a save
         if optimizer is not None:
             torch.save(
                 {
@@ -130,8 +139,10 @@ def save_checkpoint(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     if keep_last > 0:
+        kept = {Path(p).resolve() for p in protect}
         for old in list_checkpoints(root)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+            if old.resolve() not in kept:
+                shutil.rmtree(old, ignore_errors=True)
     return final
 
 
@@ -215,3 +226,28 @@ def load_model_from_checkpoint(path: Path, device: str | torch.device = "cpu"):
     load_weights(path, model)
     tokenizer = Tokenizer.load(path / "tokenizer")
     return model.to(device).eval(), tokenizer, state
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Replace ``path`` with ``data`` as JSON in one rename (readers never see half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(json.dumps(data, indent=2))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_best(root: Path) -> dict[str, Any] | None:
+    path = Path(root) / BEST_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None

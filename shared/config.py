@@ -8,6 +8,7 @@ be overridden without editing code.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,32 @@ class ConfigError(ValueError):
 class ResourceUnavailableError(RuntimeError):
     """Something the run needs cannot be reached here (a hub dataset offline, a missing wheel);
     the message says what to install or use instead."""
+
+
+_FIELD_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def check_field_types(config: Any) -> None:
+    """Every field of a config dataclass holds a value of its declared type (ints are not bools,
+    floats are finite), so later range checks compare numbers with numbers."""
+    for field in dataclasses.fields(config):
+        expected = _FIELD_TYPES.get(str(field.type))
+        value = getattr(config, field.name)
+        if expected is None:
+            continue
+        if expected is float:
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+            if ok and not math.isfinite(value):
+                raise ConfigError(f"{field.name}={value!r} must be a finite number")
+        elif expected is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, expected)
+        if not ok:
+            raise ConfigError(
+                f"{field.name}={value!r} must be of type {expected.__name__}, "
+                f"not {type(value).__name__}"
+            )
 
 
 @dataclass(frozen=True)
@@ -49,6 +76,7 @@ class ModelConfig:
         return dataclasses.replace(self, vocab_size=vocab_size)
 
     def validate(self) -> ModelConfig:
+        check_field_types(self)
         positive = (
             "vocab_size",
             "dim",

@@ -1,0 +1,236 @@
+"""Faults cost nothing that cannot be recovered: kills, signals, corrupt files, NaNs, bad input."""
+
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from safetensors.torch import load_file
+
+import train
+from shared import checkpoint as ckpt
+from shared import faults
+from shared.config import ConfigError, ModelConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture
+def inject(monkeypatch):
+    """Set DUOLM_FAULTS for an in-process run (the parsed spec is cached, so reset it)."""
+
+    def set_faults(spec: str) -> None:
+        monkeypatch.setenv("DUOLM_FAULTS", spec)
+        faults._faults.cache_clear()
+
+    yield set_faults
+    faults._faults.cache_clear()
+
+
+def tiny(out: Path, cache: Path, *extra: str) -> list[str]:
+    return ["--preset", "tiny", "--out", str(out), "--cache-dir", str(cache), *extra]
+
+
+def run_train(*args: str, env_extra: dict | None = None, **popen) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
+    return subprocess.Popen(
+        [sys.executable, "train.py", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
+
+
+def newest_weights(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(ckpt.list_checkpoints(out / "checkpoints")[-1] / "model.safetensors"))
+
+
+def test_kill_during_checkpoint_write_then_resume_matches_uninterrupted(tmp_path, cache_dir):
+    common = ["--objective", "mdm", "--max-steps", "24", "--eval-every", "6"]
+    straight = tmp_path / "straight"
+    train.train(tiny(straight, cache_dir, *common))
+
+    crashed = tmp_path / "crashed"
+    proc = run_train(
+        *tiny(crashed, cache_dir, *common), env_extra={"DUOLM_FAULTS": "kill_in_checkpoint@12"}
+    )
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == -signal.SIGKILL, err[-2000:]
+    # The kill hit between the weights and the manifest of step 12: only step 6 is complete.
+    assert [p.name for p in ckpt.list_checkpoints(crashed / "checkpoints")] == ["step_000006"]
+    assert list((crashed / "checkpoints").glob(".step_000012.*")), "the staging dir is left over"
+
+    resumed = train.train(["--resume", str(crashed), "--cache-dir", str(cache_dir)])
+    assert resumed["finished"] and resumed["step"] == 24
+    assert not list((crashed / "checkpoints").glob(".step_*")), "stale staging dirs are cleaned"
+    a, b = newest_weights(straight), newest_weights(crashed)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_sigterm_saves_the_step_reached_and_exits_zero(tmp_path, cache_dir):
+    out = tmp_path / "run"
+    proc = run_train(
+        *tiny(out, cache_dir, "--max-steps", "100000", "--log-every", "1", "--eval-every", "100000")
+    )
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 5:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    summary = json.loads((out / "final.json").read_text())
+    assert summary["stopped_by"] == "SIGTERM" and not summary["finished"]
+    last_logged = [json.loads(line) for line in metrics.read_text().splitlines()][-1]["step"]
+    assert summary["step"] == last_logged >= 5
+    newest = ckpt.list_checkpoints(out / "checkpoints")[-1]
+    assert newest.name == ckpt.checkpoint_name(summary["step"])
+    ckpt.verify_checkpoint(newest)
+    assert "SIGTERM received" in err
+
+
+def test_second_signal_exits_at_once(monkeypatch):
+    request = faults.StopRequest()
+    kills = []
+    monkeypatch.setattr(faults.os, "kill", lambda pid, sig: kills.append(sig))
+    try:
+        request._handle(signal.SIGINT, None)
+        assert request.requested and request.signal_name == "SIGINT" and not kills
+        request._handle(signal.SIGINT, None)
+        assert kills == [signal.SIGINT]
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_DFL
+    finally:
+        request.close()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.parametrize("damage", ["truncate", "bitflip", "manifest"])
+def test_corrupted_checkpoint_is_detected_and_skipped(damage, tmp_path, cache_dir):
+    train.train(tiny(tmp_path, cache_dir, "--max-steps", "12", "--eval-every", "6"))
+    newest = ckpt.list_checkpoints(tmp_path / "checkpoints")[-1]
+    assert newest.name == "step_000012"
+    if damage == "truncate":
+        weights = newest / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:100])
+    elif damage == "bitflip":
+        blob = bytearray((newest / "optimizer.pt").read_bytes())
+        blob[len(blob) // 2] ^= 0x01
+        (newest / "optimizer.pt").write_bytes(bytes(blob))
+    else:
+        (newest / ckpt.MANIFEST).unlink()
+    messages = []
+    chosen = ckpt.resolve_checkpoint(tmp_path, log=messages.append)
+    assert chosen.name == "step_000006"
+    assert len(messages) == 1 and "step_000012" in messages[0]
+    with pytest.raises(ckpt.CheckpointError):
+        ckpt.verify_checkpoint(newest)
+    resumed = train.train(["--resume", str(tmp_path), "--cache-dir", str(cache_dir)])
+    assert resumed["finished"] and resumed["step"] == 12
+
+
+def test_nan_steps_are_skipped_and_counted(tmp_path, cache_dir, inject):
+    inject("nan_loss@3,4")
+    summary = train.train(tiny(tmp_path, cache_dir, "--max-steps", "8", "--eval-every", "100"))
+    assert summary["finished"] and summary["skipped_steps"] == 2
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["kind"] == "skipped"] == [3, 4]
+    weights = newest_weights(tmp_path)
+    assert all(torch.isfinite(w).all() for w in weights.values())
+
+
+def test_consecutive_nan_steps_stop_the_run_with_a_clear_message(
+    tmp_path, cache_dir, inject, capsys
+):
+    inject("nan_loss@5,6,7")
+    args = tiny(
+        tmp_path, cache_dir, "--max-steps", "20", "--eval-every", "2", "--max-bad-steps", "3"
+    )
+    assert train.main(args) == 3
+    message = capsys.readouterr().err
+    assert "stopping at step 7" in message and "3 consecutive steps" in message
+    assert "last loss nan" in message
+    assert "step_000004" in message  # the last checkpoint written before the NaNs
+
+
+def test_best_checkpoint_is_kept_beyond_keep_last(tmp_path, cache_dir):
+    summary = train.train(
+        tiny(
+            tmp_path,
+            cache_dir,
+            "--max-steps",
+            "40",
+            "--eval-every",
+            "4",
+            "--keep-checkpoints",
+            "1",
+            "--eval-batches",
+            "2",
+        )
+    )
+    best = json.loads((tmp_path / "checkpoints" / ckpt.BEST_FILE).read_text())
+    assert summary["best_checkpoint"] == best
+    names = [p.name for p in ckpt.list_checkpoints(tmp_path / "checkpoints")]
+    # Periodic evaluations (same batches each time) pick the best; the last one is at step 36.
+    assert best["step"] <= 36
+    assert names == [ckpt.checkpoint_name(best["step"]), "step_000040"]
+
+
+# ---------------------------------------------------------------- property-based input checks
+
+model_fields = [f.name for f in dataclasses.fields(ModelConfig) if f.name != "vocab_size"]
+train_fields = [f.name for f in dataclasses.fields(train.TrainConfig) if f.name != "cache_dir"]
+junk = st.one_of(
+    st.integers(min_value=-(10**6), max_value=10**6),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    st.booleans(),
+    st.none(),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(field=st.sampled_from(model_fields + train_fields), value=junk)
+def test_config_parser_gives_clear_errors_for_any_value(field, value):
+    try:
+        train.resolve_config("tiny", {field: value})
+    except ConfigError as error:
+        assert field in str(error) or "max_seq_len" in str(error) or "budget" in str(error)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    field=st.sampled_from(model_fields + train_fields),
+    text=st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=10),
+)
+def test_cli_parser_gives_clear_errors_for_any_text(field, text):
+    flag = "--" + field.replace("_", "-")
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            _, overrides = train.parse_args(["--preset", "tiny", flag, text])
+        train.resolve_config("tiny", overrides)
+    except SystemExit as exit_:  # argparse: "argument --dim: invalid int value: 'x'"
+        assert exit_.code == 2
+        assert flag in stderr.getvalue()
+    except ConfigError as error:
+        assert field in str(error) or "max_seq_len" in str(error) or "budget" in str(error)
