@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shared.objective import LossOutput, loss_positions
+from shared.objective import LossOutput, loss_positions, sum_per_row
 
 
 class AutoregressiveObjective:
@@ -26,11 +26,19 @@ class AutoregressiveObjective:
         return {}  # deterministic objective
 
     def loss(
-        self, model: nn.Module, tokens: torch.Tensor, noise: dict[str, torch.Tensor]
+        self,
+        model: nn.Module,
+        tokens: torch.Tensor,
+        noise: dict[str, torch.Tensor],
+        scored: torch.Tensor | None = None,
     ) -> LossOutput:
         # Position i predicts token i+1, so the last position has nothing to predict and is not fed.
-        targets = tokens[:, 1:]
-        scored = loss_positions(tokens, self.pad_id)[:, 1:]
-        logits = model(tokens[:, :-1], attention=self.attention, output_mask=scored)
-        nats = F.cross_entropy(logits.float(), targets[scored], reduction="sum")
-        return LossOutput(nats=nats, n_tokens=scored.sum())
+        if scored is None:
+            scored = loss_positions(tokens, self.pad_id)
+        targets_scored = scored[:, 1:]
+        logits = model(tokens[:, :-1], attention=self.attention, output_mask=targets_scored)
+        token_nats = F.cross_entropy(
+            logits.float(), tokens[:, 1:][targets_scored], reduction="none"
+        )
+        row_nats = sum_per_row(token_nats, targets_scored.nonzero()[:, 0], len(tokens))
+        return LossOutput(nats=token_nats.sum(), n_tokens=scored.sum(), row_nats=row_nats)

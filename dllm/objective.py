@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dllm.schedules import get_schedule
-from shared.objective import LossOutput, loss_positions
+from shared.objective import LossOutput, loss_positions, sum_per_row
 
 
 def stratified_times(n_rows: int, generator: torch.Generator, eps: float) -> torch.Tensor:
@@ -92,9 +92,25 @@ class MaskedDiffusionObjective:
         uniforms = torch.rand((n_rows, seq_len), generator=generator, dtype=torch.float64)
         return {"t": t, "uniforms": uniforms}
 
-    def noise_rows(self, tokens: torch.Tensor, noise: dict[str, torch.Tensor]):
-        """Apply the forward process: returns (noised tokens, masked positions, per-row weight)."""
-        scored = loss_positions(tokens, self.pad_id)
+    def repeated_noise(
+        self, n_rows: int, samples: int, seq_len: int, generator: torch.Generator
+    ) -> dict[str, torch.Tensor]:
+        """Noise for ``samples`` copies of each of ``n_rows`` rows (row-major: copies of row 0
+        first), with t stratified across the copies of each row, for Monte-Carlo evaluation."""
+        t = torch.cat([stratified_times(samples, generator, self.t_eps) for _ in range(n_rows)])
+        uniforms = torch.rand((n_rows * samples, seq_len), generator=generator, dtype=torch.float64)
+        return {"t": t, "uniforms": uniforms}
+
+    def noise_rows(
+        self,
+        tokens: torch.Tensor,
+        noise: dict[str, torch.Tensor],
+        scored: torch.Tensor | None = None,
+    ):
+        """Apply the forward process to the ``scored`` positions (default: the loss positions):
+        returns (noised tokens, masked positions, per-row weight)."""
+        if scored is None:
+            scored = loss_positions(tokens, self.pad_id)
         uniforms = noise["uniforms"].to(tokens.device)
         t = noise["t"].to(tokens.device)
         if self.estimator == "time":
@@ -106,16 +122,23 @@ class MaskedDiffusionObjective:
         return noised, masked, weight
 
     def loss(
-        self, model: nn.Module, tokens: torch.Tensor, noise: dict[str, torch.Tensor]
+        self,
+        model: nn.Module,
+        tokens: torch.Tensor,
+        noise: dict[str, torch.Tensor],
+        scored: torch.Tensor | None = None,
     ) -> LossOutput:
         if self.mask_id is None:
             raise RuntimeError("call model_vocab_size() before loss() so the [MASK] id is known")
-        noised, masked, weight = self.noise_rows(tokens, noise)
+        if scored is None:
+            scored = loss_positions(tokens, self.pad_id)
+        noised, masked, weight = self.noise_rows(tokens, noise, scored)
         logits = model(noised, attention=self.attention, output_mask=masked)
         # SUBS: drop the [MASK] column so the softmax runs over real tokens only.
         token_nats = F.cross_entropy(
             logits[:, : self.mask_id].float(), tokens[masked], reduction="none"
         )
         row_of_token = masked.nonzero()[:, 0]
-        nats = (token_nats.double() * weight[row_of_token]).sum().float()
-        return LossOutput(nats=nats, n_tokens=loss_positions(tokens, self.pad_id).sum())
+        weighted = token_nats.double() * weight[row_of_token]
+        row_nats = sum_per_row(weighted, row_of_token, len(tokens))
+        return LossOutput(nats=weighted.sum().float(), n_tokens=scored.sum(), row_nats=row_nats)

@@ -7,7 +7,7 @@ evaluations during training see identical noise and their differences reflect th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -96,3 +96,365 @@ def evaluate_rows(
             totals.bytes += int(byte_table[tokens[loss_positions(tokens, pad_id)]].sum())
     model.train(was_training)
     return totals
+
+
+# ---------------------------------------------------------------- estimates with uncertainty
+
+
+@dataclass
+class Estimate:
+    """A likelihood over some text: total nats, how many tokens and UTF-8 bytes it covers, and
+    the Monte-Carlo standard error of the total (0 for exact values). The error is the sampling
+    error of the estimator on *this* text, not the uncertainty from the choice of text."""
+
+    nats: float
+    tokens: int
+    bytes: int
+    stderr: float = 0.0
+    kind: str = "exact nll"
+    row_nats: list[float] = field(default_factory=list)  # per row, in input order
+
+    @property
+    def nats_per_token(self) -> float:
+        return self.nats / max(self.tokens, 1)
+
+    @property
+    def bits_per_byte(self) -> float:
+        return self.nats / math.log(2) / max(self.bytes, 1)
+
+    def as_dict(self) -> dict[str, float | str]:
+        per_token_error = self.stderr / max(self.tokens, 1)
+        return {
+            "kind": self.kind,
+            "nats_per_token": self.nats_per_token,
+            "nats_per_token_stderr": per_token_error,
+            "nats_per_token_ci95": [
+                self.nats_per_token - 1.96 * per_token_error,
+                self.nats_per_token + 1.96 * per_token_error,
+            ],
+            "perplexity": math.exp(min(self.nats_per_token, 700.0)),
+            "bits_per_byte": self.bits_per_byte,
+            "bits_per_byte_stderr": self.stderr / math.log(2) / max(self.bytes, 1),
+            "tokens": self.tokens,
+            "bytes": self.bytes,
+        }
+
+
+def _batches(rows: np.ndarray | torch.Tensor, batch_size: int):
+    for start in range(0, len(rows), batch_size):
+        yield start, torch.as_tensor(rows[start : start + batch_size], dtype=torch.long)
+
+
+def _bytes_of(tokens: torch.Tensor, scored: torch.Tensor, token_bytes: np.ndarray) -> int:
+    return int(torch.as_tensor(token_bytes)[tokens[scored]].sum())
+
+
+@torch.no_grad()
+def ar_nll(
+    model: nn.Module,
+    objective: Objective,
+    rows: np.ndarray,
+    token_bytes: np.ndarray,
+    *,
+    batch_size: int,
+    device: torch.device | str = "cpu",
+    scored: torch.Tensor | None = None,
+) -> Estimate:
+    """Exact negative log-likelihood of an autoregressive model over ``rows``."""
+    total = Estimate(0.0, 0, 0, kind="exact nll (autoregressive)")
+    for start, tokens in _batches(rows, batch_size):
+        mask = _scored(objective, tokens, scored, start)
+        out = objective.loss(model, tokens.to(device), {}, mask.to(device))
+        total.row_nats += out.row_nats.double().cpu().tolist()
+        total.nats += float(out.nats)
+        total.tokens += int(out.n_tokens)
+        total.bytes += _bytes_of(tokens, mask, token_bytes)
+    return total
+
+
+def _scored(objective, tokens: torch.Tensor, scored: torch.Tensor | None, start: int):
+    if scored is None:
+        return loss_positions(tokens, objective.pad_id)
+    return torch.as_tensor(scored[start : start + len(tokens)], dtype=torch.bool)
+
+
+@torch.no_grad()
+def mdm_nelbo(
+    model: nn.Module,
+    objective,
+    rows: np.ndarray,
+    token_bytes: np.ndarray,
+    *,
+    samples: int,
+    batch_size: int,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    scored: torch.Tensor | None = None,
+) -> Estimate:
+    """Monte-Carlo NELBO of a masked diffusion model: ``samples`` noise draws per row, with t
+    stratified across each row's draws (or k, for the count estimator).
+
+    The standard error combines each row's sample variance of its per-draw NELBO divided by the
+    number of draws; with stratified draws this over-estimates the true error, so the interval is
+    conservative.
+    """
+    if samples < 2:
+        raise ValueError(f"samples={samples} must be >= 2 to estimate a standard error")
+    total = Estimate(0.0, 0, 0, kind=f"nelbo ({objective.estimator} estimator, {samples} samples)")
+    variance = 0.0
+    rows_per_batch = max(1, batch_size // samples)
+    for start, tokens in _batches(rows, rows_per_batch):
+        mask = _scored(objective, tokens, scored, start)
+        noise = objective.repeated_noise(
+            len(tokens), samples, tokens.shape[1], noise_generator(seed, start)
+        )
+        repeated = tokens.repeat_interleave(samples, dim=0).to(device)
+        out = objective.loss(
+            model, repeated, noise, mask.repeat_interleave(samples, dim=0).to(device)
+        )
+        per_draw = out.row_nats.double().view(len(tokens), samples).cpu()
+        total.row_nats += per_draw.mean(1).tolist()
+        total.nats += float(per_draw.mean(1).sum())
+        variance += float((per_draw.var(1, unbiased=True) / samples).sum())
+        total.tokens += int(mask.sum())
+        total.bytes += _bytes_of(tokens, mask, token_bytes)
+    total.stderr = math.sqrt(variance)
+    return total
+
+
+@torch.no_grad()
+def mdm_chain_rule_nll(
+    model: nn.Module,
+    objective,
+    rows: np.ndarray,
+    token_bytes: np.ndarray,
+    *,
+    batch_size: int,
+    device: torch.device | str = "cpu",
+    scored: torch.Tensor | None = None,
+) -> Estimate:
+    """Exact log-likelihood of the masked diffusion model used as a left-to-right generator.
+
+    Start with every scored position masked; reveal them left to right, each time scoring the
+    true token under the model's prediction at that position (one forward per position). This
+    is the exact probability of the text under a well-defined model (the MDM decoding one token
+    per step in a fixed order), so it is a likelihood, not a bound; it is not the likelihood of
+    the model's own (random-order) sampler, which the NELBO bounds.
+    """
+    mask_id = objective.mask_id
+    total = Estimate(0.0, 0, 0, kind="exact nll (mdm, left-to-right unmasking)")
+    for start, tokens in _batches(rows, batch_size):
+        mask = _scored(objective, tokens, scored, start)
+        tokens, mask = tokens.to(device), mask.to(device)
+        state = torch.where(mask, torch.full_like(tokens, mask_id), tokens)
+        row_nats = torch.zeros(len(tokens), dtype=torch.float64, device=tokens.device)
+        for position in range(tokens.shape[1]):
+            active = mask[:, position]
+            if not active.any():
+                continue
+            select = torch.zeros_like(mask)
+            select[:, position] = active
+            logits = model(state, attention="bidirectional", output_mask=select)
+            log_probs = torch.log_softmax(logits[:, :mask_id].double(), dim=-1)
+            picked = log_probs.gather(1, tokens[active, position][:, None])[:, 0]
+            row_nats[active] -= picked
+            state[active, position] = tokens[active, position]
+        total.row_nats += row_nats.cpu().tolist()
+        total.nats += float(row_nats.sum())
+        total.tokens += int(mask.sum())
+        total.bytes += _bytes_of(tokens.cpu(), mask.cpu(), token_bytes)
+    return total
+
+
+def continuation_rows(
+    prompts: list[list[int]], continuations: list[list[int]], *, bos_id: int, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows [BOS] + prompt + continuation, right-padded, and the mask of continuation positions
+    (the only positions scored; the prompt stays visible to both objectives)."""
+    if len(prompts) != len(continuations):
+        raise ValueError(
+            f"got {len(prompts)} prompts but {len(continuations)} continuations; pair them up"
+        )
+    if any(len(c) == 0 for c in continuations):
+        raise ValueError("every continuation needs at least one token")
+    length = max(1 + len(p) + len(c) for p, c in zip(prompts, continuations))
+    rows = torch.full((len(prompts), length), pad_id, dtype=torch.long)
+    scored = torch.zeros((len(prompts), length), dtype=torch.bool)
+    for i, (prompt, continuation) in enumerate(zip(prompts, continuations)):
+        ids = [bos_id, *prompt, *continuation]
+        rows[i, : len(ids)] = torch.tensor(ids)
+        scored[i, 1 + len(prompt) : len(ids)] = True
+    return rows, scored
+
+
+# ---------------------------------------------------------------- command line
+
+
+def evaluate_checkpoint(
+    checkpoint: str,
+    *,
+    dataset: str | None = None,
+    split: str = "validation",
+    samples: int = 8,
+    estimator: str | None = None,
+    chain_rule_rows: int = 0,
+    max_rows: int = 0,
+    batch_size: int = 16,
+    seed: int = 0,
+    cache_dir: str | None = None,
+) -> dict:
+    """Likelihood of a checkpoint on a corpus split, under the checkpoint's own data protocol
+    (tokenizer, packed/padded, sequence length), with the protocol recorded beside the numbers."""
+    from pathlib import Path
+
+    from shared.checkpoint import load_model_from_checkpoint
+    from shared.data import load_corpus, protocol_record, tokenize_corpus
+    from shared.objective import build_objective
+
+    model, tokenizer, state = load_model_from_checkpoint(Path(checkpoint))
+    config = state["train_config"]
+    if split not in ("train", "validation"):
+        raise ValueError(f"split={split!r} must be 'train' or 'validation'")
+    if samples < 2:
+        raise ValueError(f"samples={samples} must be >= 2 (a standard error needs two draws)")
+    if chain_rule_rows < 0 or max_rows < 0 or batch_size < 1:
+        raise ValueError(
+            f"chain_rule_rows={chain_rule_rows} and max_rows={max_rows} must be >= 0 and "
+            f"batch_size={batch_size} >= 1"
+        )
+    corpus = load_corpus(
+        dataset or config["dataset"],
+        text_field=config["text_field"],
+        val_dataset=None if dataset else config["val_dataset"] or None,
+    )
+    splits = tokenize_corpus(
+        corpus,
+        tokenizer,
+        protocol=config["protocol"],
+        seq_len=config["seq_len"],
+        cache_dir=Path(cache_dir or config["cache_dir"]),
+    )
+    rows = splits[split].tokens[: max_rows or None]
+    token_bytes = tokenizer.token_bytes()
+    name = state["objective"]
+    options = {}
+    if name == "mdm":
+        options = {
+            "schedule": config["schedule"],
+            "t_eps": config["t_eps"],
+            "estimator": estimator or config.get("estimator", "time"),
+        }
+    objective = build_objective(name, pad_id=tokenizer.pad_id, **options)
+    objective.model_vocab_size(tokenizer.vocab_size)
+    results: dict = {
+        "checkpoint": str(checkpoint),
+        "objective": name,
+        "step": state["step"],
+        "split": split,
+        "rows": len(rows),
+        "protocol": protocol_record(
+            corpus, tokenizer, splits, protocol=config["protocol"], seq_len=config["seq_len"]
+        ),
+        "estimates": {},
+    }
+    if name == "ar":
+        results["estimates"]["nll"] = ar_nll(
+            model, objective, rows, token_bytes, batch_size=batch_size
+        ).as_dict()
+    else:
+        results["estimates"]["nelbo"] = mdm_nelbo(
+            model,
+            objective,
+            rows,
+            token_bytes,
+            samples=samples,
+            batch_size=batch_size,
+            seed=seed,
+        ).as_dict()
+        if chain_rule_rows:
+            subset = rows[:chain_rule_rows]
+            results["estimates"]["chain_rule_nll"] = mdm_chain_rule_nll(
+                model, objective, subset, token_bytes, batch_size=batch_size
+            ).as_dict()
+            results["estimates"]["nelbo_on_chain_rule_rows"] = mdm_nelbo(
+                model,
+                objective,
+                subset,
+                token_bytes,
+                samples=samples,
+                batch_size=batch_size,
+                seed=seed,
+            ).as_dict()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+    import sys
+
+    parser = argparse.ArgumentParser(
+        description="Likelihood of a checkpoint: exact NLL (AR) or Monte-Carlo NELBO with its "
+        "standard error (MDM), optionally the MDM's exact left-to-right chain-rule NLL.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("checkpoint", help="run or checkpoint directory")
+    parser.add_argument(
+        "--dataset", default=None, help="corpus to evaluate (default: the checkpoint's own)"
+    )
+    parser.add_argument("--split", default="validation", choices=["train", "validation"])
+    parser.add_argument("--samples", type=int, default=8, help="MDM noise draws per row")
+    parser.add_argument(
+        "--estimator",
+        choices=["time", "count"],
+        default=None,
+        help="MDM estimator (default: the one it was trained with)",
+    )
+    parser.add_argument(
+        "--chain-rule-rows",
+        type=int,
+        default=0,
+        help="also compute the MDM's exact left-to-right NLL on this many rows "
+        "(one forward per token)",
+    )
+    parser.add_argument("--max-rows", type=int, default=0, help="evaluate only the first rows")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cache-dir", default=None)
+    parser.add_argument("--json", default=None, help="write the results to this file")
+    args = parser.parse_args(argv)
+    from shared.checkpoint import CheckpointError
+    from shared.config import ResourceUnavailableError
+
+    try:
+        results = evaluate_checkpoint(
+            args.checkpoint,
+            dataset=args.dataset,
+            split=args.split,
+            samples=args.samples,
+            estimator=args.estimator,
+            chain_rule_rows=args.chain_rule_rows,
+            max_rows=args.max_rows,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            cache_dir=args.cache_dir,
+        )
+    except (ValueError, FileNotFoundError, CheckpointError, ResourceUnavailableError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for label, values in results["estimates"].items():
+        low, high = values["nats_per_token_ci95"]
+        print(
+            f"{label:26s} {values['nats_per_token']:.4f} nats/token "
+            f"[{low:.4f}, {high:.4f}]  {values['bits_per_byte']:.4f} bits/byte  "
+            f"({values['kind']}, {values['tokens']} tokens)"
+        )
+    if args.json:
+        from pathlib import Path
+
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

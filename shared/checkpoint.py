@@ -178,7 +178,7 @@ def resolve_checkpoint(path: Path, log=print) -> Path:
     """
     path = Path(path)
     if not path.exists():
-        raise CheckpointError(f"resume path {path} does not exist")
+        raise CheckpointError(f"checkpoint path {path} does not exist")
     if (path / MANIFEST).exists() or CHECKPOINT_PATTERN.match(path.name):
         verify_checkpoint(path)
         return path
@@ -225,6 +225,13 @@ def load_model_from_checkpoint(path: Path, device: str | torch.device = "cpu"):
     model = Transformer(ModelConfig.from_dict(state["model_config"]))
     load_weights(path, model)
     tokenizer = Tokenizer.load(path / "tokenizer")
+    # The diffusion model has one extra row ([MASK]); anything else means mismatched files.
+    extra = 1 if state.get("objective") == "mdm" else 0
+    if model.config.vocab_size != tokenizer.vocab_size + extra:
+        raise CheckpointError(
+            f"{path}: the model's vocabulary ({model.config.vocab_size} rows) does not fit its "
+            f"tokenizer ({tokenizer.vocab_size} ids{' + [MASK]' if extra else ''})"
+        )
     return model.to(device).eval(), tokenizer, state
 
 

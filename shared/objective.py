@@ -7,7 +7,8 @@ process, so any number of processes and any resume point see exactly the same no
 
 Row format (see ``shared.data``): every row starts with the BOS/EOS id; loss positions are the
 positions >= 1 that are not padding. Every objective is scored on exactly those tokens, so their
-nats per token are directly comparable.
+nats per token are directly comparable. ``loss(..., scored=mask)`` narrows the scored positions
+(e.g. to a continuation after a prompt, which stays visible).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from torch import nn
 class LossOutput:
     nats: torch.Tensor  # summed over loss tokens; differentiable
     n_tokens: torch.Tensor  # how many loss tokens the sum covers (the per-token denominator)
+    row_nats: torch.Tensor  # [B] the same sum per row (for per-sequence estimates and errors)
 
 
 class Objective(Protocol):
@@ -38,7 +40,11 @@ class Objective(Protocol):
     ) -> dict[str, torch.Tensor]: ...
 
     def loss(
-        self, model: nn.Module, tokens: torch.Tensor, noise: dict[str, torch.Tensor]
+        self,
+        model: nn.Module,
+        tokens: torch.Tensor,
+        noise: dict[str, torch.Tensor],
+        scored: torch.Tensor | None = None,
     ) -> LossOutput: ...
 
 
@@ -47,6 +53,12 @@ def loss_positions(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
     positions = tokens != pad_id
     positions[:, 0] = False
     return positions
+
+
+def sum_per_row(values: torch.Tensor, rows: torch.Tensor, n_rows: int) -> torch.Tensor:
+    """Sum per-token ``values`` [N] into their rows (``rows`` [N] row indices) -> [n_rows]."""
+    out = torch.zeros(n_rows, dtype=values.dtype, device=values.device)
+    return out.index_add(0, rows, values)
 
 
 def slice_noise(noise: dict[str, torch.Tensor], start: int, stop: int) -> dict[str, torch.Tensor]:

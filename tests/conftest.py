@@ -16,3 +16,7 @@ torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+# Shared exact-reference helpers (tests/exact_mdm.py) import by module name.
+TESTS = Path(__file__).resolve().parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
