@@ -234,3 +234,70 @@ def test_cli_parser_gives_clear_errors_for_any_text(field, text):
         assert flag in stderr.getvalue()
     except ConfigError as error:
         assert field in str(error) or "max_seq_len" in str(error) or "budget" in str(error)
+
+
+def test_sigterm_to_the_accelerate_launcher_stops_every_process_at_one_step(tmp_path, cache_dir):
+    import shutil
+
+    if shutil.which("accelerate") is None:
+        pytest.skip("accelerate launcher not on PATH")
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
+    launcher = subprocess.Popen(
+        [
+            "accelerate",
+            "launch",
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_port",
+            "29541",
+            "train.py",
+            *tiny(
+                out,
+                cache_dir,
+                "--max-steps",
+                "100000",
+                "--log-every",
+                "1",
+                "--eval-every",
+                "100000",
+            ),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.2)
+    launcher.send_signal(signal.SIGTERM)
+    _, err = launcher.communicate(timeout=120)
+    # torchrun's launcher reports the signal itself (non-zero); the workers stop cleanly.
+    summary = json.loads((out / "final.json").read_text())
+    assert summary["stopped_by"] == "SIGTERM" and summary["processes"] == 2, err[-2000:]
+    newest = ckpt.list_checkpoints(out / "checkpoints")[-1]
+    assert newest.name == ckpt.checkpoint_name(summary["step"])
+    ckpt.verify_checkpoint(newest)
+    resumed = train.train(
+        [
+            "--resume",
+            str(out),
+            "--cache-dir",
+            str(cache_dir),
+            "--max-steps",
+            str(summary["step"] + 2),
+        ]
+    )
+    assert resumed["finished"] and resumed["step"] == summary["step"] + 2
