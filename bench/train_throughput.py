@@ -1,0 +1,121 @@
+"""Training throughput of the AR and MDM objectives on the same backbone, measured in one run.
+
+    python bench/train_throughput.py [--preset demo] [--rounds 12] [--precision auto] [--threads 2]
+
+Both models are built from the preset (same shapes, same batch of real rows from the preset's
+corpus); timed optimizer steps alternate AR, MDM, AR, MDM, ... so machine noise hits both alike.
+Reports median tokens/s per objective, their ratio, achieved TFLOP/s by the config's FLOP count,
+and the machine and versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from shared.config import ModelConfig, get_preset  # noqa: E402
+from shared.data import load_corpus, tokenize_corpus  # noqa: E402
+from shared.model import Transformer, flops_per_token  # noqa: E402
+from shared.objective import build_objective  # noqa: E402
+from shared.tokenizer import build_tokenizer  # noqa: E402
+from train import DEFAULT_CACHE, batch_generator, bf16_is_fast  # noqa: E402
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--preset", default="demo")
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    preset = get_preset(args.preset)
+    cfg = preset["train"]
+    corpus = load_corpus(cfg["dataset"])
+    tokenizer = build_tokenizer(
+        cfg["tokenizer"],
+        vocab_size=cfg.get("tokenizer_vocab_size"),
+        train_texts=corpus.train,
+        corpus_fingerprint=corpus.fingerprint,
+        cache_dir=DEFAULT_CACHE,
+    )
+    rows = tokenize_corpus(
+        corpus, tokenizer, protocol="packed", seq_len=cfg["seq_len"], cache_dir=DEFAULT_CACHE
+    )["train"].tokens
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    use_bf16 = args.precision == "bf16" or (args.precision == "auto" and bf16_is_fast())
+    batch = torch.as_tensor(rows[: cfg["batch_size"]], dtype=torch.long, device=device)
+    runs = {}
+    for name in ("ar", "mdm"):
+        objective = build_objective(name, pad_id=tokenizer.pad_id)
+        model_cfg = ModelConfig(**preset["model"]).with_vocab(
+            objective.model_vocab_size(tokenizer.vocab_size)
+        )
+        torch.manual_seed(0)
+        model = Transformer(model_cfg).to(device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        runs[name] = (objective, model, optimizer, flops_per_token(model_cfg, cfg["seq_len"]))
+
+    def step(name: str, index: int) -> float:
+        objective, model, optimizer, _ = runs[name]
+        start = time.perf_counter()
+        noise = objective.sample_noise(len(batch), batch.shape[1], batch_generator(0, index))
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=use_bf16):
+            out = objective.loss(model, batch, noise)
+        (out.nats / out.n_tokens).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    times: dict[str, list[float]] = {"ar": [], "mdm": []}
+    for index in range(args.warmup + args.rounds):
+        for name in ("ar", "mdm"):
+            elapsed = step(name, index)
+            if index >= args.warmup:
+                times[name].append(elapsed)
+    tokens = batch.numel()
+    print(
+        f"machine: {cpu_name()}, {torch.get_num_threads()} threads, device {device}; "
+        f"python {platform.python_version()}, torch {torch.__version__}; "
+        f"precision {'bf16' if use_bf16 else 'fp32'}"
+    )
+    print(
+        f"preset {args.preset}: batch {len(batch)} x {batch.shape[1]} tokens, "
+        f"{args.rounds} alternating timed steps per objective after {args.warmup} warm-up\n"
+    )
+    print("| objective | median step (s) | tokens/s | achieved TFLOP/s |")
+    print("| --- | --- | --- | --- |")
+    speed = {}
+    for name in ("ar", "mdm"):
+        median = statistics.median(times[name])
+        speed[name] = tokens / median
+        print(
+            f"| {name} | {median:.3f} | {speed[name]:,.0f} | "
+            f"{speed[name] * runs[name][3] / 1e12:.3f} |"
+        )
+    print(f"\nMDM / AR tokens/s: {speed['mdm'] / speed['ar']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
