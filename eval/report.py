@@ -1,0 +1,298 @@
+"""Reports: every number with its provenance, written as ``report.json`` and ``report.md``.
+
+A report holds sections of results. Likelihood numbers carry the data protocol they were measured
+under, and a comparison table refuses to put numbers from different protocols side by side
+(packed vs padded, another sequence length, tokenizer or corpus change the numbers more than the
+models do). Plots are PNG files next to the markdown, which embeds them by relative path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+# Protocol fields that must agree before two likelihoods may share a table.
+PROTOCOL_KEYS = ("corpus_fingerprint", "protocol", "seq_len", "tokenizer")
+
+
+class ProtocolMismatch(ValueError):
+    """Numbers measured under different data protocols were put in one comparison."""
+
+
+def protocol_key(protocol: dict[str, Any]) -> dict[str, Any]:
+    key = {name: protocol.get(name) for name in PROTOCOL_KEYS}
+    if isinstance(key["tokenizer"], dict):
+        key["tokenizer"] = key["tokenizer"].get("fingerprint")
+    return key
+
+
+def check_same_protocol(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The shared protocol of named results, or ProtocolMismatch naming what differs."""
+    keys = {name: protocol_key(row["protocol"]) for name, row in rows.items()}
+    names = list(keys)
+    reference = keys[names[0]]
+    for name in names[1:]:
+        differing = [k for k in PROTOCOL_KEYS if keys[name][k] != reference[k]]
+        if differing:
+            details = ", ".join(
+                f"{k}: {names[0]}={reference[k]!r} vs {name}={keys[name][k]!r}" for k in differing
+            )
+            raise ProtocolMismatch(
+                f"refusing to compare {names[0]!r} and {name!r}: measured under different data "
+                f"protocols ({details}); evaluate both under one protocol first"
+            )
+    return reference
+
+
+def provenance(seeds: dict[str, int] | None = None) -> dict[str, Any]:
+    """Where the numbers came from: code version, machine, library versions, seeds, time."""
+    import importlib.metadata
+
+    import torch
+
+    def version(package: str) -> str | None:
+        try:
+            return importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    try:
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                cwd=Path(__file__).resolve().parent,
+            ).stdout.strip()
+            or None
+        )
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "git_commit": commit,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "cpu": cpu,
+            "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "platform": platform.platform(),
+        },
+        "versions": {
+            "python": platform.python_version(),
+            **{
+                p: version(p)
+                for p in (
+                    "torch",
+                    "transformers",
+                    "accelerate",
+                    "datasets",
+                    "tokenizers",
+                    "mauve-text",
+                    "numpy",
+                )
+            },
+        },
+        "seeds": seeds or {},
+    }
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[Any]]
+    note: str = ""
+
+    def markdown(self) -> str:
+        def cell(value: Any) -> str:
+            if isinstance(value, float):
+                return f"{value:,.4g}" if math.isfinite(value) else str(value)
+            if isinstance(value, int):
+                return f"{value:,}"
+            return str(value)
+
+        lines = [
+            f"### {self.title}",
+            "",
+            "| " + " | ".join(self.columns) + " |",
+            "| " + " | ".join("---" for _ in self.columns) + " |",
+        ]
+        lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in self.rows]
+        if self.note:
+            lines += ["", self.note]
+        return "\n".join(lines)
+
+
+@dataclass
+class Report:
+    """Collects tables, free text, plots and raw results, then writes report.md + report.json."""
+
+    title: str
+    out: Path
+    config: dict[str, Any] = field(default_factory=dict)
+    seeds: dict[str, int] = field(default_factory=dict)
+    blocks: list[tuple[str, Any]] = field(default_factory=list)
+    results: dict[str, Any] = field(default_factory=dict)
+
+    def text(self, markdown: str) -> None:
+        self.blocks.append(("text", markdown))
+
+    def table(self, table: Table) -> None:
+        self.blocks.append(("table", table))
+
+    def likelihood_table(self, title: str, rows: dict[str, dict[str, Any]]) -> Table:
+        """A side-by-side likelihood table; every row needs ``protocol`` and the numbers of
+        ``eval.likelihood.Estimate.as_dict``. Refuses rows from different protocols."""
+        shared = check_same_protocol(rows)
+        table = Table(
+            title,
+            [
+                "model",
+                "estimate",
+                "nats/token",
+                "95% interval",
+                "perplexity",
+                "bits/byte",
+                "tokens",
+            ],
+            [
+                [
+                    name,
+                    row["kind"],
+                    row["nats_per_token"],
+                    "[{:.4f}, {:.4f}]".format(*row["nats_per_token_ci95"]),
+                    row["perplexity"],
+                    row["bits_per_byte"],
+                    row["tokens"],
+                ]
+                for name, row in rows.items()
+            ],
+            note=f"Protocol: {json.dumps(shared)}",
+        )
+        self.table(table)
+        self.results.setdefault("likelihood", {})[title] = rows
+        return table
+
+    def plot(self, name: str, figure, caption: str) -> Path:
+        """Save a matplotlib figure as ``<out>/<name>.png`` and embed it."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / f"{name}.png"
+        figure.savefig(path, dpi=120, bbox_inches="tight")
+        import matplotlib.pyplot as plt
+
+        plt.close(figure)
+        self.blocks.append(("plot", (path.name, caption)))
+        return path
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "title": self.title,
+            "provenance": provenance(self.seeds),
+            "config": self.config,
+            "results": self.results,
+            "tables": [
+                {"title": t.title, "columns": t.columns, "rows": t.rows, "note": t.note}
+                for kind, t in self.blocks
+                if kind == "table"
+            ],
+            "plots": [p[0] for kind, p in self.blocks if kind == "plot"],
+        }
+
+    def markdown(self, data: dict[str, Any]) -> str:
+        parts = [f"# {self.title}", ""]
+        for kind, value in self.blocks:
+            if kind == "text":
+                parts.append(value)
+            elif kind == "table":
+                parts.append(value.markdown())
+            else:
+                name, caption = value
+                parts.append(f"![{caption}]({name})\n\n*{caption}*")
+            parts.append("")
+        prov = data["provenance"]
+        parts += [
+            "## Provenance",
+            "",
+            f"- git commit: `{prov['git_commit']}`; created {prov['created']}",
+            f"- machine: {prov['machine']['cpu']} ({prov['machine']['cpu_count']} CPUs, "
+            f"{prov['machine']['torch_threads']} torch threads), GPU: {prov['machine']['gpu']}",
+            "- versions: " + ", ".join(f"{k} {v}" for k, v in prov["versions"].items() if v),
+            f"- seeds: {json.dumps(prov['seeds'])}",
+            "",
+        ]
+        return "\n".join(parts)
+
+    def write(self) -> dict[str, Path]:
+        self.out.mkdir(parents=True, exist_ok=True)
+        data = self.to_json()
+        paths = {"json": self.out / "report.json", "markdown": self.out / "report.md"}
+        _atomic_write(paths["json"], json.dumps(data, indent=2, default=_json_default))
+        _atomic_write(paths["markdown"], self.markdown(data))
+        return paths
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"cannot put {type(value).__name__} in report.json")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def frontier_figure(
+    curves: dict[str, Sequence[tuple[float, float]]],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    logx: bool = False,
+):
+    """One line per curve (e.g. a sampler across step counts), points sorted by x."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for label, points in curves.items():
+        ordered = sorted(points)
+        marker = "*" if len(ordered) == 1 else "o"
+        axis.plot(
+            [x for x, _ in ordered],
+            [y for _, y in ordered],
+            marker=marker,
+            label=label,
+            markersize=10 if marker == "*" else 5,
+        )
+    if logx:
+        axis.set_xscale("log")
+    axis.set_xlabel(xlabel)
+    axis.set_ylabel(ylabel)
+    axis.set_title(title)
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    return figure
