@@ -124,7 +124,11 @@ class Table:
     def markdown(self) -> str:
         def cell(value: Any) -> str:
             if isinstance(value, float):
-                return f"{value:,.4g}" if math.isfinite(value) else str(value)
+                if not math.isfinite(value):
+                    return str(value)
+                if abs(value) >= 1000:
+                    return f"{value:,.0f}"
+                return f"{value:.4g}"
             if isinstance(value, int):
                 return f"{value:,}"
             return str(value)

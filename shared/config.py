@@ -141,6 +141,24 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             precision="fp32",
         ),
     },
+    # The whole comparison pipeline in about a minute (CI): tiny model, small BPE.
+    "smoke": {
+        "model": dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=160, max_seq_len=64),
+        "train": dict(
+            dataset="kjv",
+            tokenizer="bpe",
+            tokenizer_vocab_size=512,
+            seq_len=64,
+            batch_size=16,
+            lr=5e-3,
+            warmup_steps=10,
+            max_steps=150,
+            eval_every=75,
+            eval_batches=2,
+            min_lr_ratio=0.1,
+            precision="fp32",
+        ),
+    },
     # The CPU main job: a few minutes per model on 2 cores, enough to pick up the corpus's style.
     "demo": {
         "model": dict(

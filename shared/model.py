@@ -111,6 +111,9 @@ class KVCache:
         self.values = torch.zeros(shape, device=device, dtype=dtype)
         self.valid = torch.zeros(batch_size, max_len, device=device, dtype=torch.bool)
         self.length = 0
+        # True once any slot was written as padding. While False, a token appended at the end
+        # may attend to every filled slot with no mask at all (the common decode step).
+        self.has_padding = False
 
     @property
     def max_len(self) -> int:
@@ -158,15 +161,39 @@ class GroupedQueryAttention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.cache.store(cache.layer, cache.start, k, v, cache.end)
-        out = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            is_causal=is_causal,
-            enable_gqa=self.n_kv_heads != self.n_heads,
-        )
+        if length == 1 and self.n_kv_heads != self.n_heads and _same_for_every_head(mask):
+            out = self._single_query_gqa(q, k, v, mask)
+        else:
+            out = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                is_causal=is_causal,
+                enable_gqa=self.n_kv_heads != self.n_heads,
+            )
         return self.wo(out.transpose(1, 2).reshape(batch, length, -1))
+
+    def _single_query_gqa(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Attention of one query per row (a decode step) under grouped-query attention.
+
+        The query heads sharing a KV head are laid out as that head's queries [B, H_kv, G, d],
+        so SDPA reads each cached key once instead of once per query head (on CPU its GQA path
+        costs as much as full multi-head attention). Query head h uses KV head h // G, the same
+        grouping as ``enable_gqa``.
+        """
+        batch, _, _, head_dim = q.shape
+        groups = self.n_heads // self.n_kv_heads
+        grouped = q.view(batch, self.n_kv_heads, groups, head_dim)
+        out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask)
+        return out.view(batch, self.n_heads, 1, head_dim)
+
+
+def _same_for_every_head(mask: torch.Tensor | None) -> bool:
+    """Whether a mask ([T_q, T_k] or [B, 1, T_q, T_k]) applies alike to every head."""
+    return mask is None or mask.dim() < 3 or mask.shape[-3] == 1
 
 
 @dataclass
@@ -285,15 +312,9 @@ class Transformer(nn.Module):
 
         layer_cache: list[CachedLayer | None] = [None] * len(self.layers)
         if cache is not None:
-            end = max(cache.length, start + length)
-            new_valid = (
-                torch.ones_like(tokens, dtype=torch.bool) if key_valid is None else key_valid
-            )
-            cache.valid[:, start : start + length] = new_valid
-            cache.length = end
-            key_slots = torch.arange(end, device=tokens.device)
+            mask, is_causal = self._cached_mask(attention, cache, slots, start, key_valid)
+            end = cache.length
             layer_cache = [CachedLayer(cache, i, start, end) for i in range(len(self.layers))]
-            mask, is_causal = self._mask(attention, slots, key_slots, cache.valid[:, :end]), False
         else:
             mask, is_causal = self._uncached_mask(attention, slots, key_valid)
 
@@ -304,6 +325,46 @@ class Transformer(nn.Module):
         if output_mask is not None:
             x = x[output_mask]
         return self.output(x)
+
+    def _cached_mask(
+        self,
+        attention: Attention,
+        cache: KVCache,
+        slots: torch.Tensor,
+        start: int,
+        key_valid: torch.Tensor | None,
+    ) -> tuple[torch.Tensor | None, bool]:
+        """Record the new tokens' validity in the cache, extend its length, and pick the
+        cheapest correct mask for attending over its filled slots.
+
+        Two common cases need no distance matrix. A forward that writes every slot it attends
+        to (a prefill into an empty cache) with no padding is an ordinary forward, so SDPA's
+        is_causal applies and it can use its fused kernels. One token appended at the end sees
+        every filled slot, so only padding can be masked, read straight from ``cache.valid``.
+        """
+        length = len(slots)
+        appending_one = length == 1 and start == cache.length and key_valid is None
+        end = max(cache.length, start + length)
+        padded = key_valid is not None and not bool(key_valid.all())
+        cache.valid[:, start : start + length] = True if key_valid is None else key_valid
+        whole = start == 0 and end == length  # nothing cached before is attended to
+        cache.has_padding = padded if whole else cache.has_padding or padded
+        cache.length = end
+        if whole and not padded:
+            return self._uncached_mask(attention, slots, None)
+        if appending_one and self._sees_every_slot(attention, end):
+            return (cache.valid[:, None, None, :end] if cache.has_padding else None), False
+        key_slots = torch.arange(end, device=slots.device)
+        return self._mask(attention, slots, key_slots, cache.valid[:, :end]), False
+
+    def _sees_every_slot(self, attention: Attention, end: int) -> bool:
+        """Whether a token appended at slot end-1 may attend to every filled slot: causal or
+        bidirectional attention (nothing lies after the last slot) with no sliding window cutting
+        the cache short. Then the only mask left is padding, which the decode step reads
+        straight from ``cache.valid`` instead of building a distance matrix every step."""
+        plain = isinstance(attention, str) and attention in ("causal", "bidirectional")
+        window = self.config.sliding_window
+        return plain and (not window or end <= window)
 
     def _mask(
         self,

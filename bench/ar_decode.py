@@ -1,0 +1,242 @@
+"""AR decode speed: our KV-cache engine vs. full recomputation vs. transformers' generate().
+
+    python bench/ar_decode.py            # lengths 128/512/1024, batch 1 and 8 (~1-2 min, 2 cores)
+    python bench/ar_decode.py --quick    # lengths 128/512, fewer tokens and repeats (~20 s)
+
+One randomly initialised model of the ``demo`` preset's shape (d=256, 4 layers, 4 heads,
+vocabulary 2050) built with max_seq_len=1024, and the same weights exported to a Hugging Face
+``LlamaForCausalLM`` folder. Decoding speed does not depend on what the weights say, and EOS
+stopping is off everywhere so every row generates exactly the requested tokens.
+
+For a total length L and batch B, our engine and transformers receive the same B prompts of
+L - K random tokens and generate K tokens greedily, so decode runs with about L tokens of context.
+Decode tokens/s counts the K - 1 tokens after the first (which comes out of the prefill); for
+transformers the decode time runs from its first logits-processor call (right after the prefill
+forward) to the end. Prefill is the prompt forward plus the first token. Both take the best of
+--repeats runs. Recomputing without a cache is slow, so it generates only the last U tokens of the
+same sequences (its prompt is the cached run's prompt plus its first K - U tokens) and runs once.
+All tokens must agree across the three engines, which the script checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from arlm.generate import ARGenerator, GenerationConfig  # noqa: E402
+from shared.config import ModelConfig, get_preset  # noqa: E402
+from shared.model import Transformer  # noqa: E402
+from shared.sampling import SamplingConfig  # noqa: E402
+from shared.tokenizer import Tokenizer  # noqa: E402
+
+VOCAB = 2050  # the demo preset's BPE: 2048 + <|endoftext|> + <|pad|>
+
+
+@dataclass
+class Row:
+    length: int
+    batch: int
+    prompt: int
+    prefill_ms: float
+    cached: float
+    uncached: float
+    hf_prefill_ms: float | None
+    hf: float | None
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="lengths 128/512, fewer tokens")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=0, help="K (default 64, quick 32)")
+    parser.add_argument("--uncached-tokens", type=int, default=0, help="U (default 8, quick 4)")
+    parser.add_argument("--repeats", type=int, default=0, help="default 5, quick 3")
+    parser.add_argument("--no-transformers", action="store_true")
+    return parser.parse_args()
+
+
+def demo_model() -> Transformer:
+    shape = {**get_preset("demo")["model"], "max_seq_len": 1024, "vocab_size": VOCAB}
+    torch.manual_seed(0)
+    return Transformer(ModelConfig(**shape)).eval()
+
+
+def tokenizer_with_vocab(vocab: int) -> Tokenizer:
+    """A tokenizer with the demo vocabulary size for the export (the prompts are random ids,
+    so its merges never matter): a BPE trained until it has ``vocab`` ids."""
+    words = [f"w{i} x{i * 7} y{i * 13}" for i in range(4000)]
+    tokenizer = Tokenizer.train_bpe(words, vocab)
+    if tokenizer.vocab_size != vocab:
+        raise RuntimeError(f"tokenizer came out with {tokenizer.vocab_size} ids, not {vocab}")
+    return tokenizer
+
+
+def best_of(repeats: int, run, *args):
+    """The fastest of ``repeats`` calls of ``run(*args)``, which returns (seconds, output)."""
+    results = [run(*args) for _ in range(repeats)]
+    return min(results, key=lambda r: r[0])
+
+
+def machine() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
+    return (
+        f"{cpu}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, "
+        f"load average at start {load}"
+    )
+
+
+def versions() -> str:
+    text = f"python {platform.python_version()}, torch {torch.__version__}"
+    try:
+        import transformers
+
+        text += f", transformers {transformers.__version__}"
+    except ImportError:
+        text += ", transformers not installed"
+    return text
+
+
+def main() -> int:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    lengths = (128, 512) if args.quick else (128, 512, 1024)
+    batches = (1, 8)
+    new_tokens = args.new_tokens or (32 if args.quick else 64)
+    uncached_tokens = args.uncached_tokens or (4 if args.quick else 8)
+    repeats = args.repeats or (3 if args.quick else 5)
+    if not 2 <= uncached_tokens <= new_tokens:
+        raise SystemExit(f"--uncached-tokens={uncached_tokens} must be in [2, {new_tokens}]")
+    print(f"machine: {machine()}")
+    print(f"versions: {versions()}")
+
+    model = demo_model()
+    engine = ARGenerator(model, eos_id=None)
+    hf = None
+    if not args.no_transformers:
+        try:
+            import transformers
+
+            from arlm.export import export_model
+
+            folder = Path(tempfile.mkdtemp(prefix="ar-bench-"))
+            export_model(model, tokenizer_with_vocab(VOCAB), folder)
+            hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+            hf.generation_config.eos_token_id = None  # generate every requested token
+        except ImportError:
+            print("transformers not installed: its columns are left empty")
+
+    def ours(prompts, use_cache: bool, k: int):
+        config = GenerationConfig(
+            max_new_tokens=k,
+            sampling=SamplingConfig(temperature=0),
+            stop_on_eos=False,
+            use_cache=use_cache,
+        )
+        result = engine.generate(prompts, config)
+        return result.decode_s, result
+
+    def theirs(prompts, k: int):
+        """(decode seconds, prefill seconds, tokens) of transformers' greedy generate()."""
+        tokens = torch.tensor(prompts)
+        calls: list[float] = []
+
+        def clock(input_ids, scores):  # a logits processor: called once per generated token
+            calls.append(time.perf_counter())
+            return scores
+
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = hf.generate(
+                tokens,
+                attention_mask=torch.ones_like(tokens),
+                max_new_tokens=k,
+                do_sample=False,
+                logits_processor=transformers.LogitsProcessorList([clock]),
+            )
+        end = time.perf_counter()
+        return end - calls[0], (calls[0] - start, out[:, tokens.shape[1] :].tolist())
+
+    ours([[1, 2, 3]], True, 4)  # warm up both code paths
+    if hf is not None:
+        theirs([[1, 2, 3]], 4)
+
+    rows: list[Row] = []
+    generator = torch.Generator().manual_seed(0)
+    for length in lengths:
+        for batch in batches:
+            prompt = length - new_tokens
+            prompts = torch.randint(0, VOCAB, (batch, prompt), generator=generator).tolist()
+            _, cached = best_of(repeats, ours, prompts, True, new_tokens)
+            # without a cache: only the last U tokens, with the same contexts as the cached run
+            done = new_tokens - uncached_tokens
+            longer = [p + t[:done] for p, t in zip(prompts, cached.tokens)]
+            _, uncached = ours(longer, False, uncached_tokens)
+            if [t[done:] for t in cached.tokens] != uncached.tokens:
+                raise RuntimeError(f"L={length} B={batch}: cached and uncached tokens differ")
+            hf_prefill = hf_rate = None
+            if hf is not None:
+                decode_s, (prefill_s, hf_tokens) = best_of(repeats, theirs, prompts, new_tokens)
+                if hf_tokens != cached.tokens:
+                    raise RuntimeError(f"L={length} B={batch}: transformers' tokens differ")
+                hf_prefill = prefill_s * 1e3
+                hf_rate = (new_tokens - 1) * batch / decode_s
+            rows.append(
+                Row(
+                    length=length,
+                    batch=batch,
+                    prompt=prompt,
+                    prefill_ms=cached.prefill_s * 1e3,
+                    cached=cached.decode_tokens_per_s,
+                    uncached=uncached.decode_tokens_per_s,
+                    hf_prefill_ms=hf_prefill,
+                    hf=hf_rate,
+                )
+            )
+            print(f"  done L={length} B={batch}", file=sys.stderr, flush=True)
+
+    print()
+    print(
+        f"Greedy decode, demo-preset shape ({model.num_parameters() / 1e6:.2f}M parameters, "
+        f"fp32): K={new_tokens} new tokens after a prompt of L - {new_tokens} (best of "
+        f"{repeats}); no cache: the last U={uncached_tokens} of them (one run). Tokens "
+        "identical across the three engines."
+    )
+    print()
+    print(
+        "| L | batch | prefill ms (ours) | prefill ms (transformers) | decode tok/s, cache "
+        "| decode tok/s, no cache | cache speedup | decode tok/s, transformers "
+        "| ours / transformers |"
+    )
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        hf_cells = ["-", "-", "-"]
+        if r.hf is not None:
+            hf_cells = [f"{r.hf_prefill_ms:.1f}", f"{r.hf:,.0f}", f"{r.cached / r.hf:.2f}x"]
+        print(
+            f"| {r.length} | {r.batch} | {r.prefill_ms:.1f} | {hf_cells[0]} | {r.cached:,.0f} "
+            f"| {r.uncached:,.1f} | {r.cached / r.uncached:.1f}x | {hf_cells[1]} "
+            f"| {hf_cells[2]} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,265 @@
+"""Sampling from a masked-diffusion model: one loop, pluggable reveal rules and predictors.
+
+    config = SamplerConfig(FixedCount(steps=64, remasking="low_confidence"), block_length=16)
+    canvas = prompt_canvas([prompt_ids], 64, bos_id=tok.eos_id, mask_id=mask_id,
+                           max_seq_len=model.config.max_seq_len)
+    result = sample(model, config, canvas, torch.Generator().manual_seed(0))
+    result.tokens, result.nfe, result.revealed
+
+The loop tiles the canvas's generation region into blocks of ``block_length`` (one block when
+None) and decodes them left to right. Inside a block, every step asks the predictor for
+p_theta(x0 | x_t) at the block's positions and the rule (``dllm.strategies``) for which masked
+positions to fill; only masked positions are ever written, so prompt and fixed tokens survive.
+A block ends when it has no masked position left.
+
+Randomness: one CPU ``torch.Generator`` per row (derived from the given generator, or given
+per row), so a row's sample does not depend on the rows it is batched with, and the draws of a
+step do not depend on whether the network was evaluated or its predictions reused.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from dllm.canvas import Canvas
+from dllm.predictors import (
+    ApproxDualCache,
+    ApproxPrefixCache,
+    CountingModel,
+    FullForward,
+    Guided,
+    Predictor,
+    ReusePredictions,
+)
+from dllm.strategies import Ancestral, FixedCount, StepContext, Strategy, Threshold
+from shared.sampling import SamplingConfig
+
+# Where predictions come from: "none" is the exact full forward, the others are APPROXIMATE.
+CACHES = {"none": FullForward, "approx_prefix": ApproxPrefixCache, "approx_dual": ApproxDualCache}
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """A reveal rule plus the settings every rule shares.
+
+    ``block_length``: decode the generation region left to right in blocks of this many positions
+        (semi-autoregressive); None = one block. Step budgets are split evenly across blocks.
+    ``sampling``: temperature / top-k / top-p / min-p for the token draws (temperature 0 = argmax).
+    ``cfg_scale``: classifier-free guidance strength s >= 0 (0 = off); costs two evaluations a step.
+    ``cache``: "none" (exact) or the APPROXIMATE Fast-dLLM caches "approx_prefix" / "approx_dual".
+    ``reuse_predictions``: MDLM's p(x0) cache; exact, it only skips evaluating unchanged canvases.
+    """
+
+    strategy: Strategy
+    block_length: int | None = None
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    cfg_scale: float = 0.0
+    cache: str = "none"
+    reuse_predictions: bool = True
+
+    def validate(self) -> SamplerConfig:
+        if not isinstance(self.strategy, Ancestral | FixedCount | Threshold):
+            raise ValueError(
+                f"strategy={self.strategy!r} must be an Ancestral, FixedCount or Threshold rule"
+            )
+        self.strategy.validate()
+        if self.block_length is not None and (
+            isinstance(self.block_length, bool)
+            or not isinstance(self.block_length, int)
+            or self.block_length < 1
+        ):
+            raise ValueError(
+                f"block_length={self.block_length!r} must be a positive integer or None"
+            )
+        self.sampling.validate()
+        if not (isinstance(self.cfg_scale, int | float) and 0 <= self.cfg_scale < math.inf):
+            raise ValueError(f"cfg_scale={self.cfg_scale!r} must be a finite number >= 0 (0 = off)")
+        if self.cache not in CACHES:
+            raise ValueError(f"cache={self.cache!r} is unknown; valid caches: {sorted(CACHES)}")
+        return self
+
+    @property
+    def approximate(self) -> bool:
+        return self.cache != "none"
+
+
+@dataclass
+class SampleResult:
+    """What a sampler hands back.
+
+    ``tokens`` [B, L]: the filled canvas (prompt and fixed tokens included, no [MASK]).
+    ``nfe``: network evaluations actually made (CFG counts both passes; reused predictions and
+        cached partial forwards count as what they are: 0 and 1).
+    ``revealed`` [steps, B]: tokens revealed per step and row; ``nfe_per_step`` and
+        ``block_of_step`` say what each step cost and which block it belonged to.
+    ``approximate``: True when an APPROXIMATE cache (``cache``) produced the predictions.
+    """
+
+    tokens: torch.Tensor
+    region: tuple[int, int]
+    nfe: int
+    revealed: torch.Tensor
+    nfe_per_step: list[int]
+    block_of_step: list[int]
+    cache: str
+    approximate: bool
+
+    @property
+    def generated(self) -> torch.Tensor:
+        """[B, G]: the generation region (for a prompt canvas, the new tokens)."""
+        return self.tokens[:, self.region[0] : self.region[1]]
+
+    @property
+    def steps(self) -> int:
+        return self.revealed.shape[0]
+
+
+def block_bounds(region: tuple[int, int], block_length: int | None) -> list[tuple[int, int]]:
+    """The blocks [start, end) tiling ``region`` left to right."""
+    start, end = region
+    size = end - start
+    if block_length is None:
+        return [region]
+    if size % block_length:
+        valid = [d for d in range(1, size + 1) if size % d == 0]
+        raise ValueError(
+            f"block_length={block_length} must divide the generation length {size}; "
+            f"valid block lengths: {valid}"
+        )
+    return [(s, s + block_length) for s in range(start, end, block_length)]
+
+
+def row_generators(
+    generator: torch.Generator | Sequence[torch.Generator] | None, batch_size: int
+) -> list[torch.Generator]:
+    """One CPU generator per row. From a single generator, row i is seeded with its i-th 62-bit
+    draw, so the first rows of a batch see the same streams whatever the batch size."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        generators = list(generator)
+        if len(generators) != batch_size:
+            raise ValueError(
+                f"got {len(generators)} generators for {batch_size} rows: give one generator, "
+                "or one per row"
+            )
+        return generators
+    source = generator if generator is not None else torch.default_generator
+    seeds = torch.randint(0, 2**62, (batch_size,), generator=source)
+    return [torch.Generator().manual_seed(int(seed)) for seed in seeds]
+
+
+def build_predictor(model: CountingModel, config: SamplerConfig, canvas: Canvas) -> Predictor:
+    """Predictions for the canvas under ``config``: cached or not, guided or not, reused or not."""
+
+    def one_pass() -> Predictor:
+        if config.cache == "none":
+            return FullForward(model, canvas.mask_id)
+        return CACHES[config.cache](model, canvas.mask_id, canvas.batch_size, canvas.length)
+
+    predictor = one_pass()
+    if config.cfg_scale > 0:
+        predictor = Guided(
+            predictor, one_pass(), config.cfg_scale, canvas.condition, canvas.mask_id
+        )
+    if config.reuse_predictions:
+        predictor = ReusePredictions(predictor)
+    return predictor
+
+
+def check_inputs(model: nn.Module, config: SamplerConfig, canvas: Canvas) -> list[tuple[int, int]]:
+    """Validate everything before the first evaluation; returns the blocks."""
+    config.validate()
+    vocab = model.config.vocab_size
+    if canvas.mask_id != vocab - 1:
+        raise ValueError(
+            f"canvas mask_id={canvas.mask_id} must be the model's last vocabulary id {vocab - 1} "
+            "([MASK] is the extra row the diffusion objective adds)"
+        )
+    canvas.validate(model.config.max_seq_len)
+    if config.cfg_scale > 0 and not canvas.condition.any():
+        raise ValueError(
+            f"cfg_scale={config.cfg_scale} needs a condition, but the canvas fixes no token "
+            "besides BOS: give a prompt or fixed positions, or set cfg_scale=0"
+        )
+    blocks = block_bounds(canvas.region, config.block_length)
+    config.strategy.steps_per_block(len(blocks))  # raises when steps do not split evenly
+    return blocks
+
+
+@torch.no_grad()
+def sample(
+    model: nn.Module,
+    config: SamplerConfig,
+    canvas: Canvas,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
+) -> SampleResult:
+    """Fill every [MASK] of ``canvas`` with ``model`` under ``config``; see the module docstring.
+
+    ``generator``: one CPU generator (rows get streams derived from it), one per row (a row then
+    samples exactly as it would alone), or None (derived from torch's global generator).
+    """
+    blocks = check_inputs(model, config, canvas)
+    counter = CountingModel(model)
+    predictor = build_predictor(counter, config, canvas)
+    return run(
+        predictor, counter, config, canvas, blocks, row_generators(generator, canvas.batch_size)
+    )
+
+
+@torch.no_grad()
+def run(
+    predictor: Predictor,
+    counter: CountingModel,
+    config: SamplerConfig,
+    canvas: Canvas,
+    blocks: list[tuple[int, int]],
+    generators: list[torch.Generator],
+) -> SampleResult:
+    """The sampling loop over already validated inputs (``sample`` is the public entry; tests
+    call this with an instrumented predictor)."""
+    device = next(iter(counter.model.parameters()), torch.empty(0)).device
+    tokens = canvas.tokens.to(device).clone()
+    mask_id = canvas.mask_id
+    steps = config.strategy.steps_per_block(len(blocks))
+    revealed: list[torch.Tensor] = []
+    nfe_per_step: list[int] = []
+    block_of_step: list[int] = []
+    for block_index, (start, end) in enumerate(blocks):
+        masked_at_start = (tokens[:, start:end] == mask_id).sum(-1)
+        for index in range(steps) if steps is not None else itertools.count():
+            masked = tokens[:, start:end] == mask_id
+            if not masked.any():
+                break
+            calls_before = counter.calls
+            ctx = StepContext(
+                index=index,
+                steps=steps,
+                masked=masked,
+                masked_at_start=masked_at_start,
+                logits=predictor(tokens, (start, end)),
+                sampling=config.sampling,
+                generators=generators,
+            )
+            reveal, proposal = config.strategy.step(ctx)
+            reveal &= masked  # whatever a rule returns, only masked positions are written
+            tokens[:, start:end] = torch.where(reveal, proposal, tokens[:, start:end])
+            revealed.append(reveal.sum(-1).cpu())
+            nfe_per_step.append(counter.calls - calls_before)
+            block_of_step.append(block_index)
+    if (tokens == mask_id).any():
+        raise RuntimeError("internal error: the sampler finished with [MASK] tokens left")
+    return SampleResult(
+        tokens=tokens,
+        region=canvas.region,
+        nfe=counter.calls,
+        revealed=torch.stack(revealed),  # validation guarantees at least one step
+        nfe_per_step=nfe_per_step,
+        block_of_step=block_of_step,
+        cache=config.cache,
+        approximate=config.approximate,
+    )

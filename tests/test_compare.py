@@ -1,0 +1,111 @@
+"""The main job end to end on the smoke preset: every report section, reuse, --force, budgets."""
+
+import json
+import math
+import re
+
+import pytest
+
+from eval import compare
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    root = tmp_path_factory.mktemp("compare")
+    out = root / "smoke"
+    args = ["--preset", "smoke", "--out", str(out), "--cache-dir", str(root / "cache")]
+    assert compare.main(args) == 0
+    return out, args
+
+
+def finite_numbers(value, path="report"):
+    """Every number inside a JSON value, with where it sits."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return
+    if isinstance(value, int | float):
+        yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from finite_numbers(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from finite_numbers(item, f"{path}[{i}]")
+
+
+def test_smoke_report_has_every_section_with_finite_numbers(smoke):
+    out, _ = smoke
+    data = json.loads((out / "report.json").read_text())
+    results = data["results"]
+    for section in (
+        "likelihood",
+        "likelihood_raw",
+        "generation",
+        "quality",
+        "examples",
+        "training",
+        "mdm_ar_perplexity_ratio",
+        "wall_seconds",
+    ):
+        assert results[section] not in (None, {}, []), section
+    for where, number in finite_numbers(results):
+        assert math.isfinite(number), where
+    quality = results["quality"]["sets"]
+    assert set(quality) == set(results["generation"])
+    assert "mauve" in quality["ar T=1"]
+    assert all(q["judge_ppl"] > 1 for q in quality.values())
+    nelbo = results["likelihood_raw"]["mdm"]["estimates"]["nelbo"]
+    assert (
+        nelbo["nats_per_token_ci95"][0] < nelbo["nats_per_token"] < nelbo["nats_per_token_ci95"][1]
+    )
+    assert results["examples"]["infill"]["mdm_middle"]
+    markdown = (out / "report.md").read_text()
+    for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown):
+        assert (out / image).stat().st_size > 1000, image
+    assert "frontier_nfe.png" in markdown and "frontier_entropy.png" in markdown
+    assert data["provenance"]["versions"]["torch"]
+
+
+def test_matched_budget_both_models_saw_the_same_tokens(smoke):
+    out, _ = smoke
+    ar = json.loads((out / "ar" / "final.json").read_text())
+    mdm = json.loads((out / "mdm" / "final.json").read_text())
+    assert ar["tokens_seen"] == mdm["tokens_seen"] > 0
+    assert ar["data"]["corpus_fingerprint"] == mdm["data"]["corpus_fingerprint"]
+    assert ar["data"]["tokenizer"] == mdm["data"]["tokenizer"]
+    flops_ar = ar["tokens_seen"] * ar["flops_per_token"]
+    flops_mdm = mdm["tokens_seen"] * mdm["flops_per_token"]
+    assert abs(flops_mdm - flops_ar) / flops_ar < 0.01
+
+
+def test_rerun_reuses_every_stage_and_force_redoes_them(smoke, capsys):
+    out, args = smoke
+    checkpoint = sorted((out / "ar" / "checkpoints").glob("step_*"))[-1]
+    before = checkpoint.stat().st_mtime_ns
+    stage_times = {p.name: p.stat().st_mtime_ns for p in (out / "stages").glob("*.json")}
+    assert compare.main(args) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("reusing the finished run") == 2
+    assert printed.count("reusing the stored result") == len(stage_times)
+    assert checkpoint.stat().st_mtime_ns == before
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "stages").glob("*.json")} == stage_times
+
+    assert compare.main([*args, "--force", "--max-steps", "20", "--no-mauve"]) == 0
+    printed = capsys.readouterr().out
+    assert "reusing" not in printed
+    ar = json.loads((out / "ar" / "final.json").read_text())
+    assert ar["step"] == 20
+
+
+def test_flops_budget_gives_the_mdm_the_ar_flops(tmp_path):
+    out = tmp_path / "flops"
+    summaries = compare.train_both(
+        "smoke",
+        out,
+        ["--max-steps", "12", "--cache-dir", str(tmp_path / "cache")],
+        "flops",
+        force=False,
+    )
+    ar, mdm = summaries["ar"], summaries["mdm"]
+    spent_ar = ar["tokens_seen"] * ar["flops_per_token"]
+    spent_mdm = mdm["tokens_seen"] * mdm["flops_per_token"]
+    assert spent_mdm >= spent_ar and (spent_mdm - spent_ar) / spent_ar < 0.01
