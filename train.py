@@ -69,6 +69,10 @@ class TrainConfig:
     max_steps: int = 1000
     max_tokens: int = 0
     max_flops: float = 0.0
+    # data-constrained training: keep only the first rows holding this many unique training
+    # tokens (0 = all), and/or train for this many passes over them (a budget, like max_tokens)
+    unique_tokens: int = 0
+    epochs: float = 0.0
     stop_after_steps: int = 0  # end this invocation early (with a checkpoint); 0 = run to the end
     # diffusion
     schedule: str = "linear"
@@ -116,6 +120,8 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 1")
         non_negative = (
+            "unique_tokens",
+            "epochs",
             "warmup_steps",
             "max_steps",
             "max_tokens",
@@ -143,10 +149,13 @@ class TrainConfig:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be in [0, 1)")
         if not 0 <= self.t_eps < 1:
             raise ConfigError(f"t_eps={self.t_eps!r} must be in [0, 1)")
-        if self.max_tokens and self.max_flops:
-            raise ConfigError("set only one of max_tokens and max_flops (both are budgets)")
-        if not (self.max_steps or self.max_tokens or self.max_flops):
-            raise ConfigError("no budget: set max_steps, max_tokens or max_flops to a value > 0")
+        budgets = [name for name in ("max_tokens", "max_flops", "epochs") if getattr(self, name)]
+        if len(budgets) > 1:
+            raise ConfigError(f"set only one of {budgets} (each is a budget)")
+        if not (self.max_steps or budgets):
+            raise ConfigError(
+                "no budget: set max_steps, max_tokens, max_flops or epochs to a value > 0"
+            )
         return self
 
 
@@ -309,8 +318,10 @@ def lr_multiplier(
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def total_steps_for(cfg: TrainConfig, flops_per_step: float) -> int:
+def total_steps_for(cfg: TrainConfig, flops_per_step: float, n_rows: int) -> int:
     tokens_per_step = cfg.batch_size * cfg.seq_len
+    if cfg.epochs:
+        return max(1, math.ceil(cfg.epochs * n_rows / cfg.batch_size))
     if cfg.max_flops:
         return max(1, math.ceil(cfg.max_flops / flops_per_step))
     if cfg.max_tokens:
@@ -358,6 +369,23 @@ def peak_flops(
 
 
 # ---------------------------------------------------------------- training
+
+
+def peak_memory(device: torch.device) -> dict[str, Any]:
+    """Peak memory of this process: allocated by torch on a GPU, resident set size on a CPU."""
+    if device.type == "cuda":
+        return {
+            "peak_memory_bytes": torch.cuda.max_memory_allocated(device),
+            "peak_memory_source": "torch.cuda.max_memory_allocated",
+        }
+    import resource
+
+    # ru_maxrss is in kilobytes on Linux (bytes on macOS)
+    scale = 1 if sys.platform == "darwin" else 1024
+    return {
+        "peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale,
+        "peak_memory_source": "process max RSS",
+    }
 
 
 def batch_generator(seed: int, step: int) -> torch.Generator:
@@ -499,7 +527,17 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
     model = Transformer(model_cfg)
     tokens_per_step = train_cfg.batch_size * train_cfg.seq_len
     flops_token = flops_per_token(model_cfg, train_cfg.seq_len)
-    total_steps = total_steps_for(train_cfg, flops_token * tokens_per_step)
+    train_rows = splits["train"].tokens
+    if train_cfg.unique_tokens:
+        # Loss tokens per row are seq_len - 1 (position 0 is BOS); keep whole rows, in order.
+        keep = math.ceil(train_cfg.unique_tokens / (train_cfg.seq_len - 1))
+        if keep > len(train_rows):
+            raise ConfigError(
+                f"unique_tokens={train_cfg.unique_tokens} exceeds the {len(train_rows)} rows "
+                f"x {train_cfg.seq_len - 1} tokens of the training split"
+            )
+        train_rows = train_rows[:keep]
+    total_steps = total_steps_for(train_cfg, flops_token * tokens_per_step, len(train_rows))
 
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
@@ -555,12 +593,11 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
     unwrapped = accelerator.unwrap_model(model)
     log(
         f"{objective.name}: {unwrapped.num_parameters() / 1e6:.2f}M parameters, "
-        f"{len(splits['train'].tokens)} train rows x {train_cfg.seq_len}, {total_steps} steps, "
+        f"{len(train_rows)} train rows x {train_cfg.seq_len}, {total_steps} steps, "
         f"{world} process(es), micro-batch {micro_batch} x {train_cfg.grad_accum} accumulation, "
         f"precision {accelerator.mixed_precision}, peak {peak / 1e12:.3g} TFLOP/s ({peak_source})"
     )
 
-    train_rows = splits["train"].tokens
     val_rows = splits["validation"].tokens
     token_bytes = tokenizer.token_bytes()
     sampler = EpochSampler(len(train_rows), train_cfg.seed)
@@ -781,6 +818,9 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
         "peak_flops_source": peak_source,
         "processes": world,
         "precision": accelerator.mixed_precision,
+        **peak_memory(device),
+        "train_rows": len(train_rows),
+        "epochs_seen": end_step * train_cfg.batch_size / len(train_rows),
         "data": data_record,
     }
     if finished:

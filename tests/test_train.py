@@ -254,3 +254,23 @@ def test_resume_refuses_a_different_experiment(tmp_path, cache_dir):
         )
     assert "objective: checkpoint 'ar' vs now 'mdm'" in str(error.value)
     assert "dim: checkpoint 32 vs now 64" in str(error.value)
+
+
+def test_data_constrained_budget_repeats_a_fixed_set_of_rows(tmp_path, cache_dir):
+    summary = train.train(
+        tiny_args(
+            tmp_path,
+            cache_dir,
+            "--unique-tokens",
+            str(31 * 10),
+            "--epochs",
+            "4",
+            "--eval-every",
+            "100",
+        )
+    )
+    assert summary["train_rows"] == 10 and summary["total_steps"] == 5  # ceil(4 x 10 / 8)
+    assert summary["epochs_seen"] == pytest.approx(4.0)
+    assert summary["peak_memory_bytes"] > 0 and summary["peak_memory_source"]
+    code = train.main(tiny_args(tmp_path / "x", cache_dir, "--epochs", "2", "--max-tokens", "99"))
+    assert code == 2
