@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 OBJECTIVES = ("ar", "mdm")
 
@@ -205,7 +206,7 @@ def generation_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
     ar_model, tokenizer, ar_state = load(out, "ar")
     engine = ARGenerator(ar_model, tokenizer)
     ar_flops = forward_flops_per_token(ar_state["model_config"], 1 + length)
-    for temperature in settings.temperatures:
+    for temperature in tqdm(settings.temperatures, desc="AR decoding", leave=False):
         config = GenerationConfig(
             max_new_tokens=length,
             stop_on_eos=False,
@@ -260,7 +261,7 @@ def generation_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
                     temperature,
                 )
             )
-    for name, config, temperature in configs:
+    for name, config, temperature in tqdm(configs, desc="diffusion samplers", leave=False):
         config = with_model_schedule(config, mdm_state)
         start = time.perf_counter()
         result = sample(mdm_model, config, canvas, torch.Generator().manual_seed(0))
@@ -325,7 +326,7 @@ def quality_stage(out: Path, sets: dict[str, Any], settings: CompareSettings) ->
         "judge_ppl": reference_score.perplexity,
         **diversity_report(references, [[0]] * len(references)),
     }
-    for name, entry in sets.items():
+    for name, entry in tqdm(sets.items(), desc="judging samples", leave=False):
         texts = [t if t.strip() else " " for t in entry["texts"]]
         judged = judge.score(texts)
         row = {"judge_ppl": judged.perplexity, **diversity_report(texts, entry["ids"])}
