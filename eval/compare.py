@@ -88,7 +88,11 @@ COMPARE_PRESETS = {
 
 
 def settings_for(preset: str) -> CompareSettings:
-    return COMPARE_PRESETS.get(preset, COMPARE_PRESETS["demo"])
+    """The evaluation settings of a training preset: its own, the GPU ones for the *-small
+    presets, and the demo's otherwise."""
+    if preset in COMPARE_PRESETS:
+        return COMPARE_PRESETS[preset]
+    return COMPARE_PRESETS["small" if preset.endswith("small") else "demo"]
 
 
 # ---------------------------------------------------------------- resumable stages

@@ -204,6 +204,55 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             precision="auto",
         ),
     },
+    # GPT-2-small shapes on hub corpora (need internet): TinyStories and OpenWebText, GPT-2 BPE.
+    "tinystories-small": {
+        "model": dict(
+            dim=768,
+            n_layers=12,
+            n_heads=12,
+            n_kv_heads=12,
+            hidden_dim=2048,
+            max_seq_len=512,
+            tie_embeddings=True,
+        ),
+        "train": dict(
+            dataset="roneneldan/TinyStories",
+            tokenizer="gpt2",
+            seq_len=512,
+            batch_size=256,
+            lr=6e-4,
+            warmup_steps=500,
+            max_steps=20000,
+            eval_every=1000,
+            eval_batches=40,
+            min_lr_ratio=0.1,
+            precision="auto",
+        ),
+    },
+    "owt-small": {
+        "model": dict(
+            dim=768,
+            n_layers=12,
+            n_heads=12,
+            n_kv_heads=12,
+            hidden_dim=2048,
+            max_seq_len=1024,
+            tie_embeddings=True,
+        ),
+        "train": dict(
+            dataset="Skylion007/openwebtext",
+            tokenizer="gpt2",
+            seq_len=1024,
+            batch_size=512,
+            lr=6e-4,
+            warmup_steps=2500,
+            max_steps=100000,
+            eval_every=2000,
+            eval_batches=40,
+            min_lr_ratio=0.1,
+            precision="auto",
+        ),
+    },
 }
 
 
