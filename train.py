@@ -2,6 +2,7 @@
 
     python train.py --objective ar  --preset demo --out runs/demo-ar
     python train.py --objective mdm --preset demo --out runs/demo-mdm
+    python train.py --objective bd --block-size 4 --preset demo --out runs/demo-bd
     accelerate launch train.py --objective mdm --preset small --out runs/small-mdm
     python train.py --resume runs/demo-mdm --max-steps 1200    # continue a run
 
@@ -80,6 +81,12 @@ class TrainConfig:
     estimator: str = (
         "time"  # "time": Bernoulli masks at t, weight -alpha'/(1-alpha); "count": LLaDA
     )
+    # block diffusion ("bd"): blocks of block_size positions tile the whole row (BOS included),
+    # so seq_len % block_size == 0; 0 = unset (only "bd" uses it). Per-block t is drawn from
+    # [t_eps, t_max]; t_max < 1 is BD3-LM's clipped schedule, a training-variance device that
+    # changes what the training loss estimates; validation always uses the full range [t_eps, 1].
+    block_size: int = 0
+    t_max: float = 1.0
     # evaluation, logging, checkpoints
     eval_every: int = 200
     eval_batches: int = 8  # global batches per periodic evaluation; 0 = the whole split
@@ -130,6 +137,7 @@ class TrainConfig:
             "eval_batches",
             "checkpoint_every",
             "keep_checkpoints",
+            "block_size",
             "num_threads",
             "peak_tflops",
             "weight_decay",
@@ -149,6 +157,14 @@ class TrainConfig:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be in [0, 1)")
         if not 0 <= self.t_eps < 1:
             raise ConfigError(f"t_eps={self.t_eps!r} must be in [0, 1)")
+        if not self.t_eps < self.t_max <= 1:
+            raise ConfigError(f"t_max={self.t_max!r} must be in (t_eps={self.t_eps}, 1]")
+        if self.objective == "bd" and (self.block_size < 1 or self.seq_len % self.block_size):
+            valid = [d for d in range(1, self.seq_len + 1) if self.seq_len % d == 0]
+            raise ConfigError(
+                f"block_size={self.block_size} must divide seq_len={self.seq_len} for "
+                f"objective='bd' (blocks tile the whole row, BOS included); valid: {valid}"
+            )
         budgets = [name for name in ("max_tokens", "max_flops", "epochs") if getattr(self, name)]
         if len(budgets) > 1:
             raise ConfigError(f"set only one of {budgets} (each is a budget)")
@@ -157,6 +173,20 @@ class TrainConfig:
                 "no budget: set max_steps, max_tokens, max_flops or epochs to a value > 0"
             )
         return self
+
+
+def objective_options(cfg: TrainConfig) -> dict[str, Any]:
+    """The TrainConfig fields an objective's factory takes (the AR objective takes none)."""
+    if cfg.objective == "mdm":
+        return {"schedule": cfg.schedule, "t_eps": cfg.t_eps, "estimator": cfg.estimator}
+    if cfg.objective == "bd":
+        return {
+            "schedule": cfg.schedule,
+            "t_eps": cfg.t_eps,
+            "t_max": cfg.t_max,
+            "block_size": cfg.block_size,
+        }
+    return {}
 
 
 class TrainingDiverged(RuntimeError):
@@ -199,7 +229,7 @@ FIELD_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 
 def build_parser(preset: dict[str, dict[str, Any]] | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description="Train the shared backbone under an objective (ar or mdm).",
+        description="Train the shared backbone under an objective (ar, mdm or bd).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--preset", default="demo", help="named preset (shared/config.py)")
@@ -510,23 +540,24 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
         )
 
     objective = build_objective(
-        train_cfg.objective,
-        pad_id=tokenizer.pad_id,
-        **(
-            {
-                "schedule": train_cfg.schedule,
-                "t_eps": train_cfg.t_eps,
-                "estimator": train_cfg.estimator,
-            }
-            if train_cfg.objective == "mdm"
-            else {}
-        ),
+        train_cfg.objective, pad_id=tokenizer.pad_id, **objective_options(train_cfg)
     )
     model_cfg = model_cfg.with_vocab(objective.model_vocab_size(tokenizer.vocab_size)).validate()
+    # Validation estimates the NELBO over the full noise range even when training clips it.
+    eval_objective = build_objective(
+        train_cfg.objective,
+        pad_id=tokenizer.pad_id,
+        **objective_options(dataclasses.replace(train_cfg, t_max=1.0)),
+    )
+    eval_objective.model_vocab_size(tokenizer.vocab_size)
     torch.manual_seed(train_cfg.seed)
     model = Transformer(model_cfg)
     tokens_per_step = train_cfg.batch_size * train_cfg.seq_len
     flops_token = flops_per_token(model_cfg, train_cfg.seq_len)
+    if train_cfg.objective == "bd":
+        # Block diffusion trains on [noisy row, clean row]: two tokens through the network per
+        # data token, over a 2L context, so a FLOP budget buys it half the steps.
+        flops_token = 2 * flops_per_token(model_cfg, 2 * train_cfg.seq_len)
     train_rows = splits["train"].tokens
     if train_cfg.unique_tokens:
         # Loss tokens per row are seq_len - 1 (position 0 is BOS); keep whole rows, in order.
@@ -612,7 +643,7 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
     def validate(step: int, n_batches: int | None) -> dict[str, float]:
         totals = evaluate_rows(
             model,
-            objective,
+            eval_objective,
             val_rows,
             token_bytes,
             batch_size=train_cfg.batch_size,

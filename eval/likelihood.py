@@ -344,6 +344,13 @@ def evaluate_checkpoint(
             "t_eps": config["t_eps"],
             "estimator": estimator or config.get("estimator", "time"),
         }
+    elif name == "bd":
+        # The full noise range: a clipped training range (t_max < 1) is not the NELBO.
+        options = {
+            "schedule": config["schedule"],
+            "t_eps": config["t_eps"],
+            "block_size": config["block_size"],
+        }
     objective = build_objective(name, pad_id=tokenizer.pad_id, **options)
     objective.model_vocab_size(tokenizer.vocab_size)
     results: dict = {
@@ -371,7 +378,7 @@ def evaluate_checkpoint(
             batch_size=batch_size,
             seed=seed,
         ).as_dict()
-        if chain_rule_rows:
+        if chain_rule_rows and name == "mdm":  # bidirectional chain rule: MDM only
             subset = rows[:chain_rule_rows]
             results["estimates"]["chain_rule_nll"] = mdm_chain_rule_nll(
                 model, objective, subset, token_bytes, batch_size=batch_size

@@ -225,8 +225,8 @@ def load_model_from_checkpoint(path: Path, device: str | torch.device = "cpu"):
     model = Transformer(ModelConfig.from_dict(state["model_config"]))
     load_weights(path, model)
     tokenizer = Tokenizer.load(path / "tokenizer")
-    # The diffusion model has one extra row ([MASK]); anything else means mismatched files.
-    extra = 1 if state.get("objective") == "mdm" else 0
+    # The diffusion models (mdm, bd) have one extra row ([MASK]); anything else is a mismatch.
+    extra = 1 if state.get("objective") in ("mdm", "bd") else 0
     if model.config.vocab_size != tokenizer.vocab_size + extra:
         raise CheckpointError(
             f"{path}: the model's vocabulary ({model.config.vocab_size} rows) does not fit its "

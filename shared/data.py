@@ -77,7 +77,9 @@ def load_corpus(
     val_fraction_every: int = 20,
     cache_dir: Path | None = None,
 ) -> CorpusSplits:
-    """Load "kjv", a local file/folder, or a Hugging Face hub dataset ("name" or "name:config").
+    """Load "kjv", a local file/folder, a Hugging Face hub dataset ("name" or "name:config"), or a
+    generated language with exact probabilities ("synthetic:hmm?seed=1&n=20000", see
+    ``shared.synthetic``).
 
     Without a validation split of its own (and no ``val_dataset``), every document whose index
     satisfies ``i % val_fraction_every == val_fraction_every // 2`` is held out. ``cache_dir``
@@ -116,6 +118,11 @@ def _load_source(
     spec: str, field: str, text_field: str, hf_cache: str | None
 ) -> tuple[list[str], list[str] | None]:
     """(train docs, own validation docs or None) for one dataset spec."""
+    if spec.startswith("synthetic:"):
+        # generated in-process from a seed (shared.synthetic): offline and deterministic
+        from shared.synthetic import corpus_splits
+
+        return corpus_splits(spec)
     if spec == "kjv":
         train, validation = _load_kjv()
         return list(train), list(validation)

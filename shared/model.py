@@ -284,7 +284,8 @@ class Transformer(nn.Module):
             returns logits [N_selected, vocab]; the diffusion loss only needs masked positions,
             and skipping the rest saves the largest matmul at small model sizes.
         ``positions`` [B, T] or [T]: RoPE positions (default: the slot index), so left-padded rows
-            can start at position 0.
+            can start at position 0. With explicit positions an uncached input may be longer
+            than ``max_seq_len`` as long as every position is below it.
         ``key_valid`` [B, T]: False marks padding that no token may attend to (uncached forward).
         ``cache`` / ``cache_start``: write keys and values into slots cache_start.. of a
             ``KVCache`` (default: append at ``cache.length``) and attend over the filled slots;
@@ -299,10 +300,20 @@ class Transformer(nn.Module):
                     f"cache overflow: slots {start}..{start + length} exceed the cache's "
                     f"max_len={cache.max_len}"
                 )
-        elif length > self.config.max_seq_len:
+        elif length > self.config.max_seq_len and positions is None:
             raise ValueError(
                 f"sequence length {length} exceeds max_seq_len={self.config.max_seq_len}"
             )
+        if positions is not None and length > self.config.max_seq_len:
+            # A longer input is fine when its RoPE positions repeat (block diffusion trains on
+            # [noisy row, clean row], both at positions 0..L-1); only the tables bound them.
+            # Checked only here, so the usual forward pays no device sync for it.
+            highest = int(positions.max())
+            if highest >= self.config.max_seq_len or int(positions.min()) < 0:
+                raise ValueError(
+                    f"positions must lie in 0..{self.config.max_seq_len - 1} "
+                    f"(max_seq_len={self.config.max_seq_len}); got up to {highest}"
+                )
         slots = torch.arange(start, start + length, device=tokens.device)
         if positions is None:
             positions = slots

@@ -70,6 +70,7 @@ def slice_noise(noise: dict[str, torch.Tensor], start: int, stop: int) -> dict[s
 OBJECTIVES = {
     "ar": "arlm.objective:AutoregressiveObjective",
     "mdm": "dllm.objective:MaskedDiffusionObjective",
+    "bd": "dllm.block_objective:BlockDiffusionObjective",
 }
 
 
