@@ -294,6 +294,9 @@ def frontier_figure(
         )
     if logx:
         axis.set_xscale("log")
+    values = [y for points in curves.values() for _, y in points if y > 0]
+    if values and max(values) / min(values) > 20:  # judge perplexities span decades
+        axis.set_yscale("log")
     axis.set_xlabel(xlabel)
     axis.set_ylabel(ylabel)
     axis.set_title(title)
