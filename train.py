@@ -31,6 +31,7 @@ import torch
 
 from shared.checkpoint import CheckpointError
 from shared.config import (
+    TOKENIZER_CHOICES,
     ConfigError,
     ModelConfig,
     ResourceUnavailableError,
@@ -110,7 +111,7 @@ class TrainConfig:
             "precision": ["auto", "fp32", "bf16"],
             "schedule": ["linear", "cosine"],
             "estimator": ["time", "count"],
-            "tokenizer": ["byte", "gpt2", "bpe"],
+            "tokenizer": TOKENIZER_CHOICES,
         }
         for name, valid in choices.items():
             if getattr(self, name) not in valid:
@@ -178,7 +179,12 @@ class TrainConfig:
 def objective_options(cfg: TrainConfig) -> dict[str, Any]:
     """The TrainConfig fields an objective's factory takes (the AR objective takes none)."""
     if cfg.objective == "mdm":
-        return {"schedule": cfg.schedule, "t_eps": cfg.t_eps, "estimator": cfg.estimator}
+        return {
+            "schedule": cfg.schedule,
+            "t_eps": cfg.t_eps,
+            "estimator": cfg.estimator,
+            "pad_is_data": cfg.protocol == "padded",
+        }
     if cfg.objective == "bd":
         return {
             "schedule": cfg.schedule,

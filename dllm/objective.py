@@ -65,6 +65,7 @@ class MaskedDiffusionObjective:
         schedule: str = "linear",
         t_eps: float = 1e-3,
         estimator: str = "time",
+        pad_is_data: bool = False,
     ):
         if not 0.0 <= t_eps < 1.0:
             raise ValueError(f"t_eps={t_eps!r} must be in [0, 1)")
@@ -79,6 +80,10 @@ class MaskedDiffusionObjective:
         self.schedule = get_schedule(schedule)
         self.t_eps = t_eps
         self.estimator = estimator
+        # Padded protocol: padding after EOS is part of the data. It must be noised and predicted
+        # like any token, or the visible padding tells the model each row's length for free and
+        # the NELBO bounds -log p(x | length) instead of -log p(x).
+        self.pad_is_data = pad_is_data
 
     def model_vocab_size(self, tokenizer_vocab_size: int) -> int:
         # One extra row for [MASK]; it is the last id so tokenizer ids are unchanged.
@@ -101,6 +106,15 @@ class MaskedDiffusionObjective:
         uniforms = torch.rand((n_rows * samples, seq_len), generator=generator, dtype=torch.float64)
         return {"t": t, "uniforms": uniforms}
 
+    def noised_positions(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Positions the forward process may mask: every position but BOS when padding is data,
+        otherwise the loss positions."""
+        if not self.pad_is_data:
+            return loss_positions(tokens, self.pad_id)
+        positions = torch.ones_like(tokens, dtype=torch.bool)
+        positions[:, 0] = False
+        return positions
+
     def noise_rows(
         self,
         tokens: torch.Tensor,
@@ -110,7 +124,7 @@ class MaskedDiffusionObjective:
         """Apply the forward process to the ``scored`` positions (default: the loss positions):
         returns (noised tokens, masked positions, per-row weight)."""
         if scored is None:
-            scored = loss_positions(tokens, self.pad_id)
+            scored = self.noised_positions(tokens)
         uniforms = noise["uniforms"].to(tokens.device)
         t = noise["t"].to(tokens.device)
         if self.estimator == "time":
@@ -130,8 +144,10 @@ class MaskedDiffusionObjective:
     ) -> LossOutput:
         if self.mask_id is None:
             raise RuntimeError("call model_vocab_size() before loss() so the [MASK] id is known")
+        counted = scored
         if scored is None:
-            scored = loss_positions(tokens, self.pad_id)
+            counted = loss_positions(tokens, self.pad_id)
+            scored = self.noised_positions(tokens)
         noised, masked, weight = self.noise_rows(tokens, noise, scored)
         logits = model(noised, attention=self.attention, output_mask=masked)
         # SUBS: drop the [MASK] column so the softmax runs over real tokens only.
@@ -141,4 +157,6 @@ class MaskedDiffusionObjective:
         row_of_token = masked.nonzero()[:, 0]
         weighted = token_nats.double() * weight[row_of_token]
         row_nats = sum_per_row(weighted, row_of_token, len(tokens))
-        return LossOutput(nats=weighted.sum().float(), n_tokens=scored.sum(), row_nats=row_nats)
+        # Per-token normalisation counts real tokens only, as the AR loss does, so the padding's
+        # (small) nats are charged to the text they delimit.
+        return LossOutput(nats=weighted.sum().float(), n_tokens=counted.sum(), row_nats=row_nats)

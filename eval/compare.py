@@ -676,6 +676,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--judge", default=None, help="judge model (default: smollm2 wheel)")
     args, extra = parser.parse_known_args(argv)
     out = Path(args.out or f"runs/{args.preset}")
+    if args.preset.startswith("synthetic"):
+        from eval.synthetic_compare import SYNTHETIC_PRESETS, run
+
+        if args.preset not in SYNTHETIC_PRESETS:
+            print(
+                f"error: preset={args.preset!r} is unknown; synthetic presets: "
+                f"{sorted(SYNTHETIC_PRESETS)}",
+                file=sys.stderr,
+            )
+            return 2
+        paths = run(args.preset, out, extra, args.force)
+        print(f"report: {paths['markdown']}")
+        return 0
     settings = settings_for(args.preset)
     if args.no_mauve or args.judge:
         settings = dataclasses.replace(

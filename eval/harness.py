@@ -57,7 +57,11 @@ class DuoLM(LM):
         options = {}
         if self.kind == "mdm":
             config = state["train_config"]
-            options = {"schedule": config["schedule"], "t_eps": config["t_eps"]}
+            options = {
+                "schedule": config["schedule"],
+                "t_eps": config["t_eps"],
+                "pad_is_data": config.get("protocol") == "padded",
+            }
         self.objective = build_objective(self.kind, pad_id=self.tokenizer.pad_id, **options)
         self.objective.model_vocab_size(self.tokenizer.vocab_size)
         self.samples, self.mdm_likelihood = samples, mdm_likelihood

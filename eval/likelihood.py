@@ -209,9 +209,10 @@ def mdm_nelbo(
             len(tokens), samples, tokens.shape[1], noise_generator(seed, start)
         )
         repeated = tokens.repeat_interleave(samples, dim=0).to(device)
-        out = objective.loss(
-            model, repeated, noise, mask.repeat_interleave(samples, dim=0).to(device)
-        )
+        # Without an explicit selection the objective picks what to noise (padding too, under
+        # the padded protocol); ``mask`` is then only the token count.
+        chosen = None if scored is None else mask.repeat_interleave(samples, dim=0).to(device)
+        out = objective.loss(model, repeated, noise, chosen)
         per_draw = out.row_nats.double().view(len(tokens), samples).cpu()
         total.row_nats += per_draw.mean(1).tolist()
         total.nats += float(per_draw.mean(1).sum())
@@ -244,8 +245,9 @@ def mdm_chain_rule_nll(
     mask_id = objective.mask_id
     total = Estimate(0.0, 0, 0, kind="exact nll (mdm, left-to-right unmasking)")
     for start, tokens in _batches(rows, batch_size):
-        mask = _scored(objective, tokens, scored, start)
-        tokens, mask = tokens.to(device), mask.to(device)
+        counted = _scored(objective, tokens, scored, start)
+        revealed = counted if scored is not None else _noised_positions(objective, tokens)
+        tokens, mask = tokens.to(device), revealed.to(device)
         state = torch.where(mask, torch.full_like(tokens, mask_id), tokens)
         row_nats = torch.zeros(len(tokens), dtype=torch.float64, device=tokens.device)
         for position in range(tokens.shape[1]):
@@ -261,9 +263,16 @@ def mdm_chain_rule_nll(
             state[active, position] = tokens[active, position]
         total.row_nats += row_nats.cpu().tolist()
         total.nats += float(row_nats.sum())
-        total.tokens += int(mask.sum())
-        total.bytes += _bytes_of(tokens.cpu(), mask.cpu(), token_bytes)
+        total.tokens += int(counted.sum())
+        total.bytes += _bytes_of(tokens.cpu(), counted, token_bytes)
     return total
+
+
+def _noised_positions(objective, tokens: torch.Tensor) -> torch.Tensor:
+    """Positions a masked diffusion objective generates (padding too under the padded
+    protocol), so the chain rule covers the same events as the NELBO."""
+    chooser = getattr(objective, "noised_positions", None)
+    return chooser(tokens) if chooser else loss_positions(tokens, objective.pad_id)
 
 
 def continuation_rows(

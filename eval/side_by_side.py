@@ -131,24 +131,26 @@ def main(argv: list[str] | None = None) -> int:
         args.prompt = [""]
     from shared.checkpoint import CheckpointError
 
-    torch.set_grad_enabled(False)
     prompts = args.prompt + [prefix for prefix, _ in args.infill]
     suffixes = [None] * len(args.prompt) + [suffix for _, suffix in args.infill]
     try:
         for path in (args.ar_checkpoint, args.mdm_checkpoint):
             if not Path(path).exists():
                 raise CheckpointError(f"checkpoint path {path} does not exist")
-        ar = ar_continue(args.ar_checkpoint, prompts, args.gen_length, args.temperature, args.seed)
-        mdm = mdm_fill(
-            args.mdm_checkpoint,
-            prompts,
-            suffixes,
-            args.gen_length,
-            args.steps,
-            args.sampler,
-            args.temperature,
-            args.seed,
-        )
+        with torch.no_grad():  # a context, not a global switch: callers may train afterwards
+            ar = ar_continue(
+                args.ar_checkpoint, prompts, args.gen_length, args.temperature, args.seed
+            )
+            mdm = mdm_fill(
+                args.mdm_checkpoint,
+                prompts,
+                suffixes,
+                args.gen_length,
+                args.steps,
+                args.sampler,
+                args.temperature,
+                args.seed,
+            )
     except (ValueError, CheckpointError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

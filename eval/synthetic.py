@@ -588,6 +588,7 @@ def _load(checkpoint: str | Path) -> tuple[nn.Module, Tokenizer, dict, Any]:
             "schedule": config["schedule"],
             "t_eps": config["t_eps"],
             "estimator": config.get("estimator", "time"),
+            "pad_is_data": config.get("protocol") == "padded",
         }
     objective = build_objective(name, pad_id=tokenizer.pad_id, **options)
     objective.model_vocab_size(tokenizer.vocab_size)

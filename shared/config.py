@@ -22,6 +22,32 @@ class ResourceUnavailableError(RuntimeError):
     the message says what to install or use instead."""
 
 
+HF_TOKENIZER_PREFIX = "hf:"
+
+
+class _TokenizerChoices:
+    """Valid values of the ``tokenizer`` setting, for ``value in TOKENIZER_CHOICES`` checks.
+
+    The built-in kinds are a fixed list, but ``"hf:<name>"`` (a Hugging Face hub tokenizer or a
+    local tokenizer.json path) is open-ended, so membership is a rule rather than a list.
+    """
+
+    builtin = ("byte", "gpt2", "bpe")
+
+    def __contains__(self, value: object) -> bool:
+        if not isinstance(value, str):
+            return False
+        if value.startswith(HF_TOKENIZER_PREFIX):
+            return bool(value[len(HF_TOKENIZER_PREFIX) :].strip())
+        return value in self.builtin
+
+    def __repr__(self) -> str:
+        # shown in "tokenizer=... is not one of <this>" errors
+        return repr([*self.builtin, "hf:<hub name or tokenizer.json path>"])
+
+
+TOKENIZER_CHOICES = _TokenizerChoices()
+
 _FIELD_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 
 
@@ -245,6 +271,35 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             seq_len=1024,
             batch_size=512,
             lr=6e-4,
+            warmup_steps=2500,
+            max_steps=100000,
+            eval_every=2000,
+            eval_batches=40,
+            min_lr_ratio=0.1,
+            precision="auto",
+        ),
+    },
+    # The LM1B protocol of the masked-diffusion literature (D3PM, MDLM, ...): bert-base-uncased
+    # WordPiece, one sentence per padded row of 128 tokens. Needs internet for the dataset and the
+    # tokenizer. MDLM trains 1M steps; 100k is a starting point. Bits-per-byte is approximate
+    # with this tokenizer (see Tokenizer.bytes_exact); compare nats/token or perplexity instead.
+    "lm1b-small": {
+        "model": dict(
+            dim=768,
+            n_layers=12,
+            n_heads=12,
+            n_kv_heads=12,
+            hidden_dim=3072,
+            max_seq_len=128,
+            tie_embeddings=True,
+        ),
+        "train": dict(
+            dataset="lm1b",
+            tokenizer="hf:bert-base-uncased",
+            protocol="padded",
+            seq_len=128,
+            batch_size=512,
+            lr=3e-4,
             warmup_steps=2500,
             max_steps=100000,
             eval_every=2000,

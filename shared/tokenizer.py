@@ -1,4 +1,4 @@
-"""One tokenizer wrapper with three kinds: raw bytes, GPT-2 BPE and a corpus-trained BPE.
+"""One tokenizer wrapper: raw bytes, GPT-2 BPE, a corpus-trained BPE, or any Hugging Face one.
 
 Every kind reserves two special ids: ``<|endoftext|>`` (BOS, EOS and document separator) and
 ``<|pad|>``. Specials are never produced by ``encode``: the literal text ``<|endoftext|>`` in user
@@ -7,6 +7,12 @@ input is tokenized as ordinary text, so a document can never forge a boundary.
 ``token_bytes()`` gives the exact UTF-8 byte length of every id, which is what bits-per-byte is
 computed from, so decoding and byte accounting both go through one id -> bytes table rather than
 through the ``tokenizers`` decoder.
+
+The ``"hf:<name>"`` kind (``hf:bert-base-uncased``, or ``hf:/path/to/tokenizer.json``) wraps a
+``tokenizers`` tokenizer from the hub or a file, for reproducing published setups such as LM1B
+with bert-base-uncased. Its own end-of-text and pad specials become ``eos_id`` and ``pad_id``.
+Byte-level BPE vocabularies keep exact byte counts; other vocabularies (WordPiece, which also
+lowercases and strips accents) only approximate them, and say so with ``bytes_exact = False``.
 """
 
 from __future__ import annotations
@@ -17,14 +23,14 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shared.config import ResourceUnavailableError
+from shared.config import HF_TOKENIZER_PREFIX, ResourceUnavailableError
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer as HFTokenizer
@@ -37,6 +43,11 @@ MIN_BPE_VOCAB = 300
 META_FILE = "tokenizer_meta.json"
 BACKEND_FILE = "tokenizer.json"
 _META_VERSION = 1
+# the project's eos / pad map onto the first of these the vocabulary has
+HF_EOS_CANDIDATES = ("<|endoftext|>", "</s>", "[SEP]", "<eos>")
+HF_PAD_CANDIDATES = ("[PAD]", "<pad>", "<|pad|>")
+_HF_KIND_HINT = "hf:<hub name or tokenizer.json path>"
+_TRUE = {"1", "ON", "YES", "TRUE"}
 
 
 @lru_cache(maxsize=1)
@@ -110,11 +121,20 @@ def _byte_level_backend(model: Model) -> HFTokenizer:
     return backend
 
 
-class Tokenizer:
-    """A byte, GPT-2 or trained byte-level BPE tokenizer with two reserved special ids.
+def is_hf_kind(kind: str) -> bool:
+    """True for ``"hf:<name>"`` with a non-empty name."""
+    return kind.startswith(HF_TOKENIZER_PREFIX) and bool(kind[len(HF_TOKENIZER_PREFIX) :].strip())
 
-    Build one with :meth:`byte`, :meth:`gpt2`, :meth:`train_bpe`, :meth:`load` or
-    :func:`build_tokenizer`; the constructor is internal.
+
+class Tokenizer:
+    """A byte, GPT-2, trained byte-level BPE or Hugging Face tokenizer with two special ids.
+
+    Build one with :meth:`byte`, :meth:`gpt2`, :meth:`train_bpe`, :meth:`from_hf`, :meth:`load`
+    or :func:`build_tokenizer`; the constructor is internal.
+
+    ``bytes_exact`` is True when ``token_bytes()`` sums to the exact UTF-8 size of the encoded
+    text (all kinds except non-byte-level "hf:" vocabularies such as WordPiece), i.e. when
+    bits-per-byte computed from it is exact rather than approximate.
     """
 
     def __init__(
@@ -126,8 +146,10 @@ class Tokenizer:
         vocab_size: int,
         backend: HFTokenizer | None = None,
     ) -> None:
-        if kind not in KINDS:
-            raise ValueError(f"tokenizer kind must be one of {', '.join(KINDS)}; got {kind!r}")
+        if kind not in KINDS and not is_hf_kind(kind):
+            raise ValueError(
+                f"tokenizer kind must be one of {', '.join(KINDS)} or {_HF_KIND_HINT}; got {kind!r}"
+            )
         if (backend is None) != (kind == "byte"):
             raise ValueError(f"tokenizer kind {kind!r} and backend do not match")
         self.kind = kind
@@ -135,6 +157,11 @@ class Tokenizer:
         self.pad_id = int(pad_id)
         self.vocab_size = int(vocab_size)
         self._backend = backend
+        # ids decode() drops: ours plus every special the backend declares ([CLS], [MASK], ...)
+        self._special_set = {self.eos_id, self.pad_id}
+        # non-byte-level vocabularies (WordPiece) need the backend's decoder to place spaces
+        self._decode_with_backend = False
+        self.bytes_exact = True
         self._table = self._build_table()
         self._lengths = np.fromiter((len(b) for b in self._table), np.int64, len(self._table))
         self._fingerprint: str | None = None
@@ -185,6 +212,36 @@ class Tokenizer:
         )
 
     @classmethod
+    def from_hf(cls, spec: str) -> Tokenizer:
+        """A Hugging Face tokenizer: ``"hf:<hub name>"`` or ``"hf:<path to tokenizer.json>"``.
+
+        The hub is reached through ``tokenizers.Tokenizer.from_pretrained`` (a cached copy is
+        used when offline). Post-processing, truncation and padding are switched off, since the
+        project adds BOS/EOS and pads rows itself.
+        """
+        if not is_hf_kind(spec):
+            raise ValueError(f"tokenizer={spec!r} must look like {_HF_KIND_HINT}")
+        return cls._wrap_hf(spec, _load_hf_backend(spec))
+
+    @classmethod
+    def _wrap_hf(cls, kind: str, backend: HFTokenizer) -> Tokenizer:
+        backend = _plain_backend(backend)
+        n_backend = 1 + max(backend.get_vocab(with_added_tokens=True).values())
+        eos_id = _first_token_id(backend, HF_EOS_CANDIDATES)
+        if eos_id is None:
+            found = sorted(t.content for t in backend.get_added_tokens_decoder().values())
+            raise ValueError(
+                f"tokenizer={kind!r} has none of the end-of-text tokens "
+                f"{list(HF_EOS_CANDIDATES)} needed for eos_id; its added tokens are {found}"
+            )
+        pad_id = _first_token_id(backend, HF_PAD_CANDIDATES)
+        if pad_id is None:
+            # an id past the vocabulary: the backend never emits it, the model just gets one row
+            pad_id = n_backend
+        vocab_size = max(n_backend, pad_id + 1)
+        return cls(kind, eos_id=eos_id, pad_id=pad_id, vocab_size=vocab_size, backend=backend)
+
+    @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> Tokenizer:
         """Load a tokenizer written by :meth:`save`."""
         directory = Path(directory)
@@ -206,6 +263,11 @@ class Tokenizer:
                 vocab_size=meta["vocab_size"],
                 backend=backend,
             )
+        elif isinstance(kind, str) and is_hf_kind(kind):
+            from tokenizers import Tokenizer as HFTokenizer
+
+            # the saved tokenizer.json, not the original spec: loading never touches the hub
+            tok = cls._wrap_hf(kind, HFTokenizer.from_file(str(directory / BACKEND_FILE)))
         else:
             raise ValueError(f"{meta_path}: unknown tokenizer kind {kind!r}")
         if (tok.eos_id, tok.pad_id, tok.vocab_size) != (
@@ -220,7 +282,7 @@ class Tokenizer:
         return tok
 
     def save(self, directory: str | os.PathLike[str]) -> None:
-        """Write tokenizer_meta.json (and tokenizer.json for BPE kinds) into directory."""
+        """Write tokenizer_meta.json (and tokenizer.json for all but "byte") into directory."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         if self._backend is not None:
@@ -231,8 +293,9 @@ class Tokenizer:
             "vocab_size": self.vocab_size,
             "eos_id": self.eos_id,
             "pad_id": self.pad_id,
-            "eos_token": EOS_TOKEN,
-            "pad_token": PAD_TOKEN,
+            "eos_token": self._special_name(self.eos_id),
+            "pad_token": self._special_name(self.pad_id),
+            "bytes_exact": self.bytes_exact,
             "fingerprint": self.fingerprint(),
         }
         # meta goes last: its presence marks a complete save
@@ -259,15 +322,22 @@ class Tokenizer:
         ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
         if ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
             raise ValueError(f"token ids must lie in [0, {self.vocab_size})")
+        if self._decode_with_backend:
+            assert self._backend is not None
+            kept = [i for i in ids if i not in self._special_set]
+            return self._backend.decode(kept, skip_special_tokens=True)
         table = self._table
         return b"".join([table[i] for i in ids]).decode("utf-8", errors="replace")
 
     def token_bytes(self) -> np.ndarray:
-        """int64 [vocab_size]: UTF-8 bytes each id stands for (0 for the specials)."""
+        """int64 [vocab_size]: UTF-8 bytes each id stands for (0 for the specials).
+
+        Exact when ``bytes_exact``; otherwise an estimate (see :meth:`_approximate_table`).
+        """
         return self._lengths.copy()
 
     def id_to_bytes(self, token_id: int) -> bytes:
-        """Raw bytes of one id (empty for specials)."""
+        """Raw bytes of one id (empty for specials); approximate unless ``bytes_exact``."""
         return self._table[token_id]
 
     @property
@@ -278,11 +348,18 @@ class Tokenizer:
         """Short hash of kind, specials, id -> bytes table and merges; stable across processes."""
         if self._fingerprint is None:
             h = hashlib.sha256()
-            h.update(f"{self.kind}|{self.vocab_size}|{self.eos_id}|{self.pad_id}|".encode())
+            # "hf" rather than the spec: the same tokenizer.json read from two paths is one
+            # vocabulary, and tokenized caches should be shared between them
+            tag = "hf" if is_hf_kind(self.kind) else self.kind
+            h.update(f"{tag}|{self.vocab_size}|{self.eos_id}|{self.pad_id}|".encode())
             for b in self._table:
                 h.update(len(b).to_bytes(2, "little"))
                 h.update(b)
-            if self._backend is not None:
+            if self._backend is not None and tag == "hf":
+                # normalizer, pre-tokenizer and model all change the ids, so hash them all
+                config = json.loads(self._backend.to_str())
+                h.update(json.dumps(config, sort_keys=True, ensure_ascii=False).encode("utf-8"))
+            elif self._backend is not None:
                 model = json.loads(self._backend.to_str())["model"]
                 merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
                 h.update("\n".join(merges).encode("utf-8"))
@@ -298,6 +375,8 @@ class Tokenizer:
             )
         if self._backend is None:
             table = [bytes([b]) for b in range(256)] + [b"", b""]
+        elif is_hf_kind(self.kind):
+            table = self._hf_table()
         else:
             decode_char = _unicode_to_bytes()
             table = [b""] * self.vocab_size
@@ -313,11 +392,183 @@ class Tokenizer:
         table[self.pad_id] = b""
         return table
 
+    def _hf_table(self) -> list[bytes]:
+        assert self._backend is not None
+        config = json.loads(self._backend.to_str())
+        added = self._backend.get_added_tokens_decoder()
+        self._special_set |= {i for i, t in added.items() if t.special}
+        if _is_byte_level(config):
+            table = [b""] * self.vocab_size
+            decode_char = _unicode_to_bytes()
+            for token, idx in self._backend.get_vocab(with_added_tokens=False).items():
+                try:
+                    table[idx] = bytes(decode_char[ch] for ch in token)
+                except KeyError as exc:
+                    raise ValueError(
+                        f"tokenizer={self.kind!r}: token {token!r} is not a byte-level BPE token"
+                    ) from exc
+            # a normalizer rewrites the text before it is split, so bytes no longer add up
+            self.bytes_exact = config.get("normalizer") is None
+        else:
+            table = self._approximate_table(config["model"])
+            self.bytes_exact = False
+            self._decode_with_backend = True
+        for idx, token in added.items():
+            # added tokens are stored as plain text, not through the byte-level alphabet
+            table[idx] = b"" if token.special else token.content.encode("utf-8")
+        unk = config["model"].get("unk_token")
+        unk_id = self._backend.token_to_id(unk) if isinstance(unk, str) else None
+        if unk_id is not None:
+            # [UNK] stands for a word the vocabulary cannot spell (typically a rare non-Latin
+            # character); count it as one 3-byte character, like U+FFFD, plus its space
+            table[unk_id] = " \ufffd".encode() if self._decode_with_backend else "\ufffd".encode()
+        return table
+
+    def _approximate_table(self, model: dict) -> list[bytes]:
+        """Byte estimates for vocabularies whose token text is not the raw bytes.
+
+        WordPiece: a ``##`` piece continues a word and stands for its own text; any other piece
+        starts a word and also gets the space before it (wrong for a document's first word and
+        for punctuation written without a space). Lowercasing and accent stripping by the
+        normalizer also change the byte count. Other models (Unigram, SentencePiece BPE) mark
+        spaces with U+2581, which is counted as one space.
+        """
+        assert self._backend is not None
+        table = [b""] * self.vocab_size
+        prefix = model.get("continuing_subword_prefix") or "##"
+        wordpiece = model.get("type") == "WordPiece"
+        for token, idx in self._backend.get_vocab(with_added_tokens=False).items():
+            if not wordpiece:
+                text = token.replace("\u2581", " ")
+            elif token.startswith(prefix) and len(token) > len(prefix):
+                text = token[len(prefix) :]
+            else:
+                text = " " + token
+            table[idx] = text.encode("utf-8")
+        return table
+
+    def _special_name(self, token_id: int) -> str:
+        if self._backend is not None and is_hf_kind(self.kind):
+            name = self._backend.id_to_token(token_id)
+            if name is not None:
+                return name
+        return EOS_TOKEN if token_id == self.eos_id else PAD_TOKEN
+
     def __repr__(self) -> str:
         return (
             f"Tokenizer(kind={self.kind!r}, vocab_size={self.vocab_size}, eos_id={self.eos_id}, "
-            f"pad_id={self.pad_id}, fingerprint={self.fingerprint()!r})"
+            f"pad_id={self.pad_id}, bytes_exact={self.bytes_exact}, "
+            f"fingerprint={self.fingerprint()!r})"
         )
+
+
+# ---- Hugging Face tokenizers ---------------------------------------------------------------------
+
+
+def _first_token_id(backend: HFTokenizer, candidates: Sequence[str]) -> int | None:
+    for token in candidates:
+        idx = backend.token_to_id(token)
+        if idx is not None:
+            return int(idx)
+    return None
+
+
+def _component_types(node: object) -> Iterator[str]:
+    """Every "type" in a tokenizer.json component, descending into Sequence components."""
+    if isinstance(node, dict):
+        if isinstance(node.get("type"), str):
+            yield node["type"]
+        for key in ("pretokenizers", "decoders", "normalizers"):
+            for child in node.get(key) or []:
+                yield from _component_types(child)
+
+
+def _is_byte_level(config: dict) -> bool:
+    """Whether the vocabulary is written in GPT-2's byte alphabet (so token text = exact bytes)."""
+    parts = (config.get("pre_tokenizer"), config.get("decoder"))
+    return any(t == "ByteLevel" for part in parts for t in _component_types(part))
+
+
+def _plain_backend(backend: HFTokenizer) -> HFTokenizer:
+    """A copy that adds nothing around the ids, and reads special-token text as plain text."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    config = json.loads(backend.to_str())
+    # the project adds BOS/EOS and pads rows itself; a saved truncation would cut documents
+    config["post_processor"] = None
+    config["truncation"] = None
+    config["padding"] = None
+    plain = HFTokenizer.from_str(json.dumps(config))
+    # otherwise the literal text "[SEP]" in a document would encode to the eos id
+    plain.encode_special_tokens = True
+    return plain
+
+
+def _looks_like_local(name: str) -> bool:
+    # hub ids are "name" or "owner/name", never absolute, nested deeper or ending in .json
+    if name.startswith(("/", "./", "../", "~", ".\\")) or "\\" in name:
+        return True
+    return name.count("/") > 1 or name.lower().endswith(".json")
+
+
+def _load_hf_backend(spec: str) -> HFTokenizer:
+    from tokenizers import Tokenizer as HFTokenizer
+
+    name = spec[len(HF_TOKENIZER_PREFIX) :].strip()
+    path = Path(name).expanduser()
+    if path.is_dir():
+        path = path / BACKEND_FILE
+    if path.is_file():
+        return HFTokenizer.from_file(str(path))
+    if _looks_like_local(name):
+        raise FileNotFoundError(f"tokenizer={spec!r}: no such tokenizer.json file: {path}")
+    return _load_hub_backend(spec, name)
+
+
+def _hf_offline_error(spec: str, why: str) -> ResourceUnavailableError:
+    return ResourceUnavailableError(
+        f"tokenizer={spec!r}: the Hugging Face hub is unreachable ({why}) and no cached copy was "
+        "found; this machine appears to be offline. Use a local file "
+        "(tokenizer='hf:/path/to/tokenizer.json') or a built-in kind ('byte', 'gpt2', 'bpe')."
+    )
+
+
+def _load_hub_backend(spec: str, name: str) -> HFTokenizer:
+    from tokenizers import Tokenizer as HFTokenizer
+
+    # shared.data imports this module, so its hub helpers are imported here, at call time
+    from shared.data import _hub_unreachable, _is_connection_error
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE
+    why = "HF_HUB_OFFLINE is set" if offline else None
+    if why is None and _hub_unreachable():
+        why = "the hub host name does not resolve"
+    if why is not None:
+        # fail now rather than after minutes of retries, unless a download is already cached
+        cached = _cached_hub_file(name)
+        if cached is None:
+            raise _hf_offline_error(spec, why)
+        return HFTokenizer.from_file(cached)
+    try:
+        return HFTokenizer.from_pretrained(name)
+    except Exception as exc:
+        if _is_connection_error(exc):
+            raise _hf_offline_error(spec, type(exc).__name__) from exc
+        raise ValueError(
+            f"tokenizer={spec!r}: could not load {name!r} from the Hugging Face hub "
+            f"({type(exc).__name__}: {exc}); expected a hub repository with a tokenizer.json "
+            "or a local tokenizer.json path"
+        ) from exc
+
+
+def _cached_hub_file(name: str) -> str | None:
+    """Path of a previously downloaded tokenizer.json for a hub repository, if any."""
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return str(hf_hub_download(name, BACKEND_FILE, local_files_only=True))
+    except Exception:  # not cached, a malformed id, or no huggingface_hub: nothing to reuse
+        return None
 
 
 def _check_bpe_vocab_size(vocab_size: int | None) -> int:
@@ -350,14 +601,19 @@ def build_tokenizer(
     """Build the tokenizer named by kind.
 
     ``vocab_size`` and ``train_texts`` only matter for "bpe", whose training result is cached
-    under ``cache_dir/tokenizers/bpe-<corpus fingerprint[:16]>-<vocab_size>``.
+    under ``cache_dir/tokenizers/bpe-<corpus fingerprint[:16]>-<vocab_size>``. ``"hf:<name>"``
+    loads a Hugging Face tokenizer (see :meth:`Tokenizer.from_hf`).
     """
     if kind == "byte":
         return Tokenizer.byte()
     if kind == "gpt2":
         return Tokenizer.gpt2()
+    if is_hf_kind(kind):
+        return Tokenizer.from_hf(kind)
     if kind != "bpe":
-        raise ValueError(f"tokenizer must be one of {', '.join(KINDS)}; got {kind!r}")
+        raise ValueError(
+            f"tokenizer must be one of {', '.join(KINDS)} or {_HF_KIND_HINT}; got {kind!r}"
+        )
 
     vocab_size = _check_bpe_vocab_size(vocab_size)
     if corpus_fingerprint is None:

