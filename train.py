@@ -191,6 +191,7 @@ def objective_options(cfg: TrainConfig) -> dict[str, Any]:
             "t_eps": cfg.t_eps,
             "t_max": cfg.t_max,
             "block_size": cfg.block_size,
+            "pad_is_data": cfg.protocol == "padded",
         }
     return {}
 

@@ -136,6 +136,7 @@ class BlockDiffusionObjective:
         schedule: str = "linear",
         t_eps: float = 1e-3,
         t_max: float = 1.0,
+        pad_is_data: bool = False,
     ):
         check_block_size(block_size)
         if not 0.0 <= t_eps < 1.0:
@@ -148,6 +149,9 @@ class BlockDiffusionObjective:
         self.schedule = get_schedule(schedule)
         self.t_eps = t_eps
         self.t_max = t_max
+        # As in the MDM: under the padded protocol padding is noised and predicted, or a noisy
+        # block would see where its row ends and the NELBO would not bound -log p(x).
+        self.pad_is_data = pad_is_data
 
     def model_vocab_size(self, tokenizer_vocab_size: int) -> int:
         # The same extra [MASK] row as the MDM, so the two have identical parameter counts.
@@ -207,7 +211,11 @@ class BlockDiffusionObjective:
     ) -> LossOutput:
         if self.mask_id is None:
             raise RuntimeError("call model_vocab_size() before loss() so the [MASK] id is known")
-        scored = without_bos(loss_positions(tokens, self.pad_id) if scored is None else scored)
+        counted = scored
+        if scored is None:
+            counted = loss_positions(tokens, self.pad_id)
+            scored = torch.ones_like(counted) if self.pad_is_data else counted
+        scored, counted = without_bos(scored), without_bos(counted)
         noised, masked, weight = self.noise_rows(tokens, noise, scored)
         logits = self.noisy_logits(model, noised, tokens, masked)
         # SUBS: drop the [MASK] column so the softmax runs over real tokens only.
@@ -217,7 +225,7 @@ class BlockDiffusionObjective:
         row_of_token = masked.nonzero()[:, 0]
         weighted = token_nats.double() * weight[masked]
         row_nats = sum_per_row(weighted, row_of_token, len(tokens))
-        return LossOutput(nats=weighted.sum().float(), n_tokens=scored.sum(), row_nats=row_nats)
+        return LossOutput(nats=weighted.sum().float(), n_tokens=counted.sum(), row_nats=row_nats)
 
     def noisy_logits(
         self,

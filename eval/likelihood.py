@@ -359,6 +359,7 @@ def evaluate_checkpoint(
             "schedule": config["schedule"],
             "t_eps": config["t_eps"],
             "block_size": config["block_size"],
+            "pad_is_data": config.get("protocol") == "padded",
         }
     objective = build_objective(name, pad_id=tokenizer.pad_id, **options)
     objective.model_vocab_size(tokenizer.vocab_size)

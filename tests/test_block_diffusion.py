@@ -121,14 +121,17 @@ def test_one_pass_logits_equal_separate_forwards_per_block(block_size):
             torch.testing.assert_close(one_pass[:, start:end], separate, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("pad_is_data", [False, True])
 @pytest.mark.parametrize("schedule", ["linear", "cosine"])
-def test_block_size_equal_to_the_row_is_the_mdm_loss(schedule):
+def test_block_size_equal_to_the_row_is_the_mdm_loss(schedule, pad_is_data):
     model = tiny_model()
     length = 10
     tokens = rows(4, length)
-    tokens[1, 7:] = PAD  # padding is never scored and never masked, in both objectives
+    # padding is never counted; it is noised and predicted only when it is data (padded rows)
+    tokens[1, 7:] = PAD
     bd = objective(length, schedule=schedule)
-    mdm = MaskedDiffusionObjective(pad_id=PAD, schedule=schedule)
+    bd.pad_is_data = pad_is_data
+    mdm = MaskedDiffusionObjective(pad_id=PAD, schedule=schedule, pad_is_data=pad_is_data)
     mdm.model_vocab_size(VOCAB)
     noise = bd.sample_noise(4, length, torch.Generator().manual_seed(3))
     assert noise["t"].shape == (4, 1)
