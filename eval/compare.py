@@ -301,24 +301,29 @@ def generation_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
     return sets
 
 
-def reference_texts(out: Path, count: int, length: int) -> list[str]:
-    """Held-out text cut to the samples' length in tokens, for MAUVE."""
+def validation_rows(state: dict[str, Any], tokenizer):
+    """The validation rows of a run, under the run's own corpus, tokenizer and protocol."""
     from shared.data import load_corpus, tokenize_corpus
 
-    _, tokenizer, state = load(out, "ar")
     config = state["train_config"]
     corpus = load_corpus(
         config["dataset"],
         text_field=config["text_field"],
         val_dataset=config["val_dataset"] or None,
     )
-    rows = tokenize_corpus(
+    return tokenize_corpus(
         corpus,
         tokenizer,
         protocol=config["protocol"],
         seq_len=config["seq_len"],
         cache_dir=Path(config["cache_dir"]),
     )["validation"].tokens
+
+
+def reference_texts(out: Path, count: int, length: int) -> list[str]:
+    """Held-out text cut to the samples' length in tokens, for MAUVE."""
+    _, tokenizer, state = load(out, "ar")
+    rows = validation_rows(state, tokenizer)
     return [tokenizer.decode(row[1 : 1 + length]) for row in rows[:count]]
 
 
@@ -351,24 +356,11 @@ def examples_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
     from dllm.generate import SamplerConfig, sample
     from dllm.sample import with_model_schedule
     from dllm.strategies import Ancestral
-    from shared.data import load_corpus, tokenize_corpus
     from shared.sampling import SamplingConfig
 
     ar_model, tokenizer, state = load(out, "ar")
     mdm_model, _, mdm_state = load(out, "mdm")
-    config = state["train_config"]
-    corpus = load_corpus(
-        config["dataset"],
-        text_field=config["text_field"],
-        val_dataset=config["val_dataset"] or None,
-    )
-    rows = tokenize_corpus(
-        corpus,
-        tokenizer,
-        protocol=config["protocol"],
-        seq_len=config["seq_len"],
-        cache_dir=Path(config["cache_dir"]),
-    )["validation"].tokens
+    rows = validation_rows(state, tokenizer)
     k, length = settings.prompt_tokens, settings.gen_length
     step = max(1, len(rows) // max(settings.prompts, 1))
     prompts = [rows[i * step][1 : 1 + k].tolist() for i in range(settings.prompts)]
