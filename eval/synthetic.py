@@ -7,6 +7,8 @@
   fraction that is valid, and KL(sample distribution || data) estimates (see ``sample_metrics``).
 * Infilling (HMM): a masked middle span filled by the model, compared with the exact posterior
   mode of each span position (forward-backward), against an AR prefix-only baseline.
+* Reversal (facts): facts ``a_i b_i`` seen in one direction only, queried forward (a_i -> b_i)
+  and in reverse (b_i -> a_i); see ``reversal_probe``.
 
 Two gaps are reported, both in nats per token:
 ``gap_to_true_nll`` = model - exact true NLL *of the same strings*: a paired estimate of
@@ -29,7 +31,14 @@ from torch import nn
 
 from eval.likelihood import Estimate, ar_nll, mdm_nelbo
 from shared.data import pad_rows
-from shared.synthetic import HMMLanguage, Language, PCFGLanguage, build_language, derive_seed
+from shared.synthetic import (
+    FactsLanguage,
+    HMMLanguage,
+    Language,
+    PCFGLanguage,
+    build_language,
+    derive_seed,
+)
 from shared.tokenizer import Tokenizer
 
 MASKED_LOGIT = -1e4  # "impossible" without -inf, which would turn 0 * -inf into NaN
@@ -572,6 +581,81 @@ def mdm_complete(
     return [out[i] for i in range(len(prefixes))]
 
 
+# ---- reversal probe (facts) ---------------------------------------------------------------------
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(iter(model.parameters()), torch.empty(0)).device
+
+
+def _accuracy(scores: torch.Tensor, answers: Sequence[int]) -> float:
+    """Fraction of rows whose argmax (first on ties) is the answer's column."""
+    return float((scores.argmax(-1).cpu() == torch.tensor(list(answers))).double().mean())
+
+
+@torch.no_grad()
+def reversal_probe(
+    model: nn.Module, tokenizer: Tokenizer, language: FactsLanguage, objective: str, seq_len: int
+) -> dict[str, Any]:
+    """Facts learned in one direction (``a_i b_i``), queried in both.
+
+    Every query is an argmax over the N candidate symbols of the asked role (the b's forward,
+    the a's in reverse), so chance is exactly 1/N and a uniform model scores 1/N.
+
+    MDM (``objective="mdm"``): forward = the masked-token prediction of position 2 on the padded
+    training row ``[BOS, a_i, MASK, EOS, ...]``; reverse = position 1 on ``[BOS, MASK, b_i, ...]``.
+    Training masks either position, so both directions are trained.
+
+    AR: forward = the next token after ``[BOS, a_i]``. Reverse, two ways:
+    ``reverse_prompted_accuracy``: the next token after ``[BOS, b_i]``, the reversal-curse query
+        (no b was ever a first symbol in training, so this asks for a fact the model was never
+        trained to produce from that prompt);
+    ``reverse_scored_accuracy``: argmax over a of log p(a | BOS) + log p(b_i | BOS, a), the
+        likelihood of the two-symbol prefix: the AR answers the reverse question through its
+        forward conditionals by scoring all N candidates (N forward passes' worth of work), which
+        is not a reverse query of the model.
+    """
+    if objective not in ("ar", "mdm"):
+        raise ValueError(f"objective={objective!r}; valid: 'ar', 'mdm'")
+    ids = symbol_ids(language, tokenizer)
+    id_of = dict(zip(language.alphabet, ids))
+    a_ids = [id_of[a] for a in language.firsts]
+    b_ids = [id_of[b] for b in language.seconds]
+    n = language.pairs
+    answers = list(range(n))  # pair i: a_i is column i of a_ids, b_i column i of b_ids
+    device = _device(model)
+    out: dict[str, Any] = {"n_pairs": n, "chance": 1.0 / n, "objective": objective}
+    if objective == "mdm":
+        mask_id = model.config.vocab_size - 1
+        rows = torch.as_tensor(
+            language_rows([a + b for a, b in language.facts], tokenizer, seq_len, language),
+            dtype=torch.long,
+        )
+        forward, reverse = rows.clone(), rows.clone()
+        forward[:, 2] = mask_id
+        reverse[:, 1] = mask_id
+        logits = model(torch.cat([forward, reverse]).to(device), attention="bidirectional")
+        out["forward_accuracy"] = _accuracy(logits[:n, 2][:, b_ids], answers)
+        out["reverse_accuracy"] = _accuracy(logits[n:, 1][:, a_ids], answers)
+        out["reverse_method"] = "infill position 1 given position 2 (bidirectional)"
+        return out
+    bos = tokenizer.eos_id
+    vocab = tokenizer.vocab_size
+    firsts = torch.tensor([[bos, a] for a in a_ids], device=device)
+    log_p = torch.log_softmax(model(firsts, attention="causal")[..., :vocab].double(), -1).cpu()
+    out["forward_accuracy"] = _accuracy(log_p[:, 1][:, b_ids], answers)
+    prompted = torch.tensor([[bos, b] for b in b_ids], device=device)
+    logits = model(prompted, attention="causal")[:, 1, :vocab].cpu()
+    out["reverse_prompted_accuracy"] = _accuracy(logits[:, a_ids], answers)
+    # scored[i, j] = log p(a_j | BOS) + log p(b_i | BOS, a_j)
+    scored = log_p[0, 0, a_ids][None, :] + log_p[:, 1, b_ids].T
+    out["reverse_scored_accuracy"] = _accuracy(scored, answers)
+    out["reverse_method"] = (
+        "prompted: next token after [BOS, b_i]; scored: argmax_a log p(a, b_i) over all N a's"
+    )
+    return out
+
+
 # ---- report ------------------------------------------------------------------------------------
 
 
@@ -666,6 +750,8 @@ def synthetic_report(
             if tasks:
                 fills = mdm_infills(model, tokenizer, language, tasks, seq_len)
                 section["infill"] = score_infills(tasks, fills, language)
+        if isinstance(language, FactsLanguage):
+            section["reversal"] = reversal_probe(model, tokenizer, language, label, seq_len)
         if completion:
             if label == "ar":
                 completions = ar_complete(model, tokenizer, prefixes, seq_len, seed=seed)

@@ -4,11 +4,12 @@
     python -m eval.compare --preset synthetic --out runs/synthetic
 
 For every language of the preset (a hidden Markov model, a bracket grammar, a teacher
-transformer; see ``shared/synthetic.py``) an AR and an MDM model are trained with the same shape,
-data and budget; ``eval.synthetic.synthetic_report`` then measures each against the true
-distribution: the gap between its NLL/NELBO and the exact entropy, the exact log-probability and
-validity of its samples, and infilling (HMM) or completion (grammar) probes. The report is written
-as ``report.md`` / ``report.json`` with plots, like the real-text comparison.
+transformer, a table of facts; see ``shared/synthetic.py``) an AR and an MDM model are trained
+with the same shape, data and budget; ``eval.synthetic.synthetic_report`` then measures each
+against the true distribution: the gap between its NLL/NELBO and the exact entropy, the exact
+log-probability and validity of its samples, and infilling (HMM), completion (grammar) or
+reversal (facts) probes. The report is written as ``report.md`` / ``report.json`` with plots,
+like the real-text comparison.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ SYNTHETIC_PRESETS = {
         languages=(
             Language("synthetic:hmm?n=4000&n_val=200", 16),
             Language("synthetic:pcfg?n=4000&n_val=200", 64),
+            Language("synthetic:facts?pairs=16&n=4000&n_val=200", 4),
         ),
         model=(
             "--preset",
@@ -62,6 +64,7 @@ SYNTHETIC_PRESETS = {
             Language("synthetic:hmm", 16),
             Language("synthetic:pcfg", 64),
             Language("synthetic:teacher", 32),
+            Language("synthetic:facts?pairs=16", 4),
         ),
         model=(
             "--preset",
@@ -185,8 +188,13 @@ def run(preset: str, out: Path, extra: list[str], force: bool) -> dict[str, Path
             for probe in ("infill", "infill_prefix_only", "completion"):
                 if probe in section:
                     probe_rows.append([label, name.upper(), probe, _probe_score(section[probe])])
+            for key, probe in REVERSAL_ROWS:
+                if key in section.get("reversal", {}):
+                    probe_rows.append([label, name.upper(), probe, section["reversal"][key]])
         if "infill_oracle" in r:
             probe_rows.append([label, "true posterior", "infill", _probe_score(r["infill_oracle"])])
+        if "reversal" in r["ar"]:
+            probe_rows.append([label, "chance (1/N)", "reversal", r["ar"]["reversal"]["chance"]])
     report.table(
         Table(
             "Likelihood against the exact entropy",
@@ -226,12 +234,25 @@ def run(preset: str, out: Path, extra: list[str], force: bool) -> dict[str, Path
                 probe_rows,
                 note="infill: agreement with the exact posterior mode of a masked "
                 "span (the MDM sees both sides, AR only the prefix); completion: "
-                "fraction of valid completions of half-strings.",
+                "fraction of valid completions of half-strings; reversal: accuracy over "
+                "the N facts a_i b_i (trained forward only) of b_i given a_i (forward) and "
+                "a_i given b_i (reverse; the MDM infills position 1, the AR is prompted "
+                "with b_i, the reversal-curse query). 'reverse, likelihood-scored' is "
+                "argmax_a p_AR(a, b_i) over all N a's: the AR answering through its forward "
+                "direction, not a reverse query.",
             )
         )
     _plots(report, results)
     report.results.update({"languages": results, "wall_seconds": time.perf_counter() - started})
     return report.write()
+
+
+REVERSAL_ROWS = (
+    ("forward_accuracy", "reversal: forward"),
+    ("reverse_accuracy", "reversal: reverse"),
+    ("reverse_prompted_accuracy", "reversal: reverse, prompted"),
+    ("reverse_scored_accuracy", "reversal: reverse, likelihood-scored"),
+)
 
 
 def _probe_score(probe: dict[str, Any]) -> float:

@@ -1,7 +1,7 @@
 """Synthetic languages whose string probabilities are known exactly.
 
 On such a language the gap between a model's NLL and the true entropy, and the quality of its
-samples, can be measured exactly rather than judged. Three families:
+samples, can be measured exactly rather than judged. Four families:
 
 * ``HMMLanguage``: a random hidden Markov model with per-state stop probabilities and a hard
   length cap (the string always ends at ``max_len``), so the support is finite and probabilities
@@ -9,6 +9,8 @@ samples, can be measured exactly rather than judged. Three families:
 * ``PCFGLanguage``: nested typed brackets (a branching process with a depth and a children cap).
   The grammar is unambiguous, so ``P(string)`` is the probability of its unique derivation, and
   the entropy follows exactly from a recursion over depths.
+* ``FactsLanguage``: ``pairs`` random one-to-one facts ``a_i b_i`` (two symbols, forward
+  direction only), uniform: the ground truth of the reversal probe.
 * ``TeacherLanguage``: fixed-length strings drawn from a small random causal ``Transformer`` with
   a fixed seed; ``P(string)`` by the chain rule.
 
@@ -19,6 +21,7 @@ the data pipeline). Dataset specs for ``shared.data.load_corpus``::
     synthetic:hmm
     synthetic:pcfg?max_depth=3&seed=2
     synthetic:teacher?seed=1&n=20000&n_val=1000
+    synthetic:facts?pairs=16&seed=0
 
 ``n``/``n_val`` are the numbers of train/validation strings (drawn i.i.d. from different seeds),
 ``seed`` picks the language itself; the other keys are the constructor arguments below.
@@ -681,13 +684,85 @@ class TeacherLanguage(Language):
         yield from zip(strings, self.log_probs(strings).tolist())
 
 
+# ---- facts (the reversal probe) -----------------------------------------------------------------
+
+UPPER = LETTERS.upper()
+
+
+class FactsLanguage(Language):
+    """``pairs`` random one-to-one facts (a_i, b_i): every string is exactly the two symbols
+    ``a_i b_i`` (the forward direction only), uniform over the facts.
+
+    The a's are the first ``pairs`` lowercase letters, the b's ``pairs`` distinct uppercase letters
+    drawn and matched at random from ``seed`` (so no byte offset relates a fact's two symbols).
+    A model trained on it has only ever seen each b in second position: asking for a_i given b_i
+    is the reversal probe of ``eval.synthetic.reversal_probe``.
+    """
+
+    def __init__(self, *, pairs: int = 16, seed: int = 0) -> None:
+        _check_int("pairs", pairs, 1, len(LETTERS))
+        rng = np.random.default_rng(derive_seed(seed, 0))
+        self.firsts = LETTERS[:pairs]
+        self.seconds = "".join(UPPER[i] for i in rng.permutation(len(UPPER))[:pairs])
+        self.pairs = pairs
+        self.forward_map = dict(zip(self.firsts, self.seconds))
+        self.reverse_map = dict(zip(self.seconds, self.firsts))
+        self.alphabet = self.firsts + "".join(sorted(self.seconds))
+        self.max_len = 2
+        self.name = f"facts(pairs={pairs}, seed={seed})"
+
+    @property
+    def facts(self) -> list[tuple[str, str]]:
+        return list(zip(self.firsts, self.seconds))
+
+    def next_log_probs(self, prefix: str) -> np.ndarray:
+        out = np.full(len(self.alphabet) + 1, -math.inf)
+        if prefix == "":
+            out[: self.pairs] = -math.log(self.pairs)  # the a's come first in the alphabet
+        elif len(prefix) == 1 and prefix in self.forward_map:
+            out[self.alphabet.index(self.forward_map[prefix])] = 0.0
+        elif len(prefix) == 2 and self.forward_map.get(prefix[0]) == prefix[1]:
+            out[-1] = 0.0
+        else:
+            raise ValueError(f"prefix {prefix!r} has probability zero under {self.name}")
+        return out
+
+    def log_prob(self, string: str) -> float:
+        if len(string) == 2 and self.forward_map.get(string[0]) == string[1]:
+            return -math.log(self.pairs)
+        return -math.inf
+
+    def sample(self, n: int, seed: int) -> list[str]:
+        _check_int("n", n, 0, 10**9)
+        picks = np.random.default_rng(seed).integers(0, self.pairs, size=n)
+        return [self.firsts[i] + self.seconds[i] for i in picks.tolist()]
+
+    def expected_length(self) -> float:
+        return 2.0
+
+    def support_size_bound(self) -> int:
+        return self.pairs
+
+    def enumerate(self) -> Iterator[tuple[str, float]]:
+        for a, b in self.facts:
+            yield a + b, -math.log(self.pairs)
+
+    def entropy(self, mc_samples: int = MC_ENTROPY_SAMPLES, seed: int = 0) -> EntropyValue:
+        return EntropyValue(
+            math.log(self.pairs), 0.0, f"exact: uniform over {self.pairs} facts", 2.0
+        )
+
+
 # ---- specs and corpora --------------------------------------------------------------------------
 
 LANGUAGES: dict[str, type[Language]] = {
     "hmm": HMMLanguage,
     "pcfg": PCFGLanguage,
     "teacher": TeacherLanguage,
+    "facts": FactsLanguage,
 }
+RANDOM_LANGUAGES = ["hmm", "pcfg", "teacher"]
+PROBE_LANGUAGES = ["facts"]
 CORPUS_KEYS = {"n": 20_000, "n_val": 1_000}
 # spec keys per language and how to parse their values (``seed`` is common to all)
 _PARAMS: dict[str, dict[str, type]] = {
@@ -701,6 +776,7 @@ _PARAMS: dict[str, dict[str, type]] = {
     },
     "pcfg": {"types": int, "max_depth": int, "children": list, "type_probs": list},
     "teacher": {"vocab": int, "length": int, "dim": int, "layers": int, "sharpness": float},
+    "facts": {"pairs": int},
 }
 
 
@@ -716,7 +792,8 @@ def parse_spec(spec: str) -> tuple[str, dict[str, object], dict[str, int]]:
     kind, _, query = body.partition("?")
     if kind not in LANGUAGES:
         raise ValueError(
-            f"synthetic language {kind!r} in {spec!r} is unknown; valid: {sorted(LANGUAGES)}"
+            f"synthetic language {kind!r} in {spec!r} is unknown; valid: {RANDOM_LANGUAGES} "
+            f"and {PROBE_LANGUAGES} (the reversal probe's fact table)"
         )
     kwargs: dict[str, object] = {}
     corpus = dict(CORPUS_KEYS)

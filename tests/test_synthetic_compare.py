@@ -13,7 +13,7 @@ def test_synthetic_smoke_report_has_exact_metrics_and_plots(tmp_path):
     assert compare.main(args) == 0
     data = json.loads((out / "report.json").read_text())
     languages = data["results"]["languages"]
-    assert set(languages) == {"hmm", "pcfg"}
+    assert set(languages) == {"hmm", "pcfg", "facts"}
     for label, result in languages.items():
         assert result["language"]["entropy"]["nats_per_token"] > 0
         for model in ("ar", "mdm"):
@@ -29,7 +29,21 @@ def test_synthetic_smoke_report_has_exact_metrics_and_plots(tmp_path):
         assert tokens["ar"] == tokens["mdm"] > 0  # matched budget
     assert "infill" in languages["hmm"]["mdm"] and "infill_prefix_only" in languages["hmm"]["ar"]
     assert "completion" in languages["pcfg"]["ar"]
+    ar, mdm = languages["facts"]["ar"]["reversal"], languages["facts"]["mdm"]["reversal"]
+    assert ar["chance"] == mdm["chance"] == 1 / 16
+    for key in ("forward_accuracy", "reverse_prompted_accuracy", "reverse_scored_accuracy"):
+        assert 0 <= ar[key] <= 1, key
+    assert 0 <= mdm["forward_accuracy"] <= 1 and 0 <= mdm["reverse_accuracy"] <= 1
     markdown = (out / "report.md").read_text()
+    for row in (
+        "| facts | AR | reversal: forward |",
+        "| facts | AR | reversal: reverse, prompted |",
+        "| facts | AR | reversal: reverse, likelihood-scored |",
+        "| facts | MDM | reversal: forward |",
+        "| facts | MDM | reversal: reverse |",
+        "| facts | chance (1/N) | reversal |",
+    ):
+        assert row in markdown, row
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)
     assert sorted(images) == ["gap_to_entropy.png", "valid_fraction.png"]
     assert all((out / image).stat().st_size > 1000 for image in images)
