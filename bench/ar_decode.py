@@ -34,6 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from arlm.generate import ARGenerator, GenerationConfig  # noqa: E402
+from eval.report import cpu_name  # noqa: E402
 from shared.config import ModelConfig, get_preset  # noqa: E402
 from shared.model import Transformer  # noqa: E402
 from shared.sampling import SamplingConfig  # noqa: E402
@@ -88,14 +89,7 @@ def best_of(repeats: int, run, *args):
 
 
 def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
     return (
         f"{cpu}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, "

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dllm.canvas import prompt_canvas  # noqa: E402
 from dllm.generate import SamplerConfig, sample  # noqa: E402
 from dllm.strategies import Ancestral, FixedCount, Threshold  # noqa: E402
+from eval.report import cpu_name  # noqa: E402
 from shared.checkpoint import load_weights, read_state, resolve_checkpoint  # noqa: E402
 from shared.config import ModelConfig, get_preset  # noqa: E402
 from shared.model import KVCache, Transformer  # noqa: E402
@@ -164,13 +165,7 @@ def fallback_ar_decode(model: Transformer, prompt: list[int], gen_length: int) -
 
 
 def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+    cpu = cpu_name()
     return (
         f"{cpu}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}; "
         f"python {platform.python_version()}, torch {torch.__version__}"

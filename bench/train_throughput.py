@@ -21,22 +21,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from eval.report import cpu_name  # noqa: E402
 from shared.config import ModelConfig, get_preset  # noqa: E402
 from shared.data import load_corpus, tokenize_corpus  # noqa: E402
 from shared.model import Transformer, flops_per_token  # noqa: E402
 from shared.objective import build_objective  # noqa: E402
 from shared.tokenizer import build_tokenizer  # noqa: E402
 from train import DEFAULT_CACHE, batch_generator, bf16_is_fast  # noqa: E402
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main() -> None:

@@ -52,6 +52,18 @@ def check_same_protocol(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return reference
 
 
+def cpu_name() -> str:
+    """The CPU model from /proc/cpuinfo where there is one (platform.processor() is often
+    empty on Linux)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
 def provenance(seeds: dict[str, int] | None = None) -> dict[str, Any]:
     """Where the numbers came from: code version, machine, library versions, seeds, time."""
     import importlib.metadata
@@ -77,14 +89,7 @@ def provenance(seeds: dict[str, int] | None = None) -> dict[str, Any]:
         )
     except (OSError, subprocess.SubprocessError):
         commit = None
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     return {
         "git_commit": commit,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
