@@ -39,7 +39,7 @@ from shared.config import (
     get_preset,
 )
 from shared.faults import StopRequest, fault_active
-from shared.objective import OBJECTIVES, build_objective, loss_positions, slice_noise
+from shared.objective import OBJECTIVES, loss_positions, objective_for_run, slice_noise
 
 DEFAULT_CACHE = Path(os.environ.get("DUOLM_CACHE", Path.home() / ".cache" / "duolm"))
 
@@ -174,26 +174,6 @@ class TrainConfig:
                 "no budget: set max_steps, max_tokens, max_flops or epochs to a value > 0"
             )
         return self
-
-
-def objective_options(cfg: TrainConfig) -> dict[str, Any]:
-    """The TrainConfig fields an objective's factory takes (the AR objective takes none)."""
-    if cfg.objective == "mdm":
-        return {
-            "schedule": cfg.schedule,
-            "t_eps": cfg.t_eps,
-            "estimator": cfg.estimator,
-            "pad_is_data": cfg.protocol == "padded",
-        }
-    if cfg.objective == "bd":
-        return {
-            "schedule": cfg.schedule,
-            "t_eps": cfg.t_eps,
-            "t_max": cfg.t_max,
-            "block_size": cfg.block_size,
-            "pad_is_data": cfg.protocol == "padded",
-        }
-    return {}
 
 
 class TrainingDiverged(RuntimeError):
@@ -546,17 +526,13 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
             f"{corpus.fingerprint})"
         )
 
-    objective = build_objective(
-        train_cfg.objective, pad_id=tokenizer.pad_id, **objective_options(train_cfg)
+    run_config = dataclasses.asdict(train_cfg)
+    objective = objective_for_run(
+        train_cfg.objective, run_config, tokenizer, full_noise_range=False
     )
     model_cfg = model_cfg.with_vocab(objective.model_vocab_size(tokenizer.vocab_size)).validate()
     # Validation estimates the NELBO over the full noise range even when training clips it.
-    eval_objective = build_objective(
-        train_cfg.objective,
-        pad_id=tokenizer.pad_id,
-        **objective_options(dataclasses.replace(train_cfg, t_max=1.0)),
-    )
-    eval_objective.model_vocab_size(tokenizer.vocab_size)
+    eval_objective = objective_for_run(train_cfg.objective, run_config, tokenizer)
     torch.manual_seed(train_cfg.seed)
     model = Transformer(model_cfg)
     tokens_per_step = train_cfg.batch_size * train_cfg.seq_len

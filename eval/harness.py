@@ -33,7 +33,7 @@ except ImportError as error:  # pragma: no cover - exercised only without lm-eva
 
 from eval.likelihood import ar_nll, continuation_rows, mdm_chain_rule_nll, mdm_nelbo
 from shared.checkpoint import load_model_from_checkpoint
-from shared.objective import build_objective
+from shared.objective import objective_for_run
 
 
 class DuoLM(LM):
@@ -54,16 +54,7 @@ class DuoLM(LM):
             raise ValueError(f"mdm_likelihood={mdm_likelihood!r} must be 'nelbo' or 'chain_rule'")
         self.model, self.tokenizer, state = load_model_from_checkpoint(Path(checkpoint), device)
         self.kind = state["objective"]
-        options = {}
-        if self.kind == "mdm":
-            config = state["train_config"]
-            options = {
-                "schedule": config["schedule"],
-                "t_eps": config["t_eps"],
-                "pad_is_data": config.get("protocol") == "padded",
-            }
-        self.objective = build_objective(self.kind, pad_id=self.tokenizer.pad_id, **options)
-        self.objective.model_vocab_size(self.tokenizer.vocab_size)
+        self.objective = objective_for_run(self.kind, state["train_config"], self.tokenizer)
         self.samples, self.mdm_likelihood = samples, mdm_likelihood
         self.batch_size, self.max_gen_toks = batch_size, max_gen_toks
         self.diffusion_steps, self.seed, self._device = diffusion_steps, seed, device

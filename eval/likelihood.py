@@ -318,7 +318,7 @@ def evaluate_checkpoint(
 
     from shared.checkpoint import load_model_from_checkpoint
     from shared.data import load_corpus, protocol_record, tokenize_corpus
-    from shared.objective import build_objective
+    from shared.objective import objective_for_run
 
     model, tokenizer, state = load_model_from_checkpoint(Path(checkpoint))
     config = state["train_config"]
@@ -346,23 +346,9 @@ def evaluate_checkpoint(
     rows = splits[split].tokens[: max_rows or None]
     token_bytes = tokenizer.token_bytes()
     name = state["objective"]
-    options = {}
-    if name == "mdm":
-        options = {
-            "schedule": config["schedule"],
-            "t_eps": config["t_eps"],
-            "estimator": estimator or config.get("estimator", "time"),
-        }
-    elif name == "bd":
-        # The full noise range: a clipped training range (t_max < 1) is not the NELBO.
-        options = {
-            "schedule": config["schedule"],
-            "t_eps": config["t_eps"],
-            "block_size": config["block_size"],
-            "pad_is_data": config.get("protocol") == "padded",
-        }
-    objective = build_objective(name, pad_id=tokenizer.pad_id, **options)
-    objective.model_vocab_size(tokenizer.vocab_size)
+    objective = objective_for_run(
+        name, config, tokenizer, **({"estimator": estimator} if estimator else {})
+    )
     results: dict = {
         "checkpoint": str(checkpoint),
         "objective": name,

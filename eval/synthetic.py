@@ -661,21 +661,10 @@ def reversal_probe(
 
 def _load(checkpoint: str | Path) -> tuple[nn.Module, Tokenizer, dict, Any]:
     from shared.checkpoint import load_model_from_checkpoint
-    from shared.objective import build_objective
+    from shared.objective import objective_for_run
 
     model, tokenizer, state = load_model_from_checkpoint(Path(checkpoint))
-    config = state["train_config"]
-    name = state["objective"]
-    options = {}
-    if name == "mdm":
-        options = {
-            "schedule": config["schedule"],
-            "t_eps": config["t_eps"],
-            "estimator": config.get("estimator", "time"),
-            "pad_is_data": config.get("protocol") == "padded",
-        }
-    objective = build_objective(name, pad_id=tokenizer.pad_id, **options)
-    objective.model_vocab_size(tokenizer.vocab_size)
+    objective = objective_for_run(state["objective"], state["train_config"], tokenizer)
     return model, tokenizer, state, objective
 
 

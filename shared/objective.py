@@ -79,3 +79,33 @@ def build_objective(name: str, *, pad_id: int, **options) -> Objective:
         raise ValueError(f"objective={name!r} is unknown; valid objectives: {sorted(OBJECTIVES)}")
     module_name, factory = OBJECTIVES[name].split(":")
     return getattr(importlib.import_module(module_name), factory)(pad_id=pad_id, **options)
+
+
+def objective_options(name: str, train_config: dict, *, full_noise_range: bool = False) -> dict:
+    """The options a run's objective was built with, from its training config (as saved in every
+    checkpoint). ``full_noise_range`` drops a clipped training range (block diffusion's t_max),
+    which is a variance device, not the NELBO: evaluation always wants the full range."""
+    if name not in ("mdm", "bd"):
+        return {}
+    options = {
+        "schedule": train_config["schedule"],
+        "t_eps": train_config["t_eps"],
+        # padded protocol: padding is data the diffusion model must generate (see dllm/objective)
+        "pad_is_data": train_config.get("protocol") == "padded",
+    }
+    if name == "mdm":
+        options["estimator"] = train_config.get("estimator", "time")
+    else:
+        options["block_size"] = train_config["block_size"]
+        options["t_max"] = 1.0 if full_noise_range else train_config.get("t_max", 1.0)
+    return options
+
+
+def objective_for_run(
+    name: str, train_config: dict, tokenizer, *, full_noise_range: bool = True, **overrides
+) -> Objective:
+    """The objective ``name`` of a run, ready to score (its [MASK] id set from the tokenizer)."""
+    options = objective_options(name, train_config, full_noise_range=full_noise_range) | overrides
+    objective = build_objective(name, pad_id=tokenizer.pad_id, **options)
+    objective.model_vocab_size(tokenizer.vocab_size)
+    return objective
