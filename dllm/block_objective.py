@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dllm.schedules import get_schedule
-from shared.objective import LossOutput, loss_positions, sum_per_row
+from shared.objective import LossOutput, loss_positions, noised_positions, sum_per_row
 
 # ---- the math, as small pure functions ---------------------------------------------------------
 
@@ -214,7 +214,7 @@ class BlockDiffusionObjective:
         counted = scored
         if scored is None:
             counted = loss_positions(tokens, self.pad_id)
-            scored = torch.ones_like(counted) if self.pad_is_data else counted
+            scored = noised_positions(tokens, self.pad_id, self.pad_is_data)
         scored, counted = without_bos(scored), without_bos(counted)
         noised, masked, weight = self.noise_rows(tokens, noise, scored)
         logits = self.noisy_logits(model, noised, tokens, masked)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dllm.schedules import get_schedule
-from shared.objective import LossOutput, loss_positions, sum_per_row
+from shared.objective import LossOutput, loss_positions, noised_positions, sum_per_row
 
 
 def stratified_times(n_rows: int, generator: torch.Generator, eps: float) -> torch.Tensor:
@@ -107,13 +107,7 @@ class MaskedDiffusionObjective:
         return {"t": t, "uniforms": uniforms}
 
     def noised_positions(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Positions the forward process may mask: every position but BOS when padding is data,
-        otherwise the loss positions."""
-        if not self.pad_is_data:
-            return loss_positions(tokens, self.pad_id)
-        positions = torch.ones_like(tokens, dtype=torch.bool)
-        positions[:, 0] = False
-        return positions
+        return noised_positions(tokens, self.pad_id, self.pad_is_data)
 
     def noise_rows(
         self,

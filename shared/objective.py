@@ -55,6 +55,16 @@ def loss_positions(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
     return positions
 
 
+def noised_positions(tokens: torch.Tensor, pad_id: int, pad_is_data: bool) -> torch.Tensor:
+    """Positions a diffusion forward process may mask: every position but BOS when padding is
+    data (padded protocol: the model must generate the length), otherwise the loss positions."""
+    if not pad_is_data:
+        return loss_positions(tokens, pad_id)
+    positions = torch.ones_like(tokens, dtype=torch.bool)
+    positions[:, 0] = False
+    return positions
+
+
 def sum_per_row(values: torch.Tensor, rows: torch.Tensor, n_rows: int) -> torch.Tensor:
     """Sum per-token ``values`` [N] into their rows (``rows`` [N] row indices) -> [n_rows]."""
     out = torch.zeros(n_rows, dtype=values.dtype, device=values.device)
