@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -84,28 +82,15 @@ def train_all(
 ) -> dict[str, dict[str, Any]]:
     """Train every run of the sweep (same preset, overrides and so token budget), reusing finished
     runs and resuming interrupted ones like ``eval.compare.train_both``."""
-    import train
+    from eval.compare import train_or_reuse
 
     summaries = {}
     for name in run_names(block_sizes):
         run_dir = out / name
-        final = run_dir / "final.json"
-        if final.exists() and not force:
-            summary = json.loads(final.read_text())
-            if summary.get("finished"):
-                print(f"[train {name}] reusing the finished run in {run_dir}")
-                summary["reused"] = True
-                summaries[name] = summary
-                continue
-        if force and run_dir.exists():
-            shutil.rmtree(run_dir)
         objective = "bd" if name.startswith("bd-") else name
         block = ["--block-size", name.removeprefix("bd-")] if objective == "bd" else []
-        argv = ["--objective", objective, *block, "--preset", preset, "--out", str(run_dir)]
-        argv += extra
-        if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir()):
-            argv = ["--resume", str(run_dir), *extra]
-        summaries[name] = train.train(argv)
+        start = ["--objective", objective, *block, "--preset", preset, "--out", str(run_dir)]
+        summaries[name] = train_or_reuse(name, run_dir, start, extra, force)
     return summaries
 
 

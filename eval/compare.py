@@ -127,38 +127,38 @@ class Stages:
         return result
 
 
+def train_or_reuse(
+    label: str, run_dir: Path, start_argv: list[str], extra: list[str], force: bool
+) -> dict[str, Any]:
+    """Train one run: reuse it if it finished, resume it if it has checkpoints, else start it
+    with ``start_argv`` (the objective, preset and output flags) plus ``extra``."""
+    import train
+
+    final = run_dir / "final.json"
+    if final.exists() and not force:
+        summary = json.loads(final.read_text())
+        if summary.get("finished"):
+            print(f"[train {label}] reusing the finished run in {run_dir}")
+            summary["reused"] = True
+            return summary
+    if force and run_dir.exists():
+        shutil.rmtree(run_dir)
+    if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir()):
+        return train.train(["--resume", str(run_dir), *extra])
+    return train.train([*start_argv, *extra])
+
+
 def train_both(
     preset: str, out: Path, extra: list[str], budget: str, force: bool
 ) -> dict[str, dict[str, Any]]:
-    import train
-
     summaries = {}
     flops_budget: list[str] = []
     for objective in OBJECTIVES:
         run_dir = out / objective
-        final = run_dir / "final.json"
-        if final.exists() and not force:
-            summary = json.loads(final.read_text())
-            if summary.get("finished"):
-                print(f"[train {objective}] reusing the finished run in {run_dir}")
-                summary["reused"] = True
-                summaries[objective] = summary
-                continue
-        if force and run_dir.exists():
-            shutil.rmtree(run_dir)
-        argv = [
-            "--objective",
-            objective,
-            "--preset",
-            preset,
-            "--out",
-            str(run_dir),
-            *extra,
-            *flops_budget,
-        ]
-        if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir()):
-            argv = ["--resume", str(run_dir), *extra, *flops_budget]
-        summaries[objective] = train.train(argv)
+        start = ["--objective", objective, "--preset", preset, "--out", str(run_dir)]
+        summaries[objective] = train_or_reuse(
+            objective, run_dir, start, [*extra, *flops_budget], force
+        )
         if budget == "flops" and objective == "ar":
             # The MDM gets the AR's FLOPs, not its tokens (equal here up to the [MASK] row).
             spent = summaries["ar"]["tokens_seen"] * summaries["ar"]["flops_per_token"]
