@@ -298,6 +298,19 @@ def config_differences(
     ]
 
 
+def parallel_layout(accelerator) -> str:
+    """How training is spread over processes, for logs and run summaries: "single process",
+    "DDP" (replicated weights), "FSDP1" or "FSDP2" (sharded weights)."""
+    from accelerate.utils import DistributedType
+
+    kind = accelerator.distributed_type
+    if kind == DistributedType.FSDP:
+        return f"FSDP{accelerator.state.fsdp_plugin.fsdp_version}"
+    if kind == DistributedType.NO:
+        return "single process"
+    return "DDP"
+
+
 def resumed_config(
     saved: dict[str, Any], overrides: dict[str, Any], allow_change: bool
 ) -> tuple[ModelConfig, TrainConfig]:
@@ -479,6 +492,12 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
     accelerator = _make_accelerator(train_cfg, out)
     rank, world = accelerator.process_index, accelerator.num_processes
     log = accelerator.print
+    if parallel_layout(accelerator) == "FSDP1":
+        raise ConfigError(
+            "FSDP version 1 is not supported (its flat parameters do not fit this trainer's "
+            "optimizer groups); set fsdp_version: 2 in the accelerate config, as "
+            "configs/accelerate/fsdp_1node.yaml does"
+        )
     if train_cfg.batch_size % (world * train_cfg.grad_accum):
         raise ConfigError(
             f"batch_size={train_cfg.batch_size} must be divisible by processes x "
@@ -535,6 +554,7 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
     eval_objective = objective_for_run(train_cfg.objective, run_config, tokenizer)
     torch.manual_seed(train_cfg.seed)
     model = Transformer(model_cfg)
+    n_parameters = model.num_parameters()  # before FSDP, if used, shards the parameters
     tokens_per_step = train_cfg.batch_size * train_cfg.seq_len
     flops_token = flops_per_token(model_cfg, train_cfg.seq_len)
     if train_cfg.objective == "bd":
@@ -581,7 +601,7 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
         start_step = saved["step"]
     model, optimizer = accelerator.prepare(model, optimizer)
     if resume_from is not None:
-        ckpt.load_training_state(resume_from, optimizer.optimizer, scheduler)
+        ckpt.load_training_state(resume_from, model, optimizer.optimizer, scheduler)
         log(f"resumed from {resume_from} at step {start_step}")
 
     if accelerator.is_main_process:
@@ -604,11 +624,12 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
     device = accelerator.device
     dtype = torch.bfloat16 if accelerator.mixed_precision == "bf16" else torch.float32
     peak, peak_source = peak_flops(device, dtype, train_cfg.peak_tflops)
-    unwrapped = accelerator.unwrap_model(model)
+    layout = parallel_layout(accelerator)
     log(
-        f"{objective.name}: {unwrapped.num_parameters() / 1e6:.2f}M parameters, "
+        f"{objective.name}: {n_parameters / 1e6:.2f}M parameters, "
         f"{len(train_rows)} train rows x {train_cfg.seq_len}, {total_steps} steps, "
-        f"{world} process(es), micro-batch {micro_batch} x {train_cfg.grad_accum} accumulation, "
+        f"{world} process(es) ({layout}), "
+        f"micro-batch {micro_batch} x {train_cfg.grad_accum} accumulation, "
         f"precision {accelerator.mixed_precision}, peak {peak / 1e12:.3g} TFLOP/s ({peak_source})"
     )
 
@@ -664,16 +685,20 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
         )
         if is_best:
             best = {"step": step, "val_nats_per_token": val["val_nats_per_token"]}
+        # Gathering whole weights and optimizer state is collective under FSDP: every rank
+        # takes part, rank 0 receives them and writes.
+        weights = ckpt.full_model_state(model)
+        optimizer_state = ckpt.full_optimizer_state(model, optimizer.optimizer)
         if accelerator.is_main_process:
             protect = (checkpoints / ckpt.checkpoint_name(best["step"]),) if best else ()
             ckpt.save_checkpoint(
                 checkpoints,
                 step,
-                model=unwrapped,
+                weights=weights,
                 tokenizer=tokenizer,
                 state=state_record,
-                optimizer=optimizer.optimizer,
-                scheduler=scheduler,
+                optimizer_state=optimizer_state,
+                scheduler_state=scheduler.state_dict(),
                 keep_last=train_cfg.keep_checkpoints,
                 protect=protect,
             )
@@ -697,6 +722,11 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
         desc=objective.name,
         dynamic_ncols=True,
     )
+
+    def say(message: str) -> None:  # above the progress bar, once per run rather than per rank
+        if accelerator.is_main_process:
+            progress.write(message)
+
     window_tokens, window_start = 0, time.perf_counter()
     throughput: list[float] = []
     stop = StopRequest()
@@ -753,7 +783,7 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
                     "skipped_steps": skipped_steps,
                 }
             )
-            progress.write(
+            say(
                 f"step {done}: non-finite loss {loss} or gradient norm "
                 f"{float(grad_norm)}; update skipped ({bad_streak} in a row)"
             )
@@ -793,7 +823,7 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
         if done % train_cfg.eval_every == 0 and done != total_steps:
             evaluated = validate(done, train_cfg.eval_batches or None)
             metrics.log(evaluated)
-            progress.write(
+            say(
                 f"step {done}: val {objective.metric} "
                 f"{evaluated['val_nats_per_token']:.4f} "
                 f"nats/token, {evaluated['val_bpb']:.4f} bits/byte"
@@ -806,7 +836,7 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
             save(done, evaluated)
             window_start = time.perf_counter()
         if stopped_by:
-            progress.write(f"stopped by {stopped_by} at step {done}; resume with --resume {out}")
+            say(f"stopped by {stopped_by} at step {done}; resume with --resume {out}")
             break
     progress.close()
     stop.close()
@@ -821,7 +851,7 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
         "stopped_by": stopped_by,
         "skipped_steps": skipped_steps,
         "best_checkpoint": best,
-        "parameters": unwrapped.num_parameters(),
+        "parameters": n_parameters,
         "tokens_seen": end_step * tokens_per_step,
         "flops_per_token": flops_token,
         # the first logging window includes start-up work; report the steady state after it
@@ -831,6 +861,7 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
         "peak_flops": peak,
         "peak_flops_source": peak_source,
         "processes": world,
+        "parallel_layout": layout,
         "precision": accelerator.mixed_precision,
         **peak_memory(device),
         "train_rows": len(train_rows),
@@ -848,6 +879,11 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
         )
     if accelerator.is_main_process:
         (out / "final.json").write_text(json.dumps(summary, indent=2))
+    # End on a barrier: the gloo worker thread releases a finished all-reduce's tensors only
+    # when it next holds the GIL, and if the process group is torn down (with the GIL held) before
+    # that, the process hangs at exit. A barrier holds no Python tensors, and waiting on it
+    # lets the worker release the last all-reduce's.
+    accelerator.wait_for_everyone()
     accelerator.end_training()
     return summary
 

@@ -72,6 +72,10 @@ def evaluate_rows(
     result does not depend on how the work is split: ``rank``/``world`` evaluate a contiguous
     share of every batch, ``micro_batch`` bounds how many rows go through the model at once,
     and the totals of all ranks add up to the single-process totals.
+
+    Every rank runs the same number of forward passes (a rank whose share ran out repeats one
+    row and discards it): a sharded (FSDP) model gathers its weights collectively in each
+    forward, so ranks that ran different numbers of them would wait on each other forever.
     """
     was_training = model.training
     model.eval()
@@ -86,8 +90,12 @@ def evaluate_rows(
         noise = objective.sample_noise(len(batch), batch.shape[1], noise_generator(seed, index))
         bounds = np.linspace(0, len(batch), world + 1).round().astype(int)
         share_start, share_stop = int(bounds[rank]), int(bounds[rank + 1])
-        step = micro_batch or max(share_stop - share_start, 1)
-        for start in range(share_start, share_stop, step):
+        largest_share = int(np.diff(bounds).max())
+        step = micro_batch or max(largest_share, 1)
+        for start in range(share_start, share_start + largest_share, step):
+            if start >= share_stop:  # this rank's share is done; keep in step with the others
+                objective.loss(model, batch[:1].to(device), slice_noise(noise, 0, 1))
+                continue
             stop = min(start + step, share_stop)
             tokens = batch[start:stop]
             out = objective.loss(model, tokens.to(device), slice_noise(noise, start, stop))

@@ -11,6 +11,11 @@ A checkpoint is a directory ``step_000123/`` holding
 
 It is built in a temporary sibling directory, every file is fsynced, and one ``rename`` makes it
 visible: a crash leaves either the previous checkpoints or the complete new one, never half of it.
+
+Weights and optimizer state are stored whole and keyed by parameter name whatever the training
+layout (one process, DDP, FSDP), so a checkpoint written by one layout resumes under any other:
+``full_model_state`` / ``full_optimizer_state`` gather them from a sharded model, and
+``load_optimizer_state`` scatters them back.
 """
 
 from __future__ import annotations
@@ -27,8 +32,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_model, save_file
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.tensor import DTensor
 
 from shared.faults import kill_now_if
 from shared.tokenizer import Tokenizer
@@ -89,22 +101,119 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+# Gathered in full on rank 0 and moved to CPU there; the other ranks get empty dicts.
+_GATHER_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+# Name segments that DDP, FSDP1, activation checkpointing and torch.compile insert.
+_WRAPPER_SEGMENTS = {"module", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"}
+
+
+def bare_name(name: str) -> str:
+    """A parameter's name in the bare module, without wrapper segments."""
+    return ".".join(part for part in name.split(".") if part not in _WRAPPER_SEGMENTS)
+
+
+def tied_copies(model: nn.Module) -> set[str]:
+    """Bare names of parameters that are another name's tensor (tied weights), not saved.
+
+    Of each tied group the alphabetically first name is kept, as ``safetensors`` does.
+    """
+    groups: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(bare_name(name))
+    return {name for names in groups.values() for name in sorted(names)[1:]}
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether ``model``'s parameters are sharded over processes (FSDP2 makes them DTensors)."""
+    return any(isinstance(param, DTensor) for param in model.parameters())
+
+
+def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The weights of ``model`` (bare, DDP- or FSDP-wrapped) whole, on CPU, keyed by the bare
+    module's parameter names, tied copies left out.
+
+    Under FSDP this is a collective: every rank must call it; only rank 0 gets the weights.
+    """
+    if is_sharded(model):
+        weights = get_model_state_dict(model, options=_GATHER_FULL)
+    else:
+        weights = {bare_name(name): t for name, t in model.state_dict().items()}
+    drop = tied_copies(model)
+    # contiguous, unaliased copies: safetensors refuses views and shared storage
+    return {name: t.detach().contiguous() for name, t in weights.items() if name not in drop}
+
+
+def _optimizer_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The bare name of each parameter the optimizer steps, in the optimizer's index order (a
+    tied parameter goes by its first name, as torch.distributed.checkpoint names it)."""
+    names = {id(param): bare_name(name) for name, param in model.named_parameters()}
+    return [names[id(param)] for group in optimizer.param_groups for param in group["params"]]
+
+
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer state whole, keyed by parameter name (collective under FSDP, as above)."""
+    if is_sharded(model):
+        return get_optimizer_state_dict(model, optimizer, options=_GATHER_FULL)
+    # Unsharded: rename the indices directly. (torch.distributed.checkpoint's helper gives the
+    # same dict, but first fills an empty optimizer state by taking a zero-learning-rate step.)
+    names = _optimizer_names(model, optimizer)
+    by_index = optimizer.state_dict()
+    return {
+        "state": {names[index]: value for index, value in by_index["state"].items()},
+        "param_groups": [
+            {**group, "params": [names[index] for index in group["params"]]}
+            for group in by_index["param_groups"]
+        ],
+    }
+
+
+def load_optimizer_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]
+) -> None:
+    """Load a whole, name-keyed optimizer state into ``optimizer``, sharding it as ``model`` is.
+
+    Every rank passes the same whole state, before any gradient exists (as when resuming).
+    States keyed by parameter index (checkpoints written before states were name-keyed) load
+    directly, which is only valid for unsharded models.
+    """
+    if any(isinstance(key, int) for key in saved["state"]):
+        optimizer.load_state_dict(saved)
+    elif is_sharded(model):
+        set_optimizer_state_dict(
+            model, optimizer, saved, options=StateDictOptions(full_state_dict=True)
+        )
+    else:
+        index = {name: i for i, name in enumerate(_optimizer_names(model, optimizer))}
+        optimizer.load_state_dict(
+            {
+                "state": {index[name]: value for name, value in saved["state"].items()},
+                "param_groups": [
+                    {**group, "params": [index[name] for name in group["params"]]}
+                    for group in saved["param_groups"]
+                ],
+            }
+        )
+
+
 def save_checkpoint(
     root: Path,
     step: int,
     *,
-    model: nn.Module,
+    weights: dict[str, torch.Tensor],
     tokenizer: Tokenizer,
     state: dict[str, Any],
-    optimizer: torch.optim.Optimizer | None = None,
-    scheduler: Any | None = None,
+    optimizer_state: dict[str, Any] | None = None,
+    scheduler_state: dict[str, Any] | None = None,
     keep_last: int = 0,
     protect: tuple[Path, ...] = (),
 ) -> Path:
     """Write ``root/step_{step}`` atomically and return its path.
 
-    ``keep_last > 0`` then deletes all but the newest ``keep_last`` checkpoints, except those in
-    ``protect`` (the best checkpoint so far).
+    ``weights`` comes from ``full_model_state`` and ``optimizer_state`` from
+    ``full_optimizer_state``. ``keep_last > 0`` then deletes all but the newest ``keep_last``
+    checkpoints, except those in ``protect`` (the best checkpoint so far).
     """
     root.mkdir(parents=True, exist_ok=True)
     # Staging directories left by a process that died mid-save are garbage: only one process
@@ -114,14 +223,11 @@ def save_checkpoint(
     final = root / checkpoint_name(step)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
-        save_model(model, str(staging / "model.safetensors"))
+        save_file(weights, str(staging / "model.safetensors"), metadata={"format": "pt"})
         kill_now_if("kill_in_checkpoint", step)  # tests: a crash in the middle of a save
-        if optimizer is not None:
+        if optimizer_state is not None:
             torch.save(
-                {
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                },
+                {"optimizer": optimizer_state, "scheduler": scheduler_state},
                 staging / "optimizer.pt",
             )
         torch.save(rng_state(), staging / "rng.pt")
@@ -207,9 +313,13 @@ def load_weights(path: Path, model: nn.Module) -> None:
         )
 
 
-def load_training_state(path: Path, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
+def load_training_state(
+    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> None:
+    """Optimizer, scheduler and RNG state from a checkpoint; ``model`` is the (possibly sharded)
+    model the optimizer steps. Every rank calls this."""
     blob = torch.load(Path(path) / "optimizer.pt", map_location="cpu", weights_only=False)
-    optimizer.load_state_dict(blob["optimizer"])
+    load_optimizer_state(model, optimizer, blob["optimizer"])
     if scheduler is not None and blob["scheduler"] is not None:
         scheduler.load_state_dict(blob["scheduler"])
     restore_rng_state(torch.load(Path(path) / "rng.pt", weights_only=False))

@@ -15,7 +15,7 @@ from arlm.export import (
     our_weight_name,
 )
 from arlm.generate import ARGenerator, GenerationConfig
-from shared.checkpoint import save_checkpoint
+from shared.checkpoint import full_model_state, save_checkpoint
 from shared.config import ModelConfig
 from shared.model import Transformer
 from shared.sampling import SamplingConfig
@@ -176,7 +176,8 @@ def save_checkpoint_of(root, objective: str):
     tokenizer = Tokenizer.byte()
     model = random_model(tokenizer.vocab_size + (objective == "mdm"))
     state = {"objective": objective, "model_config": model.config.to_dict()}
-    return model, save_checkpoint(root, 3, model=model, tokenizer=tokenizer, state=state)
+    weights = full_model_state(model)
+    return model, save_checkpoint(root, 3, weights=weights, tokenizer=tokenizer, state=state)
 
 
 def test_export_checkpoint_and_its_command_line(tmp_path):

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import train
 from arlm.generate import ARGenerator, GenerationConfig, check_prompts, left_pad
-from shared.checkpoint import save_checkpoint
+from shared.checkpoint import full_model_state, save_checkpoint
 from shared.config import ModelConfig
 from shared.model import KVCache, Transformer, attention_mask
 from shared.sampling import SamplingConfig
@@ -420,7 +420,8 @@ def save_fake_checkpoint(root: Path, objective: str) -> Path:
     extra = 1 if objective == "mdm" else 0  # the diffusion model's [MASK] row
     model = make_model(vocab_size=tokenizer.vocab_size + extra)
     state = {"objective": objective, "model_config": model.config.to_dict()}
-    return save_checkpoint(root, 1, model=model, tokenizer=tokenizer, state=state)
+    weights = full_model_state(model)
+    return save_checkpoint(root, 1, weights=weights, tokenizer=tokenizer, state=state)
 
 
 def test_mdm_checkpoint_is_refused(tmp_path):

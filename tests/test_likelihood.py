@@ -254,3 +254,55 @@ def test_evaluate_checkpoint_records_protocol_and_interval(tmp_path):
     assert math.isfinite(results["estimates"]["chain_rule_nll"]["bits_per_byte"])
     assert main([str(tmp_path / "missing")]) == 2
     assert main([str(tmp_path / "mdm"), "--samples", "1", "--cache-dir", str(cache)]) == 2
+
+
+@pytest.mark.parametrize("batch_size, micro_batch", [(4, None), (5, 2), (3, 1)])
+def test_rank_shares_add_up_and_every_rank_runs_the_same_number_of_forwards(
+    batch_size, micro_batch
+):
+    """Sharded (FSDP) models gather weights inside every forward, so a rank that ran fewer
+    forwards than the others would hang them; the shares must still sum to one process."""
+    from eval.likelihood import evaluate_rows
+
+    torch.manual_seed(0)
+    vocab = 11
+    objective = mdm_objective(vocab)
+    model = Transformer(
+        ModelConfig(
+            vocab_size=vocab + 1,
+            dim=16,
+            n_layers=1,
+            n_heads=2,
+            n_kv_heads=1,
+            hidden_dim=32,
+            max_seq_len=8,
+        )
+    )
+    forwards: list[int] = []
+    model.register_forward_hook(lambda module, args, output: forwards.append(1))
+    rows = np.random.default_rng(0).integers(0, vocab, size=(9, 6))  # last batch is ragged
+    token_bytes = np.ones(vocab + 1, dtype=np.int64)
+
+    def run(rank: int, world: int):
+        forwards.clear()
+        totals = evaluate_rows(
+            model,
+            objective,
+            rows,
+            token_bytes,
+            batch_size=batch_size,
+            seed=3,
+            device=torch.device("cpu"),
+            pad_id=PAD,
+            micro_batch=micro_batch,
+            rank=rank,
+            world=world,
+        )
+        return totals, len(forwards)
+
+    whole, _ = run(0, 1)
+    shares = [run(rank, 3) for rank in range(3)]
+    assert len({count for _, count in shares}) == 1  # the same number of forwards on each rank
+    assert sum(t.tokens for t, _ in shares) == whole.tokens
+    assert sum(t.bytes for t, _ in shares) == whole.bytes
+    assert sum(t.nats for t, _ in shares) == pytest.approx(whole.nats, rel=1e-6)

@@ -27,7 +27,7 @@ from eval.synthetic import (
     score_infills,
     synthetic_report,
 )
-from shared.checkpoint import save_checkpoint
+from shared.checkpoint import full_model_state, save_checkpoint
 from shared.config import ModelConfig
 from shared.data import load_corpus
 from shared.model import Transformer
@@ -234,7 +234,9 @@ def _tiny_checkpoint(root, objective: str, tok, seq_len: int):
             "estimator": "time",
         },
     }
-    return save_checkpoint(root, 0, model=Transformer(cfg), tokenizer=tok, state=state)
+    return save_checkpoint(
+        root, 0, weights=full_model_state(Transformer(cfg)), tokenizer=tok, state=state
+    )
 
 
 def test_synthetic_report_runs_on_both_objectives(tok, tmp_path) -> None:
