@@ -191,6 +191,7 @@ IDENTITY_FIELDS = (
     "protocol",
     "seq_len",
     "schedule",
+    "block_size",  # block diffusion: the block size is part of what the model learns
     "seed",
 )
 
@@ -291,10 +292,12 @@ def resolve_config(preset_name: str, overrides: dict[str, Any]) -> tuple[ModelCo
 def config_differences(
     saved: dict[str, Any], current: dict[str, Any], fields: tuple[str, ...]
 ) -> list[str]:
+    """Lines naming each of ``fields`` that differs; a field the checkpoint predates (absent from
+    its config) is not compared."""
     return [
-        f"{name}: checkpoint {saved.get(name)!r} vs now {current.get(name)!r}"
+        f"{name}: checkpoint {saved[name]!r} vs now {current.get(name)!r}"
         for name in fields
-        if saved.get(name) != current.get(name)
+        if name in saved and saved[name] != current.get(name)
     ]
 
 

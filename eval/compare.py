@@ -468,10 +468,12 @@ def write_report(
     ar_l = likelihood["ar"]["estimates"]["nll"]
     mdm_l = likelihood["mdm"]["estimates"]["nelbo"]
     ratio = math.exp(mdm_l["nats_per_token"] - ar_l["nats_per_token"])
+    exact_bytes = likelihood["ar"]["protocol"]["tokenizer"].get("bytes_exact", True)
+    byte_note = "" if exact_bytes else " (approximate: the tokenizer normalizes text)"
     ar_best = quality["sets"]["ar T=1"]["judge_ppl"]
     report.text(
         f"**Likelihood.** On the same {ar_l['tokens']:,} validation tokens the AR model scores "
-        f"{ar_l['bits_per_byte']:.4f} bits/byte (exact) and the MDM at most "
+        f"{ar_l['bits_per_byte']:.4f} bits/byte{byte_note} (exact NLL) and the MDM at most "
         f"{mdm_l['bits_per_byte']:.4f} (NELBO, 95% interval of the per-token value "
         f"[{mdm_l['nats_per_token_ci95'][0]:.4f}, {mdm_l['nats_per_token_ci95'][1]:.4f}] nats): "
         f"an MDM/AR perplexity ratio of at most **{ratio:.2f}** after "

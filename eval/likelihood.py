@@ -453,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, CheckpointError, ResourceUnavailableError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if not results["protocol"]["tokenizer"]["bytes_exact"]:
+        print("bits/byte below are approximate: this tokenizer normalizes text (compare nats)")
     for label, values in results["estimates"].items():
         low, high = values["nats_per_token_ci95"]
         print(

@@ -590,6 +590,8 @@ def protocol_record(
             "vocab_size": tokenizer.vocab_size,
             "eos_id": tokenizer.eos_id,
             "pad_id": tokenizer.pad_id,
+            # False: the tokenizer normalizes text, so bits/byte is an estimate (Tokenizer docs)
+            "bytes_exact": tokenizer.bytes_exact,
         },
         "protocol": first.protocol,
         "seq_len": first.seq_len,

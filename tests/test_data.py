@@ -149,6 +149,7 @@ def test_protocol_record_is_json(byte_tok: Tokenizer, tmp_path: Path) -> None:
         "vocab_size": 258,
         "eos_id": E,
         "pad_id": P,
+        "bytes_exact": True,
     }
     assert (record["protocol"], record["seq_len"]) == ("packed", 8)
     assert "eos_id" in record["convention"]

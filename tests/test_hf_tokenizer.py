@@ -11,7 +11,7 @@ import pytest
 
 import shared.data as data_mod
 from shared.config import PRESETS, TOKENIZER_CHOICES, ModelConfig, ResourceUnavailableError
-from shared.data import CorpusSplits, tokenize_corpus
+from shared.data import CorpusSplits, protocol_record, tokenize_corpus
 from shared.tokenizer import Tokenizer, build_tokenizer
 
 SENTENCES = [
@@ -95,13 +95,17 @@ def tok(request: pytest.FixtureRequest, wordpiece: Tokenizer, byte_level: Tokeni
     return {"wordpiece": wordpiece, "byte_level": byte_level}[request.param]
 
 
-def test_wordpiece_specials(wordpiece: Tokenizer, wp_path: Path) -> None:
+def test_wordpiece_specials(wordpiece: Tokenizer, wp_path: Path, tmp_path: Path) -> None:
     vocab = json.loads(wp_path.read_text())["model"]["vocab"]
     assert wordpiece.kind == f"hf:{wp_path}"
     assert wordpiece.eos_id == vocab["[SEP]"]
     assert wordpiece.pad_id == vocab["[PAD]"]
     assert wordpiece.vocab_size == len(vocab)
     assert wordpiece.bytes_exact is False
+    corpus = CorpusSplits.from_texts("hand", ["Hello World"] * 3, ["Bye"])
+    splits = tokenize_corpus(corpus, wordpiece, protocol="padded", seq_len=8, cache_dir=tmp_path)
+    record = protocol_record(corpus, wordpiece, splits)
+    assert record["tokenizer"]["bytes_exact"] is False  # reports label bits/byte approximate
 
 
 def test_byte_level_specials_add_a_pad_id(byte_level: Tokenizer, bl_path: Path) -> None:

@@ -1,5 +1,6 @@
 """train.py end to end on the tiny preset: learning, exact resume, 1 vs 2 processes, bad input."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -254,6 +255,18 @@ def test_resume_refuses_a_different_experiment(tmp_path, cache_dir):
         )
     assert "objective: checkpoint 'ar' vs now 'mdm'" in str(error.value)
     assert "dim: checkpoint 32 vs now 64" in str(error.value)
+
+
+def test_resume_refuses_another_block_size_but_accepts_checkpoints_that_predate_it():
+    model_cfg, train_cfg = train.resolve_config("tiny", {"objective": "bd", "block_size": 4})
+    saved = {"model_config": model_cfg.to_dict(), "train_config": dataclasses.asdict(train_cfg)}
+    with pytest.raises(train.ConfigError, match="block_size: checkpoint 4 vs now 8"):
+        train.resumed_config(saved, {"block_size": 8}, allow_change=False)
+    assert train.resumed_config(saved, {"block_size": 8}, allow_change=True)[1].block_size == 8
+    model_cfg, train_cfg = train.resolve_config("tiny", {"objective": "mdm"})
+    older = {"model_config": model_cfg.to_dict(), "train_config": dataclasses.asdict(train_cfg)}
+    del older["train_config"]["block_size"]  # an MDM run written before the field existed
+    assert train.resumed_config(older, {}, allow_change=False)[1].objective == "mdm"
 
 
 def test_data_constrained_budget_repeats_a_fixed_set_of_rows(tmp_path, cache_dir):
