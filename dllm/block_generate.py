@@ -28,7 +28,6 @@ everything after the first EOS into padding).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import torch
@@ -36,10 +35,9 @@ from torch import nn
 
 from dllm.block_objective import block_causal_mask, check_block_size
 from dllm.canvas import Canvas
-from dllm.generate import SamplerConfig, SampleResult, row_generators
+from dllm.generate import SamplerConfig, SampleResult, row_generators, run
 from dllm.predictors import Block, CountingModel, Predictor, ReusePredictions, drop_mask_column
 from dllm.predictors import columns as block_columns
-from dllm.strategies import StepContext
 from shared.model import KVCache
 
 
@@ -164,49 +162,14 @@ def sample_blocks(
     if config.reuse_predictions:
         predictor = ReusePredictions(predictor)
     generators = row_generators(generator, canvas.batch_size)
-
-    device = next(iter(model.parameters())).device
-    tokens = canvas.tokens.to(device).clone()
-    region_start = canvas.region[0]
-    steps = config.strategy.steps_per_block(len(blocks))
-    revealed: list[torch.Tensor] = []
-    nfe_per_step: list[int] = []
-    block_of_step: list[int] = []
-    for block_index, (start, end) in enumerate(blocks):
-        masked_at_start = (tokens[:, start:end] == mask_id).sum(-1)
-        for index in range(steps) if steps is not None else itertools.count():
-            masked = tokens[:, start:end] == mask_id
-            if not masked.any():
-                break
-            calls_before = counter.calls
-            ctx = StepContext(
-                index=index,
-                steps=steps,
-                masked=masked,
-                masked_at_start=masked_at_start,
-                logits=predictor(tokens, (start, end)),
-                sampling=config.sampling,
-                generators=generators,
-            )
-            reveal, proposal = config.strategy.step(ctx)
-            reveal &= masked  # only masked positions are ever written
-            tokens[:, start:end] = torch.where(reveal, proposal, tokens[:, start:end])
-            revealed.append(reveal.sum(-1).cpu())
-            nfe_per_step.append(counter.calls - calls_before)
-            block_of_step.append(block_index)
-        if eos_id is not None and (tokens[:, region_start:end] == eos_id).any(-1).all():
-            break
-    if eos_id is not None:
-        tokens = tokens.masked_fill(tokens == mask_id, eos_id)  # blocks after every row's EOS
-    if (tokens == mask_id).any():
-        raise RuntimeError("internal error: the sampler finished with [MASK] tokens left")
-    return SampleResult(
-        tokens=tokens,
-        region=canvas.region,
-        nfe=counter.calls,
-        revealed=torch.stack(revealed) if revealed else torch.zeros(0, canvas.batch_size),
-        nfe_per_step=nfe_per_step,
-        block_of_step=block_of_step,
+    # An exact cache: the approximate flag stays False (check_block_inputs refuses config.cache).
+    return run(
+        predictor,
+        counter,
+        config,
+        canvas,
+        blocks,
+        generators,
+        eos_id=eos_id,
         cache="bd_kv" if kv_cache else "none",
-        approximate=False,
     )

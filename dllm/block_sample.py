@@ -24,11 +24,15 @@ from pathlib import Path
 import torch
 
 from dllm.block_generate import grid_blocks, sample_blocks
-from dllm.canvas import apply_eos_policy
 from dllm.generate import SamplerConfig, SampleResult
 from dllm.sample import build_parser as mdm_parser
-from dllm.sample import config_from_args, text_canvas, with_model_schedule
-from shared.checkpoint import CheckpointError, load_model_from_checkpoint
+from dllm.sample import (
+    config_from_args,
+    decode_generations,
+    load_for_sampling,
+    with_model_schedule,
+)
+from shared.checkpoint import CheckpointError
 from shared.config import ConfigError
 
 
@@ -49,22 +53,10 @@ def load_and_sample_blocks(
 
     ``steps_per_position``: replace the rule's step count by one step per block position.
     """
-    model, tokenizer, state = load_model_from_checkpoint(Path(checkpoint), device)
-    if state.get("objective") != "bd":
-        raise ValueError(
-            f"{checkpoint} was trained with objective {state.get('objective')!r}; block "
-            "sampling needs a 'bd' checkpoint"
-        )
-    block_size = int(state["train_config"]["block_size"])
-    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-    canvas = text_canvas(
-        tokenizer,
-        prompts,
-        gen_length,
-        suffix=suffix,
-        mask_id=model.config.vocab_size - 1,
-        max_seq_len=model.config.max_seq_len,
+    model, tokenizer, state, canvas = load_for_sampling(
+        checkpoint, "bd", prompts, gen_length, suffix=suffix, device=device
     )
+    block_size = int(state["train_config"]["block_size"])
     config = with_model_schedule(config, state)
     if steps_per_position:
         steps = len(grid_blocks(canvas.region, block_size, canvas.length)) * block_size
@@ -80,13 +72,7 @@ def load_and_sample_blocks(
         kv_cache=kv_cache,
         eos_id=tokenizer.eos_id if eos == "stop" else None,
     )
-    tokens, lengths = apply_eos_policy(
-        result.tokens, result.region, eos, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id
-    )
-    result = dataclasses.replace(result, tokens=tokens)
-    start = result.region[0]
-    texts = [tokenizer.decode(row[start : start + n]) for row, n in zip(tokens, lengths.tolist())]
-    return texts, result
+    return decode_generations(result, tokenizer, eos)
 
 
 def build_parser() -> argparse.ArgumentParser:

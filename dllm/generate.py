@@ -219,12 +219,22 @@ def run(
     canvas: Canvas,
     blocks: list[tuple[int, int]],
     generators: list[torch.Generator],
+    *,
+    eos_id: int | None = None,
+    cache: str | None = None,
 ) -> SampleResult:
-    """The sampling loop over already validated inputs (``sample`` is the public entry; tests
-    call this with an instrumented predictor)."""
+    """The sampling loop over already validated inputs (``sample`` and
+    ``dllm.block_generate.sample_blocks`` are the public entries; tests call this with an
+    instrumented predictor).
+
+    ``eos_id``: stop after the block in which every row has generated EOS and fill the blocks
+    never decoded with EOS (None: decode every block). ``cache``: the cache label to report
+    (default: ``config.cache``).
+    """
     device = next(iter(counter.model.parameters()), torch.empty(0)).device
     tokens = canvas.tokens.to(device).clone()
     mask_id = canvas.mask_id
+    region_start = canvas.region[0]
     steps = config.strategy.steps_per_block(len(blocks))
     revealed: list[torch.Tensor] = []
     nfe_per_step: list[int] = []
@@ -251,15 +261,19 @@ def run(
             revealed.append(reveal.sum(-1).cpu())
             nfe_per_step.append(counter.calls - calls_before)
             block_of_step.append(block_index)
+        if eos_id is not None and (tokens[:, region_start:end] == eos_id).any(-1).all():
+            break
+    if eos_id is not None:
+        tokens = tokens.masked_fill(tokens == mask_id, eos_id)  # blocks after every row's EOS
     if (tokens == mask_id).any():
         raise RuntimeError("internal error: the sampler finished with [MASK] tokens left")
     return SampleResult(
         tokens=tokens,
         region=canvas.region,
         nfe=counter.calls,
-        revealed=torch.stack(revealed),  # validation guarantees at least one step
+        revealed=torch.stack(revealed) if revealed else torch.zeros(0, canvas.batch_size),
         nfe_per_step=nfe_per_step,
         block_of_step=block_of_step,
-        cache=config.cache,
+        cache=config.cache if cache is None else cache,
         approximate=config.approximate,
     )

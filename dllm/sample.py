@@ -28,6 +28,7 @@ from dllm.generate import CACHES, SamplerConfig, SampleResult, sample
 from dllm.strategies import REMASKING, Ancestral, FixedCount, Threshold
 from shared.checkpoint import CheckpointError, load_model_from_checkpoint
 from shared.config import ConfigError
+from shared.model import Transformer
 from shared.sampling import SamplingConfig
 from shared.tokenizer import Tokenizer
 
@@ -78,6 +79,48 @@ def with_model_schedule(config: SamplerConfig, state: dict) -> SamplerConfig:
     return config
 
 
+def load_for_sampling(
+    checkpoint: str | Path,
+    objective: str,
+    prompts: str | list[str],
+    gen_length: int,
+    *,
+    suffix: str | None,
+    device: str,
+) -> tuple[Transformer, Tokenizer, dict, Canvas]:
+    """(model, tokenizer, state, canvas) for sampling a checkpoint trained with ``objective``
+    ("mdm" or "bd"); refuses any other objective."""
+    model, tokenizer, state = load_model_from_checkpoint(Path(checkpoint), device)
+    if state.get("objective") != objective:
+        raise ValueError(
+            f"{checkpoint} was trained with objective {state.get('objective')!r}; this sampler "
+            f"needs an {objective!r} checkpoint"
+        )
+    canvas = text_canvas(
+        tokenizer,
+        [prompts] if isinstance(prompts, str) else list(prompts),
+        gen_length,
+        suffix=suffix,
+        mask_id=model.config.vocab_size - 1,
+        max_seq_len=model.config.max_seq_len,
+    )
+    return model, tokenizer, state, canvas
+
+
+def decode_generations(
+    result: SampleResult, tokenizer: Tokenizer, eos: str
+) -> tuple[list[str], SampleResult]:
+    """Apply the ``eos`` policy (see ``dllm.canvas.apply_eos_policy``) and decode each row's
+    generation region; the returned result holds the processed canvas."""
+    tokens, lengths = apply_eos_policy(
+        result.tokens, result.region, eos, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id
+    )
+    result = dataclasses.replace(result, tokens=tokens)
+    start = result.region[0]
+    texts = [tokenizer.decode(row[start : start + n]) for row, n in zip(tokens, lengths.tolist())]
+    return texts, result
+
+
 def load_and_sample(
     checkpoint: str | Path,
     config: SamplerConfig,
@@ -94,30 +137,12 @@ def load_and_sample(
     ``texts`` are the decoded generation regions after the ``eos`` policy (see
     ``dllm.canvas.apply_eos_policy``); ``result.tokens`` holds the processed canvas.
     """
-    model, tokenizer, state = load_model_from_checkpoint(Path(checkpoint), device)
-    if state.get("objective") != "mdm":
-        raise ValueError(
-            f"{checkpoint} was trained with objective {state.get('objective')!r}; diffusion "
-            "sampling needs an 'mdm' checkpoint"
-        )
-    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-    canvas = text_canvas(
-        tokenizer,
-        prompts,
-        gen_length,
-        suffix=suffix,
-        mask_id=model.config.vocab_size - 1,
-        max_seq_len=model.config.max_seq_len,
+    model, tokenizer, state, canvas = load_for_sampling(
+        checkpoint, "mdm", prompts, gen_length, suffix=suffix, device=device
     )
     config = with_model_schedule(config, state)
     result = sample(model, config, canvas, torch.Generator().manual_seed(seed))
-    tokens, lengths = apply_eos_policy(
-        result.tokens, result.region, eos, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id
-    )
-    result = dataclasses.replace(result, tokens=tokens)
-    start = result.region[0]
-    texts = [tokenizer.decode(row[start : start + n]) for row, n in zip(tokens, lengths.tolist())]
-    return texts, result
+    return decode_generations(result, tokenizer, eos)
 
 
 # ---- command line ------------------------------------------------------------------------------
