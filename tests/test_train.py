@@ -129,6 +129,27 @@ def run_cli(*args: str, env_extra: dict | None = None, timeout: int = 300):
     )
 
 
+def launch_two_processes(*train_args: str):
+    return run_cli(
+        "accelerate",
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        "29517",
+        "train.py",
+        *train_args,
+        env_extra={"ACCELERATE_USE_CPU": "1"},
+    )
+
+
 def test_two_processes_reproduce_one_process(tmp_path, cache_dir):
     if shutil.which("accelerate") is None:
         pytest.skip("accelerate launcher not on PATH")
@@ -147,26 +168,9 @@ def test_two_processes_reproduce_one_process(tmp_path, cache_dir):
     one = tmp_path / "one"
     train.train(tiny_args(one, cache_dir, *common))
     two = tmp_path / "two"
-    result = run_cli(
-        "accelerate",
-        "launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        "29517",
-        "train.py",
-        *tiny_args(two, cache_dir, *common),
-        env_extra={"ACCELERATE_USE_CPU": "1"},
-    )
+    result = launch_two_processes(*tiny_args(two, cache_dir, *common))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "2 process(es)" in result.stdout + result.stderr
+    assert "2 process(es) (DDP)" in result.stdout + result.stderr
     loss_one = [r["loss"] for r in read_metrics(one) if r["kind"] == "train"]
     loss_two = [r["loss"] for r in read_metrics(two) if r["kind"] == "train"]
     assert len(loss_one) == len(loss_two) == 6
@@ -178,6 +182,17 @@ def test_two_processes_reproduce_one_process(tmp_path, cache_dir):
     assert abs(final_one["val_nats_per_token"] - final_two["val_nats_per_token"]) < 1e-5 * abs(
         final_one["val_nats_per_token"]
     )
+
+    # Stopped at step 3 and resumed, still over two processes: the uninterrupted run bit for bit.
+    split = tmp_path / "split"
+    first = launch_two_processes(*tiny_args(split, cache_dir, *common, "--stop-after-steps", "3"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = launch_two_processes("--resume", str(split), "--cache-dir", str(cache_dir))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout + resumed.stderr
+    straight, continued = final_weights(two), final_weights(split)
+    for name in straight:
+        assert torch.equal(straight[name], continued[name]), name
 
 
 @pytest.mark.parametrize(
