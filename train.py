@@ -882,16 +882,40 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
         )
     if accelerator.is_main_process:
         (out / "final.json").write_text(json.dumps(summary, indent=2))
-    # End on a barrier: the gloo worker thread releases a finished all-reduce's tensors only
-    # when it next holds the GIL, and if the process group is torn down (with the GIL held) before
-    # that, the process hangs at exit. A barrier holds no Python tensors, and waiting on it
-    # lets the worker release the last all-reduce's.
+    # Free the DDP wrapper while the process group is still registered. Otherwise its gradient
+    # reducer holds the last reference to the group and destroys it at exit with the GIL held,
+    # which deadlocks when gloo's worker thread needs the GIL to free a finished collective's
+    # tensors (seen as a hang at exit, about one run in four). end_training then destroys the
+    # group through a binding that releases the GIL.
     accelerator.wait_for_everyone()
+    model = optimizer = None
+    accelerator.free_memory()
     accelerator.end_training()
     return summary
 
 
+def release_process_group() -> None:
+    """Destroy the process group a run that stopped on an error left behind.
+
+    By now the failed run's frames (and its DDP wrapper) are gone, so the group is destroyed here
+    through a binding that releases the GIL, not at interpreter exit with the GIL held (which can
+    deadlock against gloo's worker thread; see the end of ``train``)."""
+    import gc
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        gc.collect()
+        torch.distributed.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return train_reporting_errors(argv)
+    finally:
+        release_process_group()
+
+
+def train_reporting_errors(argv: list[str] | None) -> int:
+    """Train; a user error prints one line and returns 2, a diverged run returns 3."""
     try:
         train(argv)
     except (

@@ -109,7 +109,7 @@ def test_fsdp_matches_one_process_resumes_exactly_and_checkpoints_cross_layouts(
     train.train([*COMMON, "--out", str(one), "--cache-dir", str(cache_dir)])
 
     sharded = tmp_path / "fsdp"
-    output = launch_fsdp(sharded, cache_dir, *COMMON, port=29541)
+    output = launch_fsdp(sharded, cache_dir, *COMMON, port=29551)
     assert "2 process(es) (FSDP2)" in output
     assert final(sharded)["parallel_layout"] == "FSDP2" and final(sharded)["processes"] == 2
     assert len(train_losses(sharded)) == 8
@@ -120,10 +120,10 @@ def test_fsdp_matches_one_process_resumes_exactly_and_checkpoints_cross_layouts(
 
     # FSDP stopped at step 4 and resumed under FSDP: bit for bit the uninterrupted FSDP run.
     split = tmp_path / "split"
-    launch_fsdp(split, cache_dir, *COMMON, "--stop-after-steps", "4", port=29542)
+    launch_fsdp(split, cache_dir, *COMMON, "--stop-after-steps", "4", port=29552)
     halfway = list_checkpoints(split / "checkpoints")[-1]
     assert halfway.name.endswith("4")
-    launch_fsdp(split, cache_dir, "--resume", str(split), port=29543)
+    launch_fsdp(split, cache_dir, "--resume", str(split), port=29553)
     resumed, straight = last_weights(split), last_weights(sharded)
     for name in straight:
         assert torch.equal(resumed[name], straight[name]), name
@@ -136,7 +136,7 @@ def test_fsdp_matches_one_process_resumes_exactly_and_checkpoints_cross_layouts(
     one_then_fsdp = tmp_path / "one_then_fsdp"
     one_halfway = one / "checkpoints" / halfway.name
     output = launch_fsdp(
-        one_then_fsdp, cache_dir, "--resume", str(one_halfway), "--log-every", "1", port=29544
+        one_then_fsdp, cache_dir, "--resume", str(one_halfway), "--log-every", "1", port=29554
     )
     assert "(FSDP2)" in output and "resumed from" in output
     for continued in (fsdp_then_one, one_then_fsdp):

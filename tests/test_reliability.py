@@ -15,6 +15,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from launch import two_cpu_processes
 from safetensors.torch import load_file
 
 import train
@@ -245,19 +246,7 @@ def test_sigterm_to_the_accelerate_launcher_stops_every_process_at_one_step(tmp_
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
     launcher = subprocess.Popen(
         [
-            "accelerate",
-            "launch",
-            "--multi_gpu",
-            "--num_processes",
-            "2",
-            "--num_machines",
-            "1",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
-            "--main_process_port",
-            "29541",
+            *two_cpu_processes(port=29541),
             "train.py",
             *tiny(
                 out,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from launch import two_cpu_processes
 from safetensors.torch import load_file
 
 import train
@@ -131,19 +132,7 @@ def run_cli(*args: str, env_extra: dict | None = None, timeout: int = 300):
 
 def launch_two_processes(*train_args: str):
     return run_cli(
-        "accelerate",
-        "launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        "29517",
+        *two_cpu_processes(port=29517),
         "train.py",
         *train_args,
         env_extra={"ACCELERATE_USE_CPU": "1"},

@@ -1,0 +1,20 @@
+"""The command line that starts train.py as two CPU processes over gloo under accelerate."""
+
+
+def two_cpu_processes(port: int) -> list[str]:
+    """``accelerate launch`` arguments up to the script (run with ``ACCELERATE_USE_CPU=1``)."""
+    return [
+        "accelerate",
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(port),
+    ]
