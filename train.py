@@ -495,7 +495,8 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
     accelerator = _make_accelerator(train_cfg, out)
     rank, world = accelerator.process_index, accelerator.num_processes
     log = accelerator.print
-    if parallel_layout(accelerator) == "FSDP1":
+    layout = parallel_layout(accelerator)
+    if layout == "FSDP1":
         raise ConfigError(
             "FSDP version 1 is not supported (its flat parameters do not fit this trainer's "
             "optimizer groups); set fsdp_version: 2 in the accelerate config, as "
@@ -627,7 +628,6 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
     device = accelerator.device
     dtype = torch.bfloat16 if accelerator.mixed_precision == "bf16" else torch.float32
     peak, peak_source = peak_flops(device, dtype, train_cfg.peak_tflops)
-    layout = parallel_layout(accelerator)
     log(
         f"{objective.name}: {n_parameters / 1e6:.2f}M parameters, "
         f"{len(train_rows)} train rows x {train_cfg.seq_len}, {total_steps} steps, "
