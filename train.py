@@ -29,12 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from shared.checkpoint import CheckpointError
 from shared.config import (
     TOKENIZER_CHOICES,
+    USER_ERRORS,
     ConfigError,
     ModelConfig,
-    ResourceUnavailableError,
     check_field_types,
     get_preset,
 )
@@ -918,13 +917,7 @@ def train_reporting_errors(argv: list[str] | None) -> int:
     """Train; a user error prints one line and returns 2, a diverged run returns 3."""
     try:
         train(argv)
-    except (
-        ConfigError,
-        FileNotFoundError,
-        ValueError,
-        CheckpointError,
-        ResourceUnavailableError,
-    ) as error:
+    except USER_ERRORS as error:
         # User errors get one clear line; DUOLM_DEBUG=1 shows the traceback instead.
         if os.environ.get("DUOLM_DEBUG"):
             raise

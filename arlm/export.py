@@ -318,11 +318,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("checkpoint", help="checkpoint directory or run directory")
     parser.add_argument("out", help="folder to write")
     args = parser.parse_args(argv)
-    from shared.checkpoint import CheckpointError
+    from shared.config import USER_ERRORS
 
     try:
         out = export_checkpoint(args.checkpoint, args.out)
-    except (ValueError, FileNotFoundError, CheckpointError, ImportError) as error:
+    except (*USER_ERRORS, ImportError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"exported to {out}")

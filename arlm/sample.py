@@ -127,13 +127,12 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from shared.checkpoint import CheckpointError
-    from shared.config import ConfigError
+    from shared.config import USER_ERRORS
 
     args = build_parser().parse_args(argv)
     try:
         run(args)
-    except (ValueError, FileNotFoundError, CheckpointError, ConfigError) as error:
+    except USER_ERRORS as error:
         # User errors get one clear line; DUOLM_DEBUG=1 shows the traceback instead.
         if os.environ.get("DUOLM_DEBUG"):
             raise

@@ -32,8 +32,7 @@ from dllm.sample import (
     load_for_sampling,
     with_model_schedule,
 )
-from shared.checkpoint import CheckpointError
-from shared.config import ConfigError
+from shared.config import USER_ERRORS
 
 
 def load_and_sample_blocks(
@@ -108,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             kv_cache=not args.no_kv_cache,
             steps_per_position=steps_per_position,
         )
-    except (ValueError, ConfigError, CheckpointError, FileNotFoundError) as error:
+    except USER_ERRORS as error:
         if os.environ.get("DUOLM_DEBUG"):
             raise
         print(f"error: {error}", file=sys.stderr)

@@ -26,8 +26,8 @@ import torch
 from dllm.canvas import EOS_POLICIES, Canvas, apply_eos_policy, infill_canvas, prompt_canvas
 from dllm.generate import CACHES, SamplerConfig, SampleResult, sample
 from dllm.strategies import REMASKING, Ancestral, FixedCount, Threshold
-from shared.checkpoint import CheckpointError, load_model_from_checkpoint
-from shared.config import ConfigError
+from shared.checkpoint import load_model_from_checkpoint
+from shared.config import USER_ERRORS
 from shared.model import Transformer
 from shared.sampling import SamplingConfig
 from shared.tokenizer import Tokenizer
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             eos=args.eos,
             device=args.device,
         )
-    except (ValueError, ConfigError, CheckpointError, FileNotFoundError) as error:
+    except USER_ERRORS as error:
         if os.environ.get("DUOLM_DEBUG"):
             raise
         print(f"error: {error}", file=sys.stderr)

@@ -397,8 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     out = Path(args.out or f"runs/sweep-{args.preset}")
     settings = sweep_settings_for(args.preset)
-    from shared.checkpoint import CheckpointError
-    from shared.config import ConfigError, ResourceUnavailableError
+    from shared.config import USER_ERRORS
 
     started = time.perf_counter()
     try:
@@ -429,13 +428,7 @@ def main(argv: list[str] | None = None) -> int:
             time.perf_counter() - started,
             [f"train {k}" for k, v in summaries.items() if v.get("reused")] + stages.reused,
         )
-    except (
-        ConfigError,
-        FileNotFoundError,
-        ValueError,
-        CheckpointError,
-        ResourceUnavailableError,
-    ) as error:
+    except USER_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     for name in names:

@@ -688,8 +688,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = dataclasses.replace(
             settings, mauve=settings.mauve and not args.no_mauve, judge=args.judge or settings.judge
         )
-    from shared.checkpoint import CheckpointError
-    from shared.config import ConfigError, ResourceUnavailableError
+    from shared.config import USER_ERRORS
 
     started = time.perf_counter()
     try:
@@ -715,13 +714,7 @@ def main(argv: list[str] | None = None) -> int:
             time.perf_counter() - started,
             [f"train {k}" for k, v in summaries.items() if v.get("reused")] + stages.reused,
         )
-    except (
-        ConfigError,
-        FileNotFoundError,
-        ValueError,
-        CheckpointError,
-        ResourceUnavailableError,
-    ) as error:
+    except USER_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     ar, mdm = likelihood["ar"]["estimates"]["nll"], likelihood["mdm"]["estimates"]["nelbo"]

@@ -434,8 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--json", default=None, help="write the results to this file")
     args = parser.parse_args(argv)
-    from shared.checkpoint import CheckpointError
-    from shared.config import ResourceUnavailableError
+    from shared.config import USER_ERRORS
 
     try:
         results = evaluate_checkpoint(
@@ -450,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             cache_dir=args.cache_dir,
         )
-    except (ValueError, FileNotFoundError, CheckpointError, ResourceUnavailableError) as error:
+    except USER_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if not results["protocol"]["tokenizer"]["bytes_exact"]:

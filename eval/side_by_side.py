@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.prompt and not args.infill:
         args.prompt = [""]
-    from shared.checkpoint import CheckpointError
+    from shared.config import USER_ERRORS, CheckpointError
 
     prompts = args.prompt + [prefix for prefix, _ in args.infill]
     suffixes = [None] * len(args.prompt) + [suffix for _, suffix in args.infill]
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.temperature,
                 args.seed,
             )
-    except (ValueError, CheckpointError) as error:
+    except USER_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     width = args.width

@@ -42,16 +42,13 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
+from shared.config import CheckpointError
 from shared.faults import kill_now_if
 from shared.tokenizer import Tokenizer
 
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d{6,})$")
 MANIFEST = "manifest.json"
 BEST_FILE = "best.json"  # {"step", "val_nats_per_token"} of the best checkpoint so far
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete or corrupted."""
 
 
 def checkpoint_name(step: int) -> str:

@@ -22,6 +22,16 @@ class ResourceUnavailableError(RuntimeError):
     the message says what to install or use instead."""
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete or corrupted."""
+
+
+# What the command lines report as one line and exit status 2: bad values (ConfigError is a
+# ValueError), missing files, unusable checkpoints, unreachable resources. Anything else is a bug
+# and keeps its traceback.
+USER_ERRORS = (ValueError, FileNotFoundError, CheckpointError, ResourceUnavailableError)
+
+
 HF_TOKENIZER_PREFIX = "hf:"
 
 
