@@ -1,0 +1,57 @@
+"""Files written so that a reader never sees half of one: write beside, then rename."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+
+def write_atomic(
+    path: Path, data: bytes | str | Callable[[BinaryIO], None], *, durable: bool = False
+) -> None:
+    """Replace ``path`` with ``data`` (bytes, text as UTF-8, or a function that writes to the
+    open file) in one rename. ``durable`` also fsyncs the file before the rename, for records
+    that must survive a power cut together with what they describe (checkpoints)."""
+    # The temporary file lives in the same folder so os.replace is a same-filesystem rename.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            if callable(data):
+                data(handle)
+            else:
+                handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, data: Any, *, durable: bool = True, **dumps: Any) -> None:
+    """``data`` as indented JSON, written atomically (and durably unless asked otherwise)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(data, indent=2, **dumps), durable=durable)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a folder's entries (a rename, a new file) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file under ``root``, then ``root`` itself."""
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+    fsync_dir(root)
