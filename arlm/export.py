@@ -30,10 +30,16 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file
+from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
+from tokenizers import Tokenizer as Backend
 
+from arlm.generate import check_ar_objective
+from shared.checkpoint import load_model_from_checkpoint
 from shared.config import ModelConfig
+from shared.errors import report_user_errors
 from shared.model import Transformer
-from shared.tokenizer import EOS_TOKEN, PAD_TOKEN, Tokenizer, bytes_to_unicode, is_hf_kind
+from shared.tokenizer import EOS_TOKEN, PAD_TOKEN, Tokenizer, is_hf_kind
+from shared.tokenizer_backends import bytes_to_unicode
 
 TOKENIZER_DIR = "duolm_tokenizer"
 EXPORT_INFO = "duolm_export.json"
@@ -171,8 +177,6 @@ def hf_tokenizer(tokenizer: Tokenizer, saved_dir: Path, max_length: int):
     appended a padding id to its vocabulary. ``saved_dir`` holds ``tokenizer.save``'s files (the
     tokenizer.json is read from there, so nothing private of ``Tokenizer`` is touched)."""
     transformers = _require_transformers()
-    from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
-    from tokenizers import Tokenizer as Backend
 
     if tokenizer.kind == "byte":
         to_char = bytes_to_unicode()
@@ -250,8 +254,6 @@ def export_model(
 
 def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
     """Export an AR training checkpoint (or the newest valid one under a run directory)."""
-    from arlm.generate import check_ar_objective
-    from shared.checkpoint import load_model_from_checkpoint
 
     model, tokenizer, state = load_model_from_checkpoint(Path(checkpoint))
     check_ar_objective(state)
@@ -318,15 +320,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("checkpoint", help="checkpoint directory or run directory")
     parser.add_argument("out", help="folder to write")
     args = parser.parse_args(argv)
-    from shared.config import USER_ERRORS
 
-    try:
-        out = export_checkpoint(args.checkpoint, args.out)
-    except (*USER_ERRORS, ImportError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(f"exported to {out}")
-    return 0
+    # ImportError: transformers (the "hf" extra) is missing; the message says how to install it
+    return report_user_errors(
+        lambda: print(f"exported to {export_checkpoint(args.checkpoint, args.out)}"),
+        also=(ImportError,),
+    )
 
 
 if __name__ == "__main__":

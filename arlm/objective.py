@@ -6,16 +6,26 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shared.objective import LossOutput, loss_positions, sum_per_row
+from shared.objective import LossOutput, loss_positions, register_objective, sum_per_row
 
 
+@register_objective
 class AutoregressiveObjective:
     name = "ar"
     attention = "causal"
     metric = "nll"
+    streams = 1  # rows through the network per data row (FLOP budgets count each)
 
     def __init__(self, *, pad_id: int):
         self.pad_id = pad_id
+
+    @classmethod
+    def options_from_config(cls, train_config: dict, *, full_noise_range: bool) -> dict:
+        return {}  # nothing beyond the padding id
+
+    @classmethod
+    def check_config(cls, train_config) -> None:
+        pass  # any row layout works
 
     def model_vocab_size(self, tokenizer_vocab_size: int) -> int:
         return tokenizer_vocab_size

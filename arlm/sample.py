@@ -14,13 +14,13 @@ seeded sample can differ from the batched run's). User errors exit with status 2
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import torch
 
 from arlm.generate import ARGenerator, GenerationConfig, GenerationResult
+from shared.errors import report_user_errors
 from shared.sampling import SamplingConfig
 
 
@@ -127,18 +127,8 @@ def run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from shared.config import USER_ERRORS
-
     args = build_parser().parse_args(argv)
-    try:
-        run(args)
-    except USER_ERRORS as error:
-        # User errors get one clear line; DUOLM_DEBUG=1 shows the traceback instead.
-        if os.environ.get("DUOLM_DEBUG"):
-            raise
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    return report_user_errors(lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -33,12 +33,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from arlm.generate import ARGenerator, GenerationConfig  # noqa: E402
-from eval.report import cpu_name  # noqa: E402
-from shared.config import ModelConfig, get_preset  # noqa: E402
-from shared.model import Transformer  # noqa: E402
-from shared.sampling import SamplingConfig  # noqa: E402
-from shared.tokenizer import Tokenizer  # noqa: E402
+from arlm.export import export_model
+from arlm.generate import ARGenerator, GenerationConfig
+from shared.config import ModelConfig
+from shared.hardware import cpu_name
+from shared.model import Transformer
+from shared.sampling import SamplingConfig
+from shared.tokenizer import Tokenizer
+from shared.training.presets import get_preset
 
 VOCAB = 2050  # the demo preset's BPE: 2048 + <|endoftext|> + <|pad|>
 
@@ -127,8 +129,6 @@ def main() -> int:
     if not args.no_transformers:
         try:
             import transformers
-
-            from arlm.export import export_model
 
             folder = Path(tempfile.mkdtemp(prefix="ar-bench-"))
             export_model(model, tokenizer_with_vocab(VOCAB), folder)

@@ -39,11 +39,15 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from arlm.generate import ARGenerator, GenerationConfig  # noqa: E402
-from eval.report import cpu_name  # noqa: E402
-from shared.config import ModelConfig, get_preset  # noqa: E402
-from shared.model import Transformer  # noqa: E402
-from shared.sampling import SamplingConfig  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from arlm.generate import ARGenerator, GenerationConfig
+from shared.checkpoint import load_model_from_checkpoint
+from shared.config import ModelConfig
+from shared.hardware import cpu_name
+from shared.model import Transformer
+from shared.sampling import SamplingConfig
+from shared.training.presets import get_preset
 
 
 class Skip(Exception):
@@ -87,7 +91,6 @@ def check_bf16(device: str, quick: bool, out: Path) -> dict:
 def check_flash(device: str, quick: bool, out: Path) -> dict:
     if device != "cuda":
         raise Skip("the flash SDPA kernel exists only on CUDA")
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     model = demo_model(device, quick).to(torch.bfloat16)
     tokens = torch.randint(0, 512, (2, model.config.max_seq_len), device=device)
@@ -157,7 +160,6 @@ def check_fsdp(device: str, quick: bool, out: Path) -> dict:
             "accelerate enables FSDP on accelerator devices only (tests/test_fsdp.py "
             "covers FSDP2 on CPU processes)"
         )
-    from shared.checkpoint import load_model_from_checkpoint
 
     run = out / "fsdp"
     config = ROOT / "configs" / "accelerate" / "fsdp_1node.yaml"

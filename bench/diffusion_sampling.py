@@ -36,14 +36,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dllm.canvas import prompt_canvas  # noqa: E402
-from dllm.generate import SamplerConfig, sample  # noqa: E402
-from dllm.strategies import Ancestral, FixedCount, Threshold  # noqa: E402
-from eval.report import cpu_name  # noqa: E402
-from shared.checkpoint import load_weights, read_state, resolve_checkpoint  # noqa: E402
-from shared.config import ModelConfig, get_preset  # noqa: E402
-from shared.model import KVCache, Transformer  # noqa: E402
-from shared.sampling import SamplingConfig  # noqa: E402
+from dllm.canvas import prompt_canvas
+from dllm.generate import SamplerConfig, sample
+from dllm.strategies import Ancestral, FixedCount, Threshold
+from shared.checkpoint import load_weights, read_state, resolve_checkpoint
+from shared.config import ModelConfig
+from shared.hardware import cpu_name
+from shared.model import KVCache, Transformer
+from shared.sampling import SamplingConfig
+from shared.training.presets import get_preset
 
 TOKENIZER_VOCAB = 2048  # the demo preset's BPE, specials included
 PROMPT_LENGTH = 16

@@ -21,13 +21,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from eval.report import cpu_name  # noqa: E402
-from shared.config import ModelConfig, get_preset  # noqa: E402
-from shared.data import load_corpus, tokenize_corpus  # noqa: E402
-from shared.model import Transformer, flops_per_token  # noqa: E402
-from shared.objective import build_objective  # noqa: E402
-from shared.tokenizer import build_tokenizer  # noqa: E402
-from train import DEFAULT_CACHE, batch_generator, bf16_is_fast  # noqa: E402
+from shared.config import ModelConfig
+from shared.data.corpus import load_corpus
+from shared.data.rows import tokenize_corpus
+from shared.hardware import bf16_is_fast, cpu_name
+from shared.model import Transformer, flops_per_token
+from shared.objective import build_objective
+from shared.tokenizer import build_tokenizer
+from shared.training.config import DEFAULT_CACHE
+from shared.training.presets import get_preset
+from shared.training.schedule import batch_generator
 
 
 def main() -> None:

@@ -32,8 +32,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dllm.objective import MaskRow, check_time_range, diffusion_options
 from dllm.schedules import get_schedule
-from shared.objective import LossOutput, loss_positions, noised_positions, sum_per_row
+from shared.errors import ConfigError
+from shared.objective import (
+    LossOutput,
+    loss_positions,
+    noised_positions,
+    register_objective,
+    sum_per_row,
+)
 
 # ---- the math, as small pure functions ---------------------------------------------------------
 
@@ -120,11 +128,13 @@ def check_block_size(block_size: int, seq_len: int | None = None) -> None:
 # ---- the objective -----------------------------------------------------------------------------
 
 
-class BlockDiffusionObjective:
+@register_objective
+class BlockDiffusionObjective(MaskRow):
     name = "bd"
     # Descriptive only: the loss builds its own boolean mask (``two_stream_mask``) per length.
     attention = "block_causal"
     metric = "nelbo"
+    streams = 2  # [noisy row, clean row] through the network per data row
     estimator = "time"  # Bernoulli masks at each block's t (read by eval.likelihood)
 
     def __init__(
@@ -139,10 +149,7 @@ class BlockDiffusionObjective:
         pad_is_data: bool = False,
     ):
         check_block_size(block_size)
-        if not 0.0 <= t_eps < 1.0:
-            raise ValueError(f"t_eps={t_eps!r} must be in [0, 1)")
-        if not t_eps < t_max <= 1.0:
-            raise ValueError(f"t_max={t_max!r} must be in (t_eps={t_eps}, 1]")
+        check_time_range(t_eps, t_max)
         self.pad_id = pad_id
         self.block_size = block_size
         self.mask_id = mask_id  # set by model_vocab_size when not given
@@ -153,10 +160,23 @@ class BlockDiffusionObjective:
         # block would see where its row ends and the NELBO would not bound -log p(x).
         self.pad_is_data = pad_is_data
 
-    def model_vocab_size(self, tokenizer_vocab_size: int) -> int:
-        # The same extra [MASK] row as the MDM, so the two have identical parameter counts.
-        self.mask_id = tokenizer_vocab_size
-        return tokenizer_vocab_size + 1
+    @classmethod
+    def options_from_config(cls, train_config: dict, *, full_noise_range: bool) -> dict:
+        t_max = 1.0 if full_noise_range else train_config.get("t_max", 1.0)
+        return diffusion_options(train_config) | {
+            "block_size": train_config["block_size"],
+            "t_max": t_max,
+        }
+
+    @classmethod
+    def check_config(cls, train_config) -> None:
+        block_size, seq_len = train_config.block_size, train_config.seq_len
+        if block_size < 1 or seq_len % block_size:
+            valid = [d for d in range(1, seq_len + 1) if seq_len % d == 0]
+            raise ConfigError(
+                f"block_size={block_size} must divide seq_len={seq_len} for "
+                f"objective='bd' (blocks tile the whole row, BOS included); valid: {valid}"
+            )
 
     def n_blocks(self, seq_len: int) -> int:
         check_block_size(self.block_size, seq_len)

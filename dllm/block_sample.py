@@ -32,7 +32,7 @@ from dllm.sample import (
     load_for_sampling,
     with_model_schedule,
 )
-from shared.config import USER_ERRORS
+from shared.errors import USER_ERRORS
 
 
 def load_and_sample_blocks(

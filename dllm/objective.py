@@ -18,7 +18,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from dllm.schedules import get_schedule
-from shared.objective import LossOutput, loss_positions, noised_positions, sum_per_row
+from shared.objective import (
+    LossOutput,
+    loss_positions,
+    noised_positions,
+    register_objective,
+    sum_per_row,
+)
 
 
 def stratified_times(n_rows: int, generator: torch.Generator, eps: float) -> torch.Tensor:
@@ -52,10 +58,42 @@ def mask_exact_count(
 ESTIMATORS = ("time", "count")
 
 
-class MaskedDiffusionObjective:
+def check_time_range(t_eps: float, t_max: float = 1.0) -> None:
+    """Diffusion times are drawn from [t_eps, t_max], a non-empty part of [0, 1]."""
+    if not 0.0 <= t_eps < 1.0:
+        raise ValueError(f"t_eps={t_eps!r} must be in [0, 1)")
+    if not t_eps < t_max <= 1.0:
+        raise ValueError(f"t_max={t_max!r} must be in (t_eps={t_eps}, 1]")
+
+
+def diffusion_options(train_config: dict) -> dict:
+    """The options every diffusion objective takes from a run's training config."""
+    return {
+        "schedule": train_config["schedule"],
+        "t_eps": train_config["t_eps"],
+        # padded protocol: padding is data the diffusion model must generate (see below)
+        "pad_is_data": train_config.get("protocol") == "padded",
+    }
+
+
+class MaskRow:
+    """The ``[MASK]`` id of the absorbing diffusion objectives: one extra vocabulary row, the
+    last id, so tokenizer ids are unchanged (and every diffusion objective has the same number
+    of parameters)."""
+
+    mask_id: int | None
+
+    def model_vocab_size(self, tokenizer_vocab_size: int) -> int:
+        self.mask_id = tokenizer_vocab_size
+        return tokenizer_vocab_size + 1
+
+
+@register_objective
+class MaskedDiffusionObjective(MaskRow):
     name = "mdm"
     attention = "bidirectional"
     metric = "nelbo"
+    streams = 1  # rows through the network per data row (FLOP budgets count each)
 
     def __init__(
         self,
@@ -67,8 +105,7 @@ class MaskedDiffusionObjective:
         estimator: str = "time",
         pad_is_data: bool = False,
     ):
-        if not 0.0 <= t_eps < 1.0:
-            raise ValueError(f"t_eps={t_eps!r} must be in [0, 1)")
+        check_time_range(t_eps)
         if estimator not in ESTIMATORS:
             raise ValueError(f"estimator={estimator!r} must be one of {ESTIMATORS}")
         if estimator == "count" and schedule != "linear":
@@ -85,10 +122,15 @@ class MaskedDiffusionObjective:
         # the NELBO bounds -log p(x | length) instead of -log p(x).
         self.pad_is_data = pad_is_data
 
-    def model_vocab_size(self, tokenizer_vocab_size: int) -> int:
-        # One extra row for [MASK]; it is the last id so tokenizer ids are unchanged.
-        self.mask_id = tokenizer_vocab_size
-        return tokenizer_vocab_size + 1
+    @classmethod
+    def options_from_config(cls, train_config: dict, *, full_noise_range: bool) -> dict:
+        return diffusion_options(train_config) | {
+            "estimator": train_config.get("estimator", "time")
+        }
+
+    @classmethod
+    def check_config(cls, train_config) -> None:
+        pass  # the estimator and schedule are checked when the objective is built
 
     def sample_noise(
         self, n_rows: int, seq_len: int, generator: torch.Generator

@@ -27,7 +27,7 @@ from dllm.canvas import EOS_POLICIES, Canvas, apply_eos_policy, infill_canvas, p
 from dllm.generate import CACHES, SamplerConfig, SampleResult, sample
 from dllm.strategies import REMASKING, Ancestral, FixedCount, Threshold
 from shared.checkpoint import load_model_from_checkpoint
-from shared.config import USER_ERRORS
+from shared.errors import USER_ERRORS
 from shared.model import Transformer
 from shared.sampling import SamplingConfig
 from shared.tokenizer import Tokenizer

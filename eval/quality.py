@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shared.config import ResourceUnavailableError
+from shared.errors import ResourceUnavailableError
 
 DEFAULT_JUDGE = "smollm2"
 _WORD = re.compile(r"\w+|[^\w\s]")

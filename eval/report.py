@@ -8,6 +8,7 @@ models do). Plots are PNG files next to the markdown, which embeds them by relat
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import os
@@ -18,6 +19,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import torch
+
+from shared.files import write_atomic
+from shared.hardware import cpu_name
 
 # Protocol fields that must agree before two likelihoods may share a table.
 PROTOCOL_KEYS = ("corpus_fingerprint", "protocol", "seq_len", "tokenizer")
@@ -52,23 +58,8 @@ def check_same_protocol(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return reference
 
 
-def cpu_name() -> str:
-    """The CPU model from /proc/cpuinfo where there is one (platform.processor() is often
-    empty on Linux)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
 def provenance(seeds: dict[str, int] | None = None) -> dict[str, Any]:
     """Where the numbers came from: code version, machine, library versions, seeds, time."""
-    import importlib.metadata
-
-    import torch
 
     def version(package: str) -> str | None:
         try:
@@ -253,8 +244,8 @@ class Report:
         self.out.mkdir(parents=True, exist_ok=True)
         data = self.to_json()
         paths = {"json": self.out / "report.json", "markdown": self.out / "report.md"}
-        _atomic_write(paths["json"], json.dumps(data, indent=2, default=_json_default))
-        _atomic_write(paths["markdown"], self.markdown(data))
+        write_atomic(paths["json"], json.dumps(data, indent=2, default=_json_default))
+        write_atomic(paths["markdown"], self.markdown(data))
         return paths
 
 
@@ -264,12 +255,6 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     raise TypeError(f"cannot put {type(value).__name__} in report.json")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def frontier_figure(

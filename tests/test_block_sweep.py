@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from eval import block_sweep
+from eval.experiments import block_sweep
 
 
 def installed(distribution: str) -> bool:

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from eval import compare
+from eval.experiments import compare, stages
 
 
 @pytest.fixture(scope="module")
@@ -98,10 +98,10 @@ def test_rerun_reuses_every_stage_and_force_redoes_them(smoke, capsys):
 
 def test_flops_budget_gives_the_mdm_the_ar_flops(tmp_path):
     out = tmp_path / "flops"
-    summaries = compare.train_both(
+    summaries = stages.train_both(
         "smoke",
         out,
-        ["--max-steps", "12", "--cache-dir", str(tmp_path / "cache")],
+        {"max_steps": 12, "cache_dir": str(tmp_path / "cache")},
         "flops",
         force=False,
     )

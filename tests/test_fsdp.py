@@ -17,8 +17,8 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-import train
 from shared.checkpoint import bare_name, full_model_state, list_checkpoints, tied_copies
+from shared.training import cli, loop, setup
 
 ROOT = Path(__file__).resolve().parent.parent
 FSDP_CONFIG = ROOT / "configs" / "accelerate" / "fsdp_1node.yaml"
@@ -106,7 +106,7 @@ def test_fsdp_matches_one_process_resumes_exactly_and_checkpoints_cross_layouts(
     tmp_path, cache_dir
 ):
     one = tmp_path / "one"
-    train.train([*COMMON, "--out", str(one), "--cache-dir", str(cache_dir)])
+    cli.train_from_argv([*COMMON, "--out", str(one), "--cache-dir", str(cache_dir)])
 
     sharded = tmp_path / "fsdp"
     output = launch_fsdp(sharded, cache_dir, *COMMON, port=29551)
@@ -132,7 +132,7 @@ def test_fsdp_matches_one_process_resumes_exactly_and_checkpoints_cross_layouts(
     # The FSDP checkpoint at step 4 continued in one process, and one process's step-4
     # checkpoint continued under FSDP: both finish where the other runs did.
     fsdp_then_one = tmp_path / "fsdp_then_one"
-    train.train(["--resume", str(halfway), "--out", str(fsdp_then_one), "--log-every", "1"])
+    cli.train_from_argv(["--resume", str(halfway), "--out", str(fsdp_then_one), "--log-every", "1"])
     one_then_fsdp = tmp_path / "one_then_fsdp"
     one_halfway = one / "checkpoints" / halfway.name
     output = launch_fsdp(
@@ -197,14 +197,14 @@ def fake_accelerator(distributed_type, fsdp_version=None):
 def test_layouts_are_named_and_fsdp1_is_refused_with_the_fix(tmp_path, monkeypatch, capsys):
     from accelerate.utils import DistributedType
 
-    assert train.parallel_layout(fake_accelerator(DistributedType.NO)) == "single process"
-    assert train.parallel_layout(fake_accelerator(DistributedType.MULTI_GPU)) == "DDP"
-    assert train.parallel_layout(fake_accelerator(DistributedType.FSDP, 2)) == "FSDP2"
+    assert setup.parallel_layout(fake_accelerator(DistributedType.NO)) == "single process"
+    assert setup.parallel_layout(fake_accelerator(DistributedType.MULTI_GPU)) == "DDP"
+    assert setup.parallel_layout(fake_accelerator(DistributedType.FSDP, 2)) == "FSDP2"
     # FSDP1's plugin needs an accelerator device to exist, so its refusal is checked here with a
     # stand-in for the accelerator rather than through the launcher.
     fsdp1 = fake_accelerator(DistributedType.FSDP, 1)
-    monkeypatch.setattr(train, "_make_accelerator", lambda cfg, out: fsdp1)
-    code = train.main(["--preset", "tiny", "--out", str(tmp_path)])
+    monkeypatch.setattr(loop, "make_accelerator", lambda cfg, out: fsdp1)
+    code = cli.main(["--preset", "tiny", "--out", str(tmp_path)])
     message = capsys.readouterr().err
     assert code == 2
     assert "FSDP version 1 is not supported" in message and "fsdp_version: 2" in message

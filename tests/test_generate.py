@@ -10,13 +10,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import train
 from arlm.generate import ARGenerator, GenerationConfig, check_prompts, left_pad
 from shared.checkpoint import full_model_state, save_checkpoint
 from shared.config import ModelConfig
 from shared.model import KVCache, Transformer, attention_mask
 from shared.sampling import SamplingConfig
 from shared.tokenizer import Tokenizer
+from shared.training import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ModelConfig(
@@ -437,7 +437,7 @@ def test_mdm_checkpoint_is_refused(tmp_path):
 def ar_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ar-run")
     cache = tmp_path_factory.mktemp("cache")
-    train.train(
+    cli.train_from_argv(
         [
             "--objective",
             "ar",

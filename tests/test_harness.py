@@ -7,7 +7,7 @@ import pytest
 
 lm_eval = pytest.importorskip("lm_eval", reason="lm-evaluation-harness is not installed")
 
-import train  # noqa: E402
+from shared.training import cli  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def checkpoints(tmp_path_factory):
         str(root / "cache"),
     ]
     for objective in ("ar", "mdm"):
-        train.train([*args, "--objective", objective, "--out", str(root / objective)])
+        cli.train_from_argv([*args, "--objective", objective, "--out", str(root / objective)])
     return root
 
 

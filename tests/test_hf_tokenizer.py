@@ -9,10 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import shared.data as data_mod
-from shared.config import PRESETS, TOKENIZER_CHOICES, ModelConfig, ResourceUnavailableError
-from shared.data import CorpusSplits, protocol_record, tokenize_corpus
+from shared.config import TOKENIZER_CHOICES, ModelConfig
+from shared.data import hub as hub_mod
+from shared.data.corpus import CorpusSplits
+from shared.data.rows import protocol_record, tokenize_corpus
+from shared.errors import ResourceUnavailableError
 from shared.tokenizer import Tokenizer, build_tokenizer
+from shared.training.presets import PRESETS
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -244,7 +247,7 @@ def test_unresolvable_hub_fails_fast(monkeypatch: pytest.MonkeyPatch) -> None:
     _refuse_hub(monkeypatch)
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(data_mod, "_hub_unreachable", lambda: True)
+    monkeypatch.setattr(hub_mod, "hub_unreachable", lambda: True)
     with pytest.raises(ResourceUnavailableError, match="does not resolve"):
         build_tokenizer("hf:no-such-user/no-such-tokenizer", cache_dir=Path("/nonexistent"))
 

@@ -9,12 +9,7 @@ import torch
 from exact_mdm import TableDenoiser, exact_nelbo, true_posterior_denoiser
 
 from dllm.objective import MaskedDiffusionObjective
-from eval.likelihood import (
-    ar_nll,
-    continuation_rows,
-    mdm_chain_rule_nll,
-    mdm_nelbo,
-)
+from eval.likelihood import ar_nll, continuation_rows, mdm_chain_rule_nll, mdm_nelbo
 from shared.config import ModelConfig
 from shared.model import Transformer
 from shared.objective import build_objective
@@ -221,8 +216,8 @@ def test_mdm_conditional_keeps_the_prompt_visible():
 
 
 def test_evaluate_checkpoint_records_protocol_and_interval(tmp_path):
-    import train
     from eval.likelihood import evaluate_checkpoint, main
+    from shared.training import cli
 
     cache = tmp_path / "cache"
     args = [
@@ -235,7 +230,7 @@ def test_evaluate_checkpoint_records_protocol_and_interval(tmp_path):
         "--cache-dir",
         str(cache),
     ]
-    train.train([*args, "--objective", "mdm", "--out", str(tmp_path / "mdm")])
+    cli.train_from_argv([*args, "--objective", "mdm", "--out", str(tmp_path / "mdm")])
     results = evaluate_checkpoint(
         str(tmp_path / "mdm"),
         samples=2,
@@ -262,7 +257,7 @@ def test_rank_shares_add_up_and_every_rank_runs_the_same_number_of_forwards(
 ):
     """Sharded (FSDP) models gather weights inside every forward, so a rank that ran fewer
     forwards than the others would hang them; the shares must still sum to one process."""
-    from eval.likelihood import evaluate_rows
+    from shared.validation import evaluate_rows
 
     torch.manual_seed(0)
     vocab = 11

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from shared.config import PRESETS, ConfigError, ModelConfig, get_preset
+from shared.config import ModelConfig
+from shared.errors import ConfigError
 from shared.model import (
     FeedForward,
     GroupedQueryAttention,
@@ -17,6 +18,7 @@ from shared.model import (
     flops_per_token,
     rope_cos_sin,
 )
+from shared.training.presets import PRESETS, get_preset
 
 TINY = ModelConfig(
     vocab_size=50, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=48, max_seq_len=16

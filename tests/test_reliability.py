@@ -18,10 +18,12 @@ from hypothesis import strategies as st
 from launch import two_cpu_processes
 from safetensors.torch import load_file
 
-import train
 from shared import checkpoint as ckpt
 from shared import faults
-from shared.config import ConfigError, ModelConfig
+from shared.config import ModelConfig
+from shared.errors import ConfigError
+from shared.training import cli, presets
+from shared.training.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,7 +69,7 @@ def newest_weights(out: Path) -> dict[str, torch.Tensor]:
 def test_kill_during_checkpoint_write_then_resume_matches_uninterrupted(tmp_path, cache_dir):
     common = ["--objective", "mdm", "--max-steps", "24", "--eval-every", "6"]
     straight = tmp_path / "straight"
-    train.train(tiny(straight, cache_dir, *common))
+    cli.train_from_argv(tiny(straight, cache_dir, *common))
 
     crashed = tmp_path / "crashed"
     proc = run_train(
@@ -79,7 +81,7 @@ def test_kill_during_checkpoint_write_then_resume_matches_uninterrupted(tmp_path
     assert [p.name for p in ckpt.list_checkpoints(crashed / "checkpoints")] == ["step_000006"]
     assert list((crashed / "checkpoints").glob(".step_000012.*")), "the staging dir is left over"
 
-    resumed = train.train(["--resume", str(crashed), "--cache-dir", str(cache_dir)])
+    resumed = cli.train_from_argv(["--resume", str(crashed), "--cache-dir", str(cache_dir)])
     assert resumed["finished"] and resumed["step"] == 24
     assert not list((crashed / "checkpoints").glob(".step_*")), "stale staging dirs are cleaned"
     a, b = newest_weights(straight), newest_weights(crashed)
@@ -127,7 +129,7 @@ def test_second_signal_exits_at_once(monkeypatch):
 
 @pytest.mark.parametrize("damage", ["truncate", "bitflip", "manifest"])
 def test_corrupted_checkpoint_is_detected_and_skipped(damage, tmp_path, cache_dir):
-    train.train(tiny(tmp_path, cache_dir, "--max-steps", "12", "--eval-every", "6"))
+    cli.train_from_argv(tiny(tmp_path, cache_dir, "--max-steps", "12", "--eval-every", "6"))
     newest = ckpt.list_checkpoints(tmp_path / "checkpoints")[-1]
     assert newest.name == "step_000012"
     if damage == "truncate":
@@ -145,13 +147,15 @@ def test_corrupted_checkpoint_is_detected_and_skipped(damage, tmp_path, cache_di
     assert len(messages) == 1 and "step_000012" in messages[0]
     with pytest.raises(ckpt.CheckpointError):
         ckpt.verify_checkpoint(newest)
-    resumed = train.train(["--resume", str(tmp_path), "--cache-dir", str(cache_dir)])
+    resumed = cli.train_from_argv(["--resume", str(tmp_path), "--cache-dir", str(cache_dir)])
     assert resumed["finished"] and resumed["step"] == 12
 
 
 def test_nan_steps_are_skipped_and_counted(tmp_path, cache_dir, inject):
     inject("nan_loss@3,4")
-    summary = train.train(tiny(tmp_path, cache_dir, "--max-steps", "8", "--eval-every", "100"))
+    summary = cli.train_from_argv(
+        tiny(tmp_path, cache_dir, "--max-steps", "8", "--eval-every", "100")
+    )
     assert summary["finished"] and summary["skipped_steps"] == 2
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r["kind"] == "skipped"] == [3, 4]
@@ -166,7 +170,7 @@ def test_consecutive_nan_steps_stop_the_run_with_a_clear_message(
     args = tiny(
         tmp_path, cache_dir, "--max-steps", "20", "--eval-every", "2", "--max-bad-steps", "3"
     )
-    assert train.main(args) == 3
+    assert cli.main(args) == 3
     message = capsys.readouterr().err
     assert "stopping at step 7" in message and "3 consecutive steps" in message
     assert "last loss nan" in message
@@ -174,7 +178,7 @@ def test_consecutive_nan_steps_stop_the_run_with_a_clear_message(
 
 
 def test_best_checkpoint_is_kept_beyond_keep_last(tmp_path, cache_dir):
-    summary = train.train(
+    summary = cli.train_from_argv(
         tiny(
             tmp_path,
             cache_dir,
@@ -199,7 +203,7 @@ def test_best_checkpoint_is_kept_beyond_keep_last(tmp_path, cache_dir):
 # ---------------------------------------------------------------- property-based input checks
 
 model_fields = [f.name for f in dataclasses.fields(ModelConfig) if f.name != "vocab_size"]
-train_fields = [f.name for f in dataclasses.fields(train.TrainConfig) if f.name != "cache_dir"]
+train_fields = [f.name for f in dataclasses.fields(TrainConfig) if f.name != "cache_dir"]
 junk = st.one_of(
     st.integers(min_value=-(10**6), max_value=10**6),
     st.floats(allow_nan=True, allow_infinity=True),
@@ -213,7 +217,7 @@ junk = st.one_of(
 @given(field=st.sampled_from(model_fields + train_fields), value=junk)
 def test_config_parser_gives_clear_errors_for_any_value(field, value):
     try:
-        train.resolve_config("tiny", {field: value})
+        presets.resolve_config("tiny", {field: value})
     except ConfigError as error:
         assert field in str(error) or "max_seq_len" in str(error) or "budget" in str(error)
 
@@ -228,8 +232,8 @@ def test_cli_parser_gives_clear_errors_for_any_text(field, text):
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
-            _, overrides = train.parse_args(["--preset", "tiny", flag, text])
-        train.resolve_config("tiny", overrides)
+            _, overrides = cli.parse_args(["--preset", "tiny", flag, text])
+        presets.resolve_config("tiny", overrides)
     except SystemExit as exit_:  # argparse: "argument --dim: invalid int value: 'x'"
         assert exit_.code == 2
         assert flag in stderr.getvalue()
@@ -279,7 +283,7 @@ def test_sigterm_to_the_accelerate_launcher_stops_every_process_at_one_step(tmp_
     newest = ckpt.list_checkpoints(out / "checkpoints")[-1]
     assert newest.name == ckpt.checkpoint_name(summary["step"])
     ckpt.verify_checkpoint(newest)
-    resumed = train.train(
+    resumed = cli.train_from_argv(
         [
             "--resume",
             str(out),

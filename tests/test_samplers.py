@@ -19,7 +19,6 @@ from scipy import stats
 from torch import nn
 
 import dllm.strategies
-import train
 from dllm.canvas import Canvas, apply_eos_policy, infill_canvas, prompt_canvas
 from dllm.generate import (
     SamplerConfig,
@@ -37,6 +36,7 @@ from shared.checkpoint import list_checkpoints, load_model_from_checkpoint
 from shared.config import ModelConfig
 from shared.model import Transformer
 from shared.sampling import SamplingConfig
+from shared.training import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -146,7 +146,7 @@ def test_one_step_ancestral_samples_the_product_of_first_predictions():
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("mdm")
-    train.train(
+    cli.train_from_argv(
         ["--objective", "mdm", "--preset", "tiny", "--out", str(out / "run"), "--cache-dir",
          str(out / "cache"), "--max-steps", "300", "--lr", "1e-2", "--eval-every", "300",
          "--log-every", "100"]
@@ -429,8 +429,11 @@ def test_approximate_cache_drift_is_measured_and_bounded(trained, cache):
         model, dataclasses.replace(config, sampling=SamplingConfig(temperature=0)), canvas
     )
     print(f"\n{cache}: sampled {sampled}\n{cache}: greedy {greedy}")
-    assert 1e-5 < sampled["mean_tv"] < 0.01
-    assert sampled["max_tv"] < 0.1
+    # The drift's size depends on the trained model, which differs across CPUs in its last bits
+    # (mean TV 0.0006 where this was written, 7e-6 on an Intel Xeon); without the cache in use
+    # it would be exactly 0, which is what the lower bound on the largest drift rules out.
+    assert 0 < sampled["mean_tv"] < 0.01
+    assert 1e-5 < sampled["max_tv"] < 0.1
     assert greedy["tokens_differing"] <= 0.05
     assert sampled["nfe_ratio"] == greedy["nfe_ratio"] == 1.0
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-import train
-from eval import side_by_side
+from eval.experiments import side_by_side
+from shared.training import cli
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def runs(tmp_path_factory):
         str(root / "cache"),
     ]
     for objective in ("ar", "mdm"):
-        train.train([*args, "--objective", objective, "--out", str(root / objective)])
+        cli.train_from_argv([*args, "--objective", objective, "--out", str(root / objective)])
     return root
 
 

@@ -4,7 +4,7 @@ import json
 import math
 import re
 
-from eval import compare
+from eval.experiments import compare
 
 
 def test_synthetic_smoke_report_has_exact_metrics_and_plots(tmp_path):

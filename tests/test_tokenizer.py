@@ -6,12 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shared.tokenizer import (
-    Tokenizer,
-    build_tokenizer,
-    bytes_to_unicode,
-    texts_fingerprint,
-)
+from shared.tokenizer import Tokenizer, build_tokenizer, texts_fingerprint
+from shared.tokenizer_backends import bytes_to_unicode
 
 REPO = Path(__file__).resolve().parents[1]
 

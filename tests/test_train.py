@@ -13,8 +13,9 @@ import torch
 from launch import two_cpu_processes
 from safetensors.torch import load_file
 
-import train
 from shared.checkpoint import list_checkpoints
+from shared.errors import ConfigError
+from shared.training import cli, presets, resume, schedule
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,7 +39,7 @@ def final_weights(out: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("objective", ["ar", "mdm"])
 def test_loss_falls_on_a_tiny_corpus(objective, tmp_path, cache_dir):
-    summary = train.train(
+    summary = cli.train_from_argv(
         tiny_args(
             tmp_path,
             cache_dir,
@@ -80,10 +81,10 @@ def test_resume_is_exact(objective, tmp_path, cache_dir):
         "4",
     ]
     straight, split = tmp_path / "straight", tmp_path / "split"
-    train.train(tiny_args(straight, cache_dir, *common))
-    first = train.train(tiny_args(split, cache_dir, *common, "--stop-after-steps", "12"))
+    cli.train_from_argv(tiny_args(straight, cache_dir, *common))
+    first = cli.train_from_argv(tiny_args(split, cache_dir, *common, "--stop-after-steps", "12"))
     assert not first["finished"] and first["step"] == 12
-    resumed = train.train(["--resume", str(split), "--cache-dir", str(cache_dir)])
+    resumed = cli.train_from_argv(["--resume", str(split), "--cache-dir", str(cache_dir)])
     assert resumed["finished"] and resumed["step"] == 24
     a, b = final_weights(straight), final_weights(split)
     assert a.keys() == b.keys()
@@ -97,11 +98,11 @@ def straight_val(out: Path) -> float:
 
 
 def test_budget_in_tokens_and_flops_sets_the_step_count(tmp_path, cache_dir):
-    tokens = train.train(
+    tokens = cli.train_from_argv(
         tiny_args(tmp_path / "t", cache_dir, "--max-tokens", "2560", "--eval-every", "100")
     )
     assert tokens["total_steps"] == 10  # 2560 tokens / (8 rows x 32 tokens)
-    flops = train.train(
+    flops = cli.train_from_argv(
         tiny_args(
             tmp_path / "f",
             cache_dir,
@@ -116,11 +117,11 @@ def test_budget_in_tokens_and_flops_sets_the_step_count(tmp_path, cache_dir):
 
 def test_lr_schedule_warmup_then_cosine():
     kwargs = dict(warmup_steps=10, total_steps=110, schedule="cosine", min_lr_ratio=0.1)
-    assert train.lr_multiplier(0, **kwargs) == pytest.approx(0.1)
-    assert train.lr_multiplier(9, **kwargs) == pytest.approx(1.0)
-    assert train.lr_multiplier(60, **kwargs) == pytest.approx(0.55)
-    assert train.lr_multiplier(110, **kwargs) == pytest.approx(0.1)
-    assert train.lr_multiplier(50, **{**kwargs, "schedule": "constant"}) == 1.0
+    assert schedule.lr_multiplier(0, **kwargs) == pytest.approx(0.1)
+    assert schedule.lr_multiplier(9, **kwargs) == pytest.approx(1.0)
+    assert schedule.lr_multiplier(60, **kwargs) == pytest.approx(0.55)
+    assert schedule.lr_multiplier(110, **kwargs) == pytest.approx(0.1)
+    assert schedule.lr_multiplier(50, **{**kwargs, "schedule": "constant"}) == 1.0
 
 
 def run_cli(*args: str, env_extra: dict | None = None, timeout: int = 300):
@@ -155,7 +156,7 @@ def test_two_processes_reproduce_one_process(tmp_path, cache_dir):
         "8",
     ]
     one = tmp_path / "one"
-    train.train(tiny_args(one, cache_dir, *common))
+    cli.train_from_argv(tiny_args(one, cache_dir, *common))
     two = tmp_path / "two"
     result = launch_two_processes(*tiny_args(two, cache_dir, *common))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -198,7 +199,7 @@ def test_two_processes_reproduce_one_process(tmp_path, cache_dir):
     ],
 )
 def test_bad_config_fails_fast_naming_the_field(args, words, tmp_path, cache_dir, capsys):
-    code = train.main(tiny_args(tmp_path, cache_dir, *args))
+    code = cli.main(tiny_args(tmp_path, cache_dir, *args))
     message = capsys.readouterr().err
     assert code == 2
     for word in words:
@@ -230,8 +231,8 @@ def test_cli_reports_errors_without_traceback_and_help_lists_defaults(tmp_path):
 
 
 def test_resume_refuses_a_different_experiment(tmp_path, cache_dir):
-    train.train(tiny_args(tmp_path, cache_dir, "--max-steps", "4", "--eval-every", "100"))
-    code = train.main(
+    cli.train_from_argv(tiny_args(tmp_path, cache_dir, "--max-steps", "4", "--eval-every", "100"))
+    code = cli.main(
         [
             "--resume",
             str(tmp_path),
@@ -244,8 +245,8 @@ def test_resume_refuses_a_different_experiment(tmp_path, cache_dir):
         ]
     )
     assert code == 2
-    with pytest.raises(train.ConfigError) as error:
-        train.train(
+    with pytest.raises(ConfigError) as error:
+        cli.train_from_argv(
             [
                 "--resume",
                 str(tmp_path),
@@ -262,19 +263,19 @@ def test_resume_refuses_a_different_experiment(tmp_path, cache_dir):
 
 
 def test_resume_refuses_another_block_size_but_accepts_checkpoints_that_predate_it():
-    model_cfg, train_cfg = train.resolve_config("tiny", {"objective": "bd", "block_size": 4})
+    model_cfg, train_cfg = presets.resolve_config("tiny", {"objective": "bd", "block_size": 4})
     saved = {"model_config": model_cfg.to_dict(), "train_config": dataclasses.asdict(train_cfg)}
-    with pytest.raises(train.ConfigError, match="block_size: checkpoint 4 vs now 8"):
-        train.resumed_config(saved, {"block_size": 8}, allow_change=False)
-    assert train.resumed_config(saved, {"block_size": 8}, allow_change=True)[1].block_size == 8
-    model_cfg, train_cfg = train.resolve_config("tiny", {"objective": "mdm"})
+    with pytest.raises(ConfigError, match="block_size: checkpoint 4 vs now 8"):
+        resume.resumed_config(saved, {"block_size": 8}, allow_change=False)
+    assert resume.resumed_config(saved, {"block_size": 8}, allow_change=True)[1].block_size == 8
+    model_cfg, train_cfg = presets.resolve_config("tiny", {"objective": "mdm"})
     older = {"model_config": model_cfg.to_dict(), "train_config": dataclasses.asdict(train_cfg)}
     del older["train_config"]["block_size"]  # an MDM run written before the field existed
-    assert train.resumed_config(older, {}, allow_change=False)[1].objective == "mdm"
+    assert resume.resumed_config(older, {}, allow_change=False)[1].objective == "mdm"
 
 
 def test_data_constrained_budget_repeats_a_fixed_set_of_rows(tmp_path, cache_dir):
-    summary = train.train(
+    summary = cli.train_from_argv(
         tiny_args(
             tmp_path,
             cache_dir,
@@ -289,5 +290,5 @@ def test_data_constrained_budget_repeats_a_fixed_set_of_rows(tmp_path, cache_dir
     assert summary["train_rows"] == 10 and summary["total_steps"] == 5  # ceil(4 x 10 / 8)
     assert summary["epochs_seen"] == pytest.approx(4.0)
     assert summary["peak_memory_bytes"] > 0 and summary["peak_memory_source"]
-    code = train.main(tiny_args(tmp_path / "x", cache_dir, "--epochs", "2", "--max-tokens", "99"))
+    code = cli.main(tiny_args(tmp_path / "x", cache_dir, "--epochs", "2", "--max-tokens", "99"))
     assert code == 2

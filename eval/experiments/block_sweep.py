@@ -1,7 +1,7 @@
 """Block-size sweep: AR, block diffusion at several block sizes, and MDM, from one preset.
 
-    python -m eval.block_sweep --preset smoke --out runs/sweep-smoke --block-sizes 4,16 \\
-                               [--force] [training overrides such as --max-steps 20 ...]
+    python -m eval.experiments.block_sweep --preset smoke --out runs/sweep-smoke \\
+        --block-sizes 4,16 [--force] [training overrides such as --max-steps 20 ...]
 
 Block diffusion interpolates between the two ends of the comparison: block size 1 is
 autoregressive decoding and one block the size of the row is masked diffusion. This job trains
@@ -32,7 +32,17 @@ from typing import Any
 
 import torch
 
-from eval.compare import Stages, load
+from eval.experiments.stages import (
+    Stages,
+    load,
+    reference_texts,
+    train_or_reuse,
+    training_overrides,
+)
+from eval.likelihood import evaluate_checkpoint
+from eval.quality import diversity_report, load_judge
+from eval.report import Report, Table, frontier_figure
+from shared.errors import report_user_errors
 
 
 @dataclass(frozen=True)
@@ -78,19 +88,21 @@ def parse_block_sizes(text: str) -> tuple[int, ...]:
 
 
 def train_all(
-    preset: str, out: Path, extra: list[str], block_sizes: tuple[int, ...], force: bool
+    preset: str,
+    out: Path,
+    overrides: dict[str, Any],
+    block_sizes: tuple[int, ...],
+    force: bool,
 ) -> dict[str, dict[str, Any]]:
     """Train every run of the sweep (same preset, overrides and so token budget), reusing finished
-    runs and resuming interrupted ones like ``eval.compare.train_both``."""
-    from eval.compare import train_or_reuse
-
+    runs and resuming interrupted ones like ``stages.train_both``."""
     summaries = {}
     for name in run_names(block_sizes):
-        run_dir = out / name
         objective = "bd" if name.startswith("bd-") else name
-        block = ["--block-size", name.removeprefix("bd-")] if objective == "bd" else []
-        start = ["--objective", objective, *block, "--preset", preset, "--out", str(run_dir)]
-        summaries[name] = train_or_reuse(name, run_dir, start, extra, force)
+        start: dict[str, Any] = {"objective": objective}
+        if objective == "bd":
+            start["block_size"] = int(name.removeprefix("bd-"))
+        summaries[name] = train_or_reuse(name, out / name, preset, start, overrides, force)
     return summaries
 
 
@@ -98,7 +110,6 @@ def train_all(
 
 
 def likelihood_stage(out: Path, names: list[str], settings: SweepSettings) -> dict[str, Any]:
-    from eval.likelihood import evaluate_checkpoint
 
     return {
         name: evaluate_checkpoint(
@@ -197,8 +208,6 @@ def generation_stage(out: Path, names: list[str], settings: SweepSettings) -> di
 
 
 def quality_stage(out: Path, sets: dict[str, Any], settings: SweepSettings) -> dict[str, Any]:
-    from eval.compare import reference_texts
-    from eval.quality import diversity_report, load_judge
 
     judge = load_judge(settings.judge)
     references = reference_texts(out, max(settings.samples, 2), settings.gen_length)
@@ -228,7 +237,6 @@ def label(name: str, seq_len: int) -> str:
 def sweep_figure(points: dict[str, tuple[float, float]], seq_len: int, ylabel: str, title: str):
     """Value against block size on a log2 axis: one line through AR, the bd runs and MDM, with
     the two ends marked and labelled."""
-    from eval.report import frontier_figure
 
     bd = [xy for name, xy in points.items() if name.startswith("bd-")]
     curves = {"block diffusion": bd} if bd else {}
@@ -258,7 +266,6 @@ def write_report(
     wall_seconds: float,
     reused: list[str],
 ) -> dict[str, Path]:
-    from eval.report import Report, Table
 
     names = list(sets)
     seq_len = int(likelihood["ar"]["protocol"]["seq_len"])
@@ -397,17 +404,18 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     out = Path(args.out or f"runs/sweep-{args.preset}")
     settings = sweep_settings_for(args.preset)
-    from shared.config import USER_ERRORS
-
     started = time.perf_counter()
-    try:
+
+    def job() -> None:
+        nonlocal settings
         if args.block_sizes:
             settings = dataclasses.replace(
                 settings, block_sizes=parse_block_sizes(args.block_sizes)
             )
         if args.judge:
             settings = dataclasses.replace(settings, judge=args.judge)
-        summaries = train_all(args.preset, out, extra, settings.block_sizes, args.force)
+        overrides = training_overrides(extra)
+        summaries = train_all(args.preset, out, overrides, settings.block_sizes, args.force)
         names = run_names(settings.block_sizes)
         stages = Stages(out, args.force)
         key = {
@@ -428,17 +436,15 @@ def main(argv: list[str] | None = None) -> int:
             time.perf_counter() - started,
             [f"train {k}" for k, v in summaries.items() if v.get("reused")] + stages.reused,
         )
-    except USER_ERRORS as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    for name in names:
-        estimate = main_estimate(likelihood[name])
-        print(
-            f"{name:>8}  {estimate['nats_per_token']:.4f} nats/token ({estimate['kind']}), "
-            f"judge ppl {quality['sets'][name]['judge_ppl']:.1f}"
-        )
-    print(f"report: {paths['markdown']} ({(time.perf_counter() - started) / 60:.1f} min)")
-    return 0
+        for name in names:
+            estimate = main_estimate(likelihood[name])
+            print(
+                f"{name:>8}  {estimate['nats_per_token']:.4f} nats/token ({estimate['kind']}), "
+                f"judge ppl {quality['sets'][name]['judge_ppl']:.1f}"
+            )
+        print(f"report: {paths['markdown']} ({(time.perf_counter() - started) / 60:.1f} min)")
+
+    return report_user_errors(job)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """The same prompts through an AR and an MDM checkpoint, printed in aligned columns.
 
-    python -m eval.side_by_side runs/demo/ar runs/demo/mdm --prompt "And God said" \\
+    python -m eval.experiments.side_by_side runs/demo/ar runs/demo/mdm --prompt "And God said" \\
         --prompt "In the beginning" --gen-length 48 --steps 48 --temperature 0.8
-    python -m eval.side_by_side runs/demo/ar runs/demo/mdm --infill "And God said" " and it was so."
+    python -m eval.experiments.side_by_side runs/demo/ar runs/demo/mdm \\
+        --infill "And God said" " and it was so."
 
 A prompt is continued by both models. An infilling request (prefix, suffix) shows what each can
 do: the MDM fills the middle seeing both sides; the AR model can only continue the prefix.
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.prompt and not args.infill:
         args.prompt = [""]
-    from shared.config import USER_ERRORS, CheckpointError
+    from shared.errors import USER_ERRORS, CheckpointError
 
     prompts = args.prompt + [prefix for prefix, _ in args.infill]
     suffixes = [None] * len(args.prompt) + [suffix for _, suffix in args.infill]

@@ -1,7 +1,7 @@
 """The comparison on synthetic languages, where likelihood and sample quality are exact.
 
-    python -m eval.compare --preset synthetic-smoke --out runs/synthetic-smoke   # CI, ~1-2 min
-    python -m eval.compare --preset synthetic --out runs/synthetic
+    python -m eval.experiments.compare --preset synthetic-smoke --out runs/synthetic-smoke  # CI
+    python -m eval.experiments.compare --preset synthetic --out runs/synthetic
 
 For every language of the preset (a hidden Markov model, a bracket grammar, a teacher
 transformer, a table of facts; see ``shared/synthetic.py``) an AR and an MDM model are trained
@@ -20,6 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eval.experiments.stages import Stages, train_both
+from eval.report import Report, Table
+from eval.synthetic import synthetic_report
+from shared.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class Language:
@@ -30,7 +35,8 @@ class Language:
 @dataclass(frozen=True)
 class SyntheticSettings:
     languages: tuple[Language, ...]
-    model: tuple[str, ...]  # training flags shared by every run
+    preset: str  # the training preset every run starts from
+    overrides: dict  # training settings shared by every run
     samples: int
     heldout: int
     nelbo_samples: int
@@ -43,18 +49,8 @@ SYNTHETIC_PRESETS = {
             Language("synthetic:pcfg?n=4000&n_val=200", 64),
             Language("synthetic:facts?pairs=16&n=4000&n_val=200", 4),
         ),
-        model=(
-            "--preset",
-            "tiny",
-            "--max-steps",
-            "200",
-            "--batch-size",
-            "32",
-            "--eval-every",
-            "100",
-            "--lr",
-            "5e-3",
-        ),
+        preset="tiny",
+        overrides=dict(max_steps=200, batch_size=32, eval_every=100, lr=5e-3),
         samples=64,
         heldout=200,
         nelbo_samples=4,
@@ -66,27 +62,17 @@ SYNTHETIC_PRESETS = {
             Language("synthetic:teacher", 32),
             Language("synthetic:facts?pairs=16", 4),
         ),
-        model=(
-            "--preset",
-            "tiny",
-            "--dim",
-            "128",
-            "--n-layers",
-            "4",
-            "--n-heads",
-            "4",
-            "--n-kv-heads",
-            "4",
-            "--hidden-dim",
-            "352",
-            "--max-steps",
-            "3000",
-            "--batch-size",
-            "64",
-            "--eval-every",
-            "500",
-            "--lr",
-            "2e-3",
+        preset="tiny",
+        overrides=dict(
+            dim=128,
+            n_layers=4,
+            n_heads=4,
+            n_kv_heads=4,
+            hidden_dim=352,
+            max_steps=3000,
+            batch_size=64,
+            eval_every=500,
+            lr=2e-3,
         ),
         samples=512,
         heldout=1000,
@@ -99,32 +85,26 @@ def language_label(spec: str) -> str:
     return spec.split(":", 1)[1].split("?", 1)[0]
 
 
-def run(preset: str, out: Path, extra: list[str], force: bool) -> dict[str, Path]:
-    from eval.compare import Stages, train_both
-    from eval.report import Report, Table
-    from eval.synthetic import synthetic_report
+def run_synthetic(preset: str, out: Path, extra: dict[str, Any], force: bool) -> dict[str, Path]:
 
+    if preset not in SYNTHETIC_PRESETS:
+        raise ConfigError(
+            f"preset={preset!r} is unknown; synthetic presets: {sorted(SYNTHETIC_PRESETS)}"
+        )
     settings = SYNTHETIC_PRESETS[preset]
     started = time.perf_counter()
     stages = Stages(out, force)
     results: dict[str, Any] = {}
     for language in settings.languages:
         label = language_label(language.spec)
-        flags = [
-            *settings.model[2:],
-            "--dataset",
-            language.spec,
-            "--tokenizer",
-            "byte",
-            "--protocol",
-            "padded",
-            "--seq-len",
-            str(language.seq_len),
-            "--max-seq-len",
-            str(max(64, language.seq_len)),
-            *extra,
-        ]
-        summaries = train_both(settings.model[1], out / label, flags, "tokens", force)
+        overrides = settings.overrides | {
+            "dataset": language.spec,
+            "tokenizer": "byte",
+            "protocol": "padded",
+            "seq_len": language.seq_len,
+            "max_seq_len": max(64, language.seq_len),
+        }
+        summaries = train_both(settings.preset, out / label, overrides | extra, "tokens", force)
         key = {
             "train": {k: v["step"] for k, v in summaries.items()},
             "settings": dataclasses.asdict(settings),

@@ -1,0 +1,82 @@
+"""``duolm``: one console command for everything the project runs.
+
+    duolm train --objective mdm --preset demo --out runs/demo-mdm    # python train.py
+    duolm compare --preset demo --out runs/demo                      # eval.experiments.compare
+    duolm sample runs/demo/mdm --prompt "And God said"               # arlm or dllm .sample
+    duolm likelihood runs/demo/mdm                                   # eval.likelihood
+    duolm export runs/demo/ar --out exported/                        # arlm.export
+    duolm sweep --preset smoke --out runs/sweep                      # eval.experiments.block_sweep
+    duolm side-by-side runs/demo/ar runs/demo/mdm                    # eval.experiments.side_by_side
+
+Each subcommand takes exactly the flags of the module it stands for (``duolm train --help``);
+``python -m <module>`` and ``accelerate launch train.py`` keep working.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from arlm import export as ar_export
+from arlm import sample as ar_sample
+from dllm import sample as diffusion_sample
+from eval import likelihood
+from eval.experiments import block_sweep, compare, side_by_side
+from shared.checkpoint import read_state, resolve_checkpoint
+from shared.errors import report_user_errors
+from shared.training import cli as train_cli
+
+
+def sample(argv: list[str]) -> int:
+    """Sample from a checkpoint with the sampler of its objective (AR decoding, or the diffusion
+    samplers for MDM and block diffusion)."""
+    paths = [a for a in argv if not a.startswith("-")]
+    if not paths:
+        print(
+            "usage: duolm sample CHECKPOINT [flags]\n"
+            "  AR checkpoints take the flags of `python -m arlm.sample --help`; MDM and\n"
+            "  block-diffusion checkpoints those of `python -m dllm.sample --help`."
+        )
+        return 0 if {"-h", "--help"} & set(argv) else 2
+    objective: list[str] = []
+
+    def find() -> None:
+        objective.append(read_state(resolve_checkpoint(Path(paths[0])))["objective"])
+
+    status = report_user_errors(find)
+    if status:
+        return status
+    return (ar_sample.main if objective[0] == "ar" else diffusion_sample.main)(argv)
+
+
+COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
+    "train": (train_cli.main, "train a model under an objective (same flags as train.py)"),
+    "compare": (compare.main, "the main job: train AR and MDM, evaluate, write the report"),
+    "sample": (sample, "sample from any checkpoint (AR, MDM or block diffusion)"),
+    "likelihood": (likelihood.main, "validation likelihood of a checkpoint"),
+    "export": (ar_export.main, "export an AR checkpoint as a Hugging Face Llama folder"),
+    "sweep": (block_sweep.main, "block-size sweep: AR, block diffusion sizes, MDM"),
+    "side-by-side": (side_by_side.main, "the same prompts through an AR and an MDM checkpoint"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: duolm COMMAND [flags]   (duolm COMMAND --help for its flags)", ""]
+    lines += [f"  {name:<13} {help}" for name, (_, help) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if argv else 2
+    if argv[0] not in COMMANDS:
+        print(f"error: unknown command {argv[0]!r}\n{usage()}", file=sys.stderr)
+        return 2
+    return COMMANDS[argv[0]][0](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

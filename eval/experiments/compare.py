@@ -1,0 +1,364 @@
+"""The main job: train an AR and an MDM model from one preset and compare them side by side.
+
+    python -m eval.experiments.compare --preset demo --out runs/demo [--force]
+        [--budget tokens|flops] [training overrides such as --max-steps 800 ...]
+
+Stages, each resumable (its result is stored under ``<out>/stages/`` and reused by a rerun with
+the same settings; ``--force`` redoes everything):
+
+1. train   both objectives from the same preset, corpus, tokenizer, seed and budget;
+2. likelihood  AR exact NLL and MDM NELBO (with its interval) on the same validation rows, in
+               bits per byte; the MDM's exact left-to-right NLL on a few rows;
+3. generate    unconditional samples: KV-cached AR decoding and the diffusion samplers at
+               several step counts, plus a temperature sweep; NFE, wall time, FLOPs per token;
+4. quality     judge perplexity, unigram entropy, distinct-n, repetition, MAUVE vs held-out text;
+5. examples    the same prompts through both models, and an infilling example only the MDM can do;
+
+then ``<out>/report.md``, ``report.json`` and the plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from eval.experiments.compare_report import write_report
+from eval.experiments.compare_settings import CompareSettings, settings_for
+from eval.experiments.stages import (
+    Stages,
+    load,
+    reference_texts,
+    train_both,
+    training_overrides,
+    validation_rows,
+)
+from eval.experiments.synthetic_compare import run_synthetic
+from eval.likelihood import evaluate_checkpoint
+from eval.quality import diversity_report, load_judge, mauve_score
+from shared.config import ModelConfig
+from shared.errors import report_user_errors
+from shared.model import flops_per_token
+
+
+def likelihood_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
+    results = {}
+    for objective in ("ar", "mdm"):
+        results[objective] = evaluate_checkpoint(
+            str(out / objective),
+            samples=settings.nelbo_samples,
+            chain_rule_rows=settings.chain_rule_rows if objective == "mdm" else 0,
+            max_rows=settings.max_val_rows,
+            batch_size=32,
+        )
+    return results
+
+
+def forward_flops_per_token(config: dict[str, Any], context: int) -> float:
+    """Inference FLOPs per token position: a third of the training count (forward only)."""
+    return flops_per_token(ModelConfig.from_dict(config), context) / 3.0
+
+
+def generation_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
+    """Unconditional samples for every setting; texts, ids, NFE, time and FLOPs per token."""
+    from arlm.generate import ARGenerator, GenerationConfig
+    from dllm.canvas import apply_eos_policy, prompt_canvas
+    from dllm.generate import SamplerConfig, sample
+    from dllm.sample import with_model_schedule
+    from dllm.strategies import Ancestral, FixedCount, Threshold
+    from shared.sampling import SamplingConfig
+
+    sets: dict[str, dict[str, Any]] = {}
+    length = settings.gen_length
+
+    ar_model, tokenizer, ar_state = load(out, "ar")
+    engine = ARGenerator(ar_model, tokenizer)
+    ar_flops = forward_flops_per_token(ar_state["model_config"], 1 + length)
+    for temperature in tqdm(settings.temperatures, desc="AR decoding", leave=False):
+        config = GenerationConfig(
+            max_new_tokens=length,
+            stop_on_eos=False,
+            sampling=SamplingConfig(temperature=temperature),
+        )
+        start = time.perf_counter()
+        result = engine.generate([[tokenizer.eos_id]] * settings.samples, config, seed=0)
+        elapsed = time.perf_counter() - start
+        sets[f"ar T={temperature:g}"] = {
+            "objective": "ar",
+            "sampler": "kv-cached ancestral",
+            "temperature": temperature,
+            "steps": length,
+            "nfe": result.forward_passes,
+            "seconds": elapsed,
+            "texts": result.texts,
+            "ids": result.tokens,
+            "flops_per_token": ar_flops,
+            "approximate": False,
+        }
+
+    mdm_model, mdm_tokenizer, mdm_state = load(out, "mdm")
+    mask_id = mdm_model.config.vocab_size - 1
+    canvas = prompt_canvas(
+        [[]] * settings.samples,
+        length,
+        bos_id=mdm_tokenizer.eos_id,
+        mask_id=mask_id,
+        max_seq_len=mdm_model.config.max_seq_len,
+    )
+    mdm_flops = forward_flops_per_token(mdm_state["model_config"], 1 + length)
+    configs: list[tuple[str, SamplerConfig, float]] = []
+    for steps in settings.diffusion_steps:
+        configs.append((f"mdm ancestral {steps} steps", SamplerConfig(Ancestral(steps)), 1.0))
+        configs.append(
+            (
+                f"mdm fixed low-conf {steps} steps",
+                SamplerConfig(FixedCount(steps, "low_confidence")),
+                1.0,
+            )
+        )
+    configs.append(("mdm threshold 0.9", SamplerConfig(Threshold(0.9)), 1.0))
+    middle = settings.diffusion_steps[len(settings.diffusion_steps) // 2]
+    for temperature in settings.temperatures:
+        if temperature != 1.0:
+            configs.append(
+                (
+                    f"mdm ancestral {middle} steps T={temperature:g}",
+                    SamplerConfig(
+                        Ancestral(middle), sampling=SamplingConfig(temperature=temperature)
+                    ),
+                    temperature,
+                )
+            )
+    for name, config, temperature in tqdm(configs, desc="diffusion samplers", leave=False):
+        config = with_model_schedule(config, mdm_state)
+        start = time.perf_counter()
+        result = sample(mdm_model, config, canvas, torch.Generator().manual_seed(0))
+        elapsed = time.perf_counter() - start
+        tokens, lengths = apply_eos_policy(
+            result.tokens,
+            result.region,
+            "stop",
+            eos_id=mdm_tokenizer.eos_id,
+            pad_id=mdm_tokenizer.pad_id,
+        )
+        begin = result.region[0]
+        ids = [row[begin : begin + n].tolist() for row, n in zip(tokens, lengths.tolist())]
+        sets[name] = {
+            "objective": "mdm",
+            "sampler": config.strategy.name,
+            "temperature": temperature,
+            "steps": getattr(config.strategy, "steps", None),
+            "nfe": result.nfe,
+            "seconds": elapsed,
+            "texts": [mdm_tokenizer.decode(row) for row in ids],
+            "ids": ids,
+            # Every evaluation processes the whole canvas; spread over the generated tokens.
+            "flops_per_token": result.nfe * canvas.length * mdm_flops / length,
+            "approximate": result.approximate,
+        }
+    for entry in sets.values():
+        entry["tokens_per_s"] = settings.samples * length / entry["seconds"]
+        entry["nfe_per_token"] = entry["nfe"] / length
+    return sets
+
+
+def quality_stage(out: Path, sets: dict[str, Any], settings: CompareSettings) -> dict[str, Any]:
+    judge = load_judge(settings.judge)
+    references = reference_texts(out, max(settings.samples, 2), settings.gen_length)
+    scores: dict[str, Any] = {"judge": judge.identity, "sets": {}}
+    reference_score = judge.score(references)
+    scores["reference"] = {
+        "judge_ppl": reference_score.perplexity,
+        **diversity_report(references, [[0]] * len(references)),
+    }
+    for name, entry in tqdm(sets.items(), desc="judging samples", leave=False):
+        texts = [t if t.strip() else " " for t in entry["texts"]]
+        judged = judge.score(texts)
+        row = {"judge_ppl": judged.perplexity, **diversity_report(texts, entry["ids"])}
+        main_set = name in ("ar T=1", f"mdm ancestral {settings.diffusion_steps[-1]} steps")
+        if settings.mauve and main_set:
+            row["mauve"] = mauve_score(texts, references)
+        scores["sets"][name] = row
+    return scores
+
+
+def examples_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
+    """Side-by-side continuations of the same prompts, and one infilling example."""
+    from arlm.generate import ARGenerator, GenerationConfig
+    from dllm.canvas import apply_eos_policy, infill_canvas, prompt_canvas
+    from dllm.generate import SamplerConfig, sample
+    from dllm.sample import with_model_schedule
+    from dllm.strategies import Ancestral
+    from shared.sampling import SamplingConfig
+
+    ar_model, tokenizer, state = load(out, "ar")
+    mdm_model, _, mdm_state = load(out, "mdm")
+    rows = validation_rows(state, tokenizer)
+    k, length = settings.prompt_tokens, settings.gen_length
+    step = max(1, len(rows) // max(settings.prompts, 1))
+    prompts = [rows[i * step][1 : 1 + k].tolist() for i in range(settings.prompts)]
+    engine = ARGenerator(ar_model, tokenizer)
+    start = time.perf_counter()
+    ar = engine.generate(
+        [[tokenizer.eos_id, *p] for p in prompts],
+        GenerationConfig(
+            max_new_tokens=length, stop_on_eos=False, sampling=SamplingConfig(temperature=0.8)
+        ),
+        seed=0,
+    )
+    ar_seconds = time.perf_counter() - start
+    mask_id = mdm_model.config.vocab_size - 1
+    steps = settings.diffusion_steps[-1]
+    sampler = with_model_schedule(
+        SamplerConfig(Ancestral(steps), sampling=SamplingConfig(temperature=0.8)), mdm_state
+    )
+    canvas = prompt_canvas(
+        prompts,
+        length,
+        bos_id=tokenizer.eos_id,
+        mask_id=mask_id,
+        max_seq_len=mdm_model.config.max_seq_len,
+    )
+    start = time.perf_counter()
+    mdm = sample(mdm_model, sampler, canvas, torch.Generator().manual_seed(0))
+    mdm_seconds = time.perf_counter() - start
+    tokens, lengths = apply_eos_policy(
+        mdm.tokens, mdm.region, "stop", eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id
+    )
+    side_by_side = [
+        {
+            "prompt": tokenizer.decode(p),
+            "ar": ar.texts[i],
+            "mdm": tokenizer.decode(tokens[i, mdm.region[0] : mdm.region[0] + n].tolist()),
+        }
+        for i, (p, n) in enumerate(zip(prompts, lengths.tolist()))
+    ]
+    # Infilling: keep a prefix and a suffix of a held-out row, mask the middle.
+    row = rows[min(len(rows) - 1, step // 2)]
+    middle = min(length, max(4, (len(row) - 1) // 2))
+    prefix, suffix = row[1 : 1 + k].tolist(), row[1 + k + middle : 1 + 2 * k + middle].tolist()
+    fixed = {1 + i: t for i, t in enumerate(prefix)}
+    fixed |= {1 + k + middle + j: t for j, t in enumerate(suffix)}
+    infill = infill_canvas(
+        1 + 2 * k + middle if suffix else 1 + k + middle,
+        fixed,
+        bos_id=tokenizer.eos_id,
+        mask_id=mask_id,
+        max_seq_len=mdm_model.config.max_seq_len,
+    )
+    filled = sample(mdm_model, sampler, infill, torch.Generator().manual_seed(0))
+    ar_prefix_only = engine.generate(
+        [[tokenizer.eos_id, *prefix]],
+        GenerationConfig(
+            max_new_tokens=middle, stop_on_eos=False, sampling=SamplingConfig(temperature=0.8)
+        ),
+        seed=0,
+    )
+    return {
+        "side_by_side": side_by_side,
+        "ar_seconds_per_sample": ar_seconds / len(prompts),
+        "mdm_seconds_per_sample": mdm_seconds / len(prompts),
+        "ar_nfe": ar.forward_passes,
+        "mdm_nfe": mdm.nfe,
+        "mdm_steps": steps,
+        "infill": {
+            "prefix": tokenizer.decode(prefix),
+            "suffix": tokenizer.decode(suffix),
+            "original_middle": tokenizer.decode(row[1 + k : 1 + k + middle].tolist()),
+            "mdm_middle": tokenizer.decode(filled.tokens[0, 1 + k : 1 + k + middle].tolist()),
+            "ar_prefix_only": ar_prefix_only.texts[0],
+        },
+    }
+
+
+def run_comparison(
+    preset: str,
+    out: Path,
+    overrides: dict[str, Any],
+    settings: CompareSettings,
+    *,
+    budget: str = "tokens",
+    force: bool = False,
+) -> tuple[dict[str, Any], dict[str, Path]]:
+    """Train both models (or reuse them), run every stage and write the report; returns the
+    likelihood results and the report's paths."""
+    started = time.perf_counter()
+    summaries = train_both(preset, out, overrides, budget, force)
+    stages = Stages(out, force)
+    key = {
+        "train": {k: (v["step"], v.get("val_nats_per_token")) for k, v in summaries.items()},
+        "settings": dataclasses.asdict(settings),
+    }
+    likelihood = stages.run("likelihood", key, lambda: likelihood_stage(out, settings))
+    sets = stages.run("generate", key, lambda: generation_stage(out, settings))
+    quality = stages.run("quality", key, lambda: quality_stage(out, sets, settings))
+    examples = stages.run("examples", key, lambda: examples_stage(out, settings))
+    paths = write_report(
+        out,
+        preset,
+        summaries,
+        likelihood,
+        sets,
+        quality,
+        examples,
+        settings,
+        time.perf_counter() - started,
+        [f"train {k}" for k, v in summaries.items() if v.get("reused")] + stages.reused,
+    )
+    return likelihood, paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--preset", default="demo")
+    parser.add_argument("--out", default=None, help="output directory (default runs/<preset>)")
+    parser.add_argument("--force", action="store_true", help="redo every stage")
+    parser.add_argument(
+        "--budget",
+        choices=["tokens", "flops"],
+        default="tokens",
+        help="what the two models are matched on",
+    )
+    parser.add_argument("--no-mauve", action="store_true", help="skip MAUVE")
+    parser.add_argument("--judge", default=None, help="judge model (default: smollm2 wheel)")
+    args, extra = parser.parse_known_args(argv)
+    out = Path(args.out or f"runs/{args.preset}")
+    started = time.perf_counter()
+
+    def job() -> None:
+        overrides = training_overrides(extra)
+        if args.preset.startswith("synthetic"):
+            paths = run_synthetic(args.preset, out, overrides, args.force)
+            print(f"report: {paths['markdown']}")
+            return
+        settings = settings_for(args.preset)
+        if args.no_mauve or args.judge:
+            settings = dataclasses.replace(
+                settings,
+                mauve=settings.mauve and not args.no_mauve,
+                judge=args.judge or settings.judge,
+            )
+        likelihood, paths = run_comparison(
+            args.preset, out, overrides, settings, budget=args.budget, force=args.force
+        )
+        ar, mdm = likelihood["ar"]["estimates"]["nll"], likelihood["mdm"]["estimates"]["nelbo"]
+        print(f"AR  {ar['nats_per_token']:.4f} nats/token, {ar['bits_per_byte']:.4f} bits/byte")
+        print(
+            f"MDM {mdm['nats_per_token']:.4f} nats/token (NELBO), "
+            f"{mdm['bits_per_byte']:.4f} bits/byte"
+        )
+        print(f"report: {paths['markdown']} ({(time.perf_counter() - started) / 60:.1f} min)")
+
+    return report_user_errors(job)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""The main comparison's report: the likelihood table, training throughput, the generation and
+quality table, the frontier plots and the examples, as ``report.md``/``report.json``."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+from eval.experiments.compare_settings import CompareSettings
+from eval.report import Report, Table, frontier_figure
+
+
+def write_report(
+    out: Path,
+    preset: str,
+    summaries: dict[str, Any],
+    likelihood: dict[str, Any],
+    sets: dict[str, Any],
+    quality: dict[str, Any],
+    examples: dict[str, Any],
+    settings: CompareSettings,
+    wall_seconds: float,
+    reused: list[str],
+) -> dict[str, Path]:
+    report = Report(
+        f"AR vs masked diffusion: preset `{preset}`",
+        out,
+        config={
+            "preset": preset,
+            "settings": dataclasses.asdict(settings),
+            "training": {k: v["data"] | {"steps": v["step"]} for k, v in summaries.items()},
+        },
+        seeds={"train": summaries["ar"]["data"].get("seed", 0), "sampling": 0},
+    )
+    ar_l = likelihood["ar"]["estimates"]["nll"]
+    mdm_l = likelihood["mdm"]["estimates"]["nelbo"]
+    ratio = math.exp(mdm_l["nats_per_token"] - ar_l["nats_per_token"])
+    exact_bytes = likelihood["ar"]["protocol"]["tokenizer"].get("bytes_exact", True)
+    byte_note = "" if exact_bytes else " (approximate: the tokenizer normalizes text)"
+    ar_best = quality["sets"]["ar T=1"]["judge_ppl"]
+    report.text(
+        f"**Likelihood.** On the same {ar_l['tokens']:,} validation tokens the AR model scores "
+        f"{ar_l['bits_per_byte']:.4f} bits/byte{byte_note} (exact NLL) and the MDM at most "
+        f"{mdm_l['bits_per_byte']:.4f} (NELBO, 95% interval of the per-token value "
+        f"[{mdm_l['nats_per_token_ci95'][0]:.4f}, {mdm_l['nats_per_token_ci95'][1]:.4f}] nats): "
+        f"an MDM/AR perplexity ratio of at most **{ratio:.2f}** after "
+        f"{summaries['ar']['tokens_seen']:,} training tokens each (published: about 1.2-1.3 at "
+        "large compute, larger at small compute).\n\n"
+        f"**Samples.** The judge ({quality['judge']}) gives AR samples at temperature 1 a "
+        f"perplexity of {ar_best:.1f}; held-out text scores "
+        f"{quality['reference']['judge_ppl']:.1f}. The frontier below shows what each diffusion "
+        "sampler buys per network evaluation. Wall time of this invocation: "
+        f"{wall_seconds / 60:.1f} min"
+        + (
+            f" (reused from an earlier run: {', '.join(reused)})."
+            if reused
+            else ", every stage computed."
+        )
+    )
+    rows = {
+        "AR": ar_l | {"protocol": likelihood["ar"]["protocol"]},
+        "MDM": mdm_l | {"protocol": likelihood["mdm"]["protocol"]},
+    }
+    if "chain_rule_nll" in likelihood["mdm"]["estimates"]:
+        chain = likelihood["mdm"]["estimates"]["chain_rule_nll"]
+        rows[f"MDM left-to-right (first {settings.chain_rule_rows} rows)"] = chain | {
+            "protocol": likelihood["mdm"]["protocol"]
+        }
+        rows[f"MDM NELBO (same {settings.chain_rule_rows} rows)"] = likelihood["mdm"]["estimates"][
+            "nelbo_on_chain_rule_rows"
+        ] | {"protocol": likelihood["mdm"]["protocol"]}
+    report.likelihood_table("Validation likelihood (same rows, same protocol)", rows)
+    # One peak for both rows: the start-up matmul measurement is noisy on a shared machine.
+    peak = max(s["peak_flops"] for s in summaries.values())
+    report.table(
+        Table(
+            "Training",
+            ["model", "parameters", "tokens seen", "train tokens/s", "MFU", "precision"],
+            [
+                [
+                    k.upper(),
+                    s["parameters"],
+                    s["tokens_seen"],
+                    s["train_tokens_per_s"],
+                    (s["train_tokens_per_s"] or 0) * s["flops_per_token"] / peak,
+                    s["precision"],
+                ]
+                for k, s in summaries.items()
+            ],
+            note=f"MFU against one peak of {peak / 1e12:.3g} TFLOP/s for both rows "
+            f"({summaries['ar']['peak_flops_source']}); FLOPs by the config count "
+            "(6N + attention), the same formula for both objectives.",
+        )
+    )
+    quality_rows = []
+    for name, entry in sets.items():
+        q = quality["sets"][name]
+        quality_rows.append(
+            [
+                name,
+                entry["nfe"],
+                entry["nfe_per_token"],
+                entry["flops_per_token"],
+                entry["tokens_per_s"],
+                entry["seconds"] / settings.samples,
+                q["judge_ppl"],
+                q["unigram_entropy"],
+                q["distinct_2"],
+                q["repetition_rate_4gram"],
+                q.get("mauve", "-"),
+            ]
+        )
+    quality_rows.append(
+        [
+            "held-out text",
+            "-",
+            "-",
+            "-",
+            "-",
+            "-",
+            quality["reference"]["judge_ppl"],
+            "-",
+            quality["reference"]["distinct_2"],
+            quality["reference"]["repetition_rate_4gram"],
+            "-",
+        ]
+    )
+    report.table(
+        Table(
+            f"Generation: {settings.samples} unconditional samples x {settings.gen_length} tokens",
+            [
+                "setting",
+                "NFE",
+                "NFE/token",
+                "FLOPs/token",
+                "tokens/s",
+                "s/sample",
+                "judge ppl",
+                "unigram entropy",
+                "distinct-2",
+                "4-gram repetition",
+                "MAUVE",
+            ],
+            quality_rows,
+            note=f"Judge: {quality['judge']}. Entropy is per sample over model token ids; MAUVE "
+            "against held-out text of the same length (few samples: a noisy number).",
+        )
+    )
+    nfe_curves: dict[str, list[tuple[float, float]]] = {}
+    entropy_curves: dict[str, list[tuple[float, float]]] = {}
+    for name, entry in sets.items():
+        q = quality["sets"][name]
+        if entry["temperature"] == 1.0:
+            label = "AR (KV cache)" if entry["objective"] == "ar" else f"MDM {entry['sampler']}"
+            nfe_curves.setdefault(label, []).append((entry["nfe"], q["judge_ppl"]))
+        if (
+            entry["objective"] == "ar"
+            or entry["sampler"] == "ancestral"
+            and (entry["steps"] == settings.diffusion_steps[len(settings.diffusion_steps) // 2])
+        ):
+            label = "AR" if entry["objective"] == "ar" else "MDM ancestral"
+            entropy_curves.setdefault(label, []).append((q["unigram_entropy"], q["judge_ppl"]))
+    report.plot(
+        "frontier_nfe",
+        frontier_figure(
+            nfe_curves,
+            xlabel="network evaluations per batch (NFE)",
+            ylabel="judge perplexity",
+            title="Quality vs inference compute",
+            logx=True,
+        ),
+        "Judge perplexity vs NFE",
+    )
+    report.plot(
+        "frontier_entropy",
+        frontier_figure(
+            entropy_curves,
+            xlabel="unigram entropy (nats)",
+            ylabel="judge perplexity",
+            title="Quality vs diversity (temperature sweep)",
+        ),
+        "Judge perplexity vs entropy under a temperature sweep",
+    )
+    lines = ["### Same prompts, both models", ""]
+    for item in examples["side_by_side"]:
+        lines += [
+            f"- **prompt**: {item['prompt']!r}",
+            f"  - **AR**: {item['ar']!r}",
+            f"  - **MDM**: {item['mdm']!r}",
+        ]
+    infill = examples["infill"]
+    lines += [
+        "",
+        f"AR: {examples['ar_seconds_per_sample']:.2f} s/sample ({examples['ar_nfe']} forwards "
+        f"per batch); MDM ancestral {examples['mdm_steps']} steps: "
+        f"{examples['mdm_seconds_per_sample']:.2f} s/sample ({examples['mdm_nfe']} NFE).",
+        "",
+        "### Infilling (only the MDM can condition on a suffix)",
+        "",
+        f"- prefix: {infill['prefix']!r}",
+        f"- suffix: {infill['suffix']!r}",
+        f"- original middle: {infill['original_middle']!r}",
+        f"- **MDM middle** (sees prefix and suffix): {infill['mdm_middle']!r}",
+        f"- AR continuation (prefix only): {infill['ar_prefix_only']!r}",
+    ]
+    report.text("\n".join(lines))
+    report.results.update(
+        {
+            "likelihood_raw": likelihood,
+            "generation": {
+                k: {key: v for key, v in e.items() if key not in ("ids",)} for k, e in sets.items()
+            },
+            "quality": quality,
+            "examples": examples,
+            "training": summaries,
+            "mdm_ar_perplexity_ratio": ratio,
+            "wall_seconds": wall_seconds,
+        }
+    )
+    return report.write()

@@ -1,0 +1,67 @@
+"""What the comparison's evaluation stages do, per preset: sample counts and lengths, diffusion
+step counts, temperatures, Monte-Carlo draws, the judge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CompareSettings:
+    """What the evaluation stages do; presets pick values that fit their time budget."""
+
+    samples: int = 32  # unconditional samples per generation setting
+    gen_length: int = 64  # generated tokens per sample
+    diffusion_steps: tuple[int, ...] = (8, 16, 32, 64)
+    temperatures: tuple[float, ...] = (0.7, 0.85, 1.0)
+    nelbo_samples: int = 4  # MDM noise draws per validation row
+    max_val_rows: int = 0  # 0 = the whole validation split
+    chain_rule_rows: int = 4
+    prompts: int = 4  # side-by-side prompts
+    prompt_tokens: int = 16
+    judge: str = "smollm2"
+    mauve: bool = True
+
+
+COMPARE_PRESETS = {
+    "smoke": CompareSettings(
+        samples=8,
+        gen_length=24,
+        diffusion_steps=(4, 24),
+        temperatures=(0.8, 1.0),
+        nelbo_samples=2,
+        max_val_rows=64,
+        chain_rule_rows=2,
+        prompts=2,
+        prompt_tokens=8,
+    ),
+    "demo": CompareSettings(
+        samples=32,
+        gen_length=64,
+        diffusion_steps=(8, 16, 32, 64),
+        temperatures=(0.7, 0.85, 1.0),
+        nelbo_samples=4,
+        chain_rule_rows=4,
+        prompts=4,
+        prompt_tokens=16,
+    ),
+    "small": CompareSettings(
+        samples=256,
+        gen_length=512,
+        diffusion_steps=(64, 128, 256, 512),
+        nelbo_samples=8,
+        max_val_rows=2000,
+        chain_rule_rows=8,
+    ),
+}
+
+
+def settings_for(preset: str) -> CompareSettings:
+    """The evaluation settings of a training preset: its own, the GPU ones for the *-small
+    presets, and the demo's otherwise."""
+    if preset in COMPARE_PRESETS:
+        return COMPARE_PRESETS[preset]
+    return COMPARE_PRESETS["small" if preset.endswith("small") else "demo"]
+
+
+# ---------------------------------------------------------------- evaluation stages

@@ -1,0 +1,88 @@
+"""Facts about the machine a run uses: peak FLOP/s for MFU, whether bf16 is fast, peak memory,
+the CPU's name. Reports and benchmarks record them beside their numbers."""
+
+from __future__ import annotations
+
+import platform
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Dense bf16 peak of common accelerators (FLOP/s), for MFU.
+GPU_PEAK_BF16 = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "A10G": 125e12,
+    "L4": 121e12,
+    "4090": 165e12,
+    "3090": 71e12,
+    "V100": 125e12,
+    "T4": 65e12,
+}
+
+
+def peak_flops(
+    device: torch.device, dtype: torch.dtype, override_tflops: float
+) -> tuple[float, str]:
+    """Hardware peak FLOP/s and where the number came from."""
+    if override_tflops:
+        return override_tflops * 1e12, "--peak-tflops"
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, value in GPU_PEAK_BF16.items():
+            if key in name:
+                return (value if dtype == torch.bfloat16 else value / 4), f"table ({name})"
+    # Unknown hardware: measure a large matmul in the training dtype (an attainable peak).
+    size = 1024
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    a @ b
+    repeats, start = 0, time.perf_counter()
+    while time.perf_counter() - start < 0.3:
+        a @ b
+        repeats += 1
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return 2 * size**3 * repeats / (time.perf_counter() - start), "measured matmul"
+
+
+def bf16_is_fast() -> bool:
+    """bf16 autocast pays off on CUDA with bf16 support and on CPUs with bf16 instructions
+    (AVX512-BF16 / AMX); elsewhere it is emulated and slower than fp32."""
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    cpu = torch.cpu
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(cpu, name, lambda: False)() for name in checks)
+
+
+def peak_memory(device: torch.device) -> dict[str, Any]:
+    """Peak memory of this process: allocated by torch on a GPU, resident set size on a CPU."""
+    if device.type == "cuda":
+        return {
+            "peak_memory_bytes": torch.cuda.max_memory_allocated(device),
+            "peak_memory_source": "torch.cuda.max_memory_allocated",
+        }
+    # ru_maxrss is in kilobytes on Linux (bytes on macOS)
+    scale = 1 if sys.platform == "darwin" else 1024
+    return {
+        "peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale,
+        "peak_memory_source": "process max RSS",
+    }
+
+
+def cpu_name() -> str:
+    """The CPU model from /proc/cpuinfo where there is one (platform.processor() is often
+    empty on Linux)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"

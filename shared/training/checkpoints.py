@@ -1,0 +1,78 @@
+"""Checkpoint keeping during a run: which steps are saved, which one is the best so far, and which
+one is the last good one a failed run can point the user to."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+
+from shared import checkpoint as ckpt
+from shared.files import write_json_atomic
+from shared.tokenizer import Tokenizer
+
+
+class CheckpointKeeper:
+    """Saves a run's checkpoints under ``<out>/checkpoints``: the newest ``keep_last`` plus the
+    best by periodic validation loss (``best.json``)."""
+
+    def __init__(
+        self,
+        folder: Path,
+        accelerator: Accelerator,
+        *,
+        tokenizer: Tokenizer,
+        record: dict[str, Any],
+        keep_last: int,
+        resumed_from: Path | None,
+    ):
+        self.folder, self.accelerator = folder, accelerator
+        self.tokenizer, self.record, self.keep_last = tokenizer, record, keep_last
+        self.best = ckpt.read_best(folder)
+        # Weights saved in the middle of a streak of skipped steps are not "good".
+        self.last_good: Path | None = resumed_from
+
+    def save(
+        self,
+        step: int,
+        val: dict[str, float] | None,
+        model,
+        optimizer,
+        scheduler,
+        *,
+        healthy: bool,
+        announce,
+    ) -> None:
+        """Checkpoint ``step``; ``val`` is the evaluation of this step's weights, if any."""
+        accelerator = self.accelerator
+        accelerator.wait_for_everyone()
+        path = self.folder / ckpt.checkpoint_name(step)
+        is_best = val is not None and (
+            self.best is None or val["val_nats_per_token"] < self.best["val_nats_per_token"]
+        )
+        if is_best:
+            self.best = {"step": step, "val_nats_per_token": val["val_nats_per_token"]}
+        # Gathering whole weights and optimizer state is collective under FSDP: every rank
+        # takes part, rank 0 receives them and writes.
+        weights = ckpt.full_model_state(model)
+        optimizer_state = ckpt.full_optimizer_state(model, optimizer)
+        if accelerator.is_main_process:
+            protect = (self.folder / ckpt.checkpoint_name(self.best["step"]),) if self.best else ()
+            ckpt.save_checkpoint(
+                self.folder,
+                step,
+                weights=weights,
+                tokenizer=self.tokenizer,
+                state=self.record,
+                optimizer_state=optimizer_state,
+                scheduler_state=scheduler.state_dict(),
+                keep_last=self.keep_last,
+                protect=protect,
+            )
+            if is_best:
+                write_json_atomic(self.folder / ckpt.BEST_FILE, self.best)
+            announce(f"saved {path}" + (" (best so far)" if is_best else ""))
+        if healthy:
+            self.last_good = path
+        accelerator.wait_for_everyone()

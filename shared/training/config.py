@@ -1,0 +1,165 @@
+"""``TrainConfig``: every setting of a training run that is not the backbone's shape.
+
+Each field is also a ``train.py`` flag (``lr`` -> ``--lr``). A run's config is saved in every
+checkpoint; the fields in ``IDENTITY_FIELDS`` define the experiment, so resuming refuses to change
+them (see ``shared.training.resume``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared.config import TOKENIZER_CHOICES, check_field_types
+from shared.errors import ConfigError
+from shared.objective import objective_class, objective_names
+
+DEFAULT_CACHE = Path(os.environ.get("DUOLM_CACHE", Path.home() / ".cache" / "duolm"))
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    objective: str = "ar"
+    # data
+    dataset: str = "kjv"
+    val_dataset: str = ""  # empty: hold out part of `dataset`
+    text_field: str = "text"
+    tokenizer: str = "bpe"
+    tokenizer_vocab_size: int = 2048
+    protocol: str = "packed"
+    seq_len: int = 128
+    # optimisation
+    batch_size: int = 32  # global rows per optimizer step
+    grad_accum: int = 1
+    lr: float = 1e-3
+    lr_schedule: str = "cosine"
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    precision: str = "auto"  # auto: bf16 where the hardware runs it fast, else fp32
+    # budget: max_flops, else max_tokens, else max_steps decides the number of steps
+    max_steps: int = 1000
+    max_tokens: int = 0
+    max_flops: float = 0.0
+    # data-constrained training: keep only the first rows holding this many unique training
+    # tokens (0 = all), and/or train for this many passes over them (a budget, like max_tokens)
+    unique_tokens: int = 0
+    epochs: float = 0.0
+    stop_after_steps: int = 0  # end this invocation early (with a checkpoint); 0 = run to the end
+    # diffusion
+    schedule: str = "linear"
+    t_eps: float = 1e-3
+    estimator: str = (
+        "time"  # "time": Bernoulli masks at t, weight -alpha'/(1-alpha); "count": LLaDA
+    )
+    # block diffusion ("bd"): blocks of block_size positions tile the whole row (BOS included),
+    # so seq_len % block_size == 0; 0 = unset (only "bd" uses it). Per-block t is drawn from
+    # [t_eps, t_max]; t_max < 1 is BD3-LM's clipped schedule, a training-variance device that
+    # changes what the training loss estimates; validation always uses the full range [t_eps, 1].
+    block_size: int = 0
+    t_max: float = 1.0
+    # evaluation, logging, checkpoints
+    eval_every: int = 200
+    eval_batches: int = 8  # global batches per periodic evaluation; 0 = the whole split
+    eval_seed: int = 1234
+    log_every: int = 10
+    checkpoint_every: int = 0  # 0: at every evaluation and at the end
+    keep_checkpoints: int = 3  # newest kept, plus the best by periodic validation loss
+    max_bad_steps: int = 5  # consecutive steps with non-finite loss/gradients before stopping
+    seed: int = 0
+    num_threads: int = 0  # torch CPU threads; 0 leaves torch's default
+    peak_tflops: float = 0.0  # hardware peak for MFU; 0 = look up or measure
+    log_with: str = ""  # comma-separated accelerate trackers, e.g. "tensorboard" or "wandb"
+    cache_dir: str = str(DEFAULT_CACHE)
+
+    def validate(self) -> TrainConfig:
+        check_field_types(self)
+        choices = {
+            "objective": objective_names(),
+            "protocol": ["packed", "padded"],
+            "lr_schedule": ["cosine", "constant"],
+            "precision": ["auto", "fp32", "bf16"],
+            "schedule": ["linear", "cosine"],
+            "estimator": ["time", "count"],
+            "tokenizer": TOKENIZER_CHOICES,
+        }
+        for name, valid in choices.items():
+            if getattr(self, name) not in valid:
+                raise ConfigError(f"{name}={getattr(self, name)!r} is not one of {valid}")
+        positive = (
+            "seq_len",
+            "batch_size",
+            "grad_accum",
+            "eval_every",
+            "log_every",
+            "max_bad_steps",
+        )
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 1")
+        non_negative = (
+            "unique_tokens",
+            "epochs",
+            "warmup_steps",
+            "max_steps",
+            "max_tokens",
+            "max_flops",
+            "stop_after_steps",
+            "eval_batches",
+            "checkpoint_every",
+            "keep_checkpoints",
+            "block_size",
+            "num_threads",
+            "peak_tflops",
+            "weight_decay",
+            "grad_clip",
+        )
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
+        if self.seq_len < 4:
+            raise ConfigError(f"seq_len={self.seq_len} must be >= 4")
+        if not self.lr > 0:
+            raise ConfigError(f"lr={self.lr!r} must be > 0")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"min_lr_ratio={self.min_lr_ratio!r} must be in [0, 1]")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be in [0, 1)")
+        if not 0 <= self.t_eps < 1:
+            raise ConfigError(f"t_eps={self.t_eps!r} must be in [0, 1)")
+        if not self.t_eps < self.t_max <= 1:
+            raise ConfigError(f"t_max={self.t_max!r} must be in (t_eps={self.t_eps}, 1]")
+        objective_class(self.objective).check_config(self)
+        budgets = [name for name in ("max_tokens", "max_flops", "epochs") if getattr(self, name)]
+        if len(budgets) > 1:
+            raise ConfigError(f"set only one of {budgets} (each is a budget)")
+        if not (self.max_steps or budgets):
+            raise ConfigError(
+                "no budget: set max_steps, max_tokens, max_flops or epochs to a value > 0"
+            )
+        return self
+
+
+class TrainingDiverged(RuntimeError):
+    """Too many consecutive steps had a non-finite loss or gradient."""
+
+
+# Fields whose change makes a checkpoint a different experiment: resuming across them refuses.
+IDENTITY_FIELDS = (
+    "objective",
+    "dataset",
+    "val_dataset",
+    "text_field",
+    "tokenizer",
+    "tokenizer_vocab_size",
+    "protocol",
+    "seq_len",
+    "schedule",
+    "block_size",  # block diffusion: the block size is part of what the model learns
+    "seed",
+)

@@ -1,0 +1,348 @@
+"""The training run: ``train(spec) -> summary``, from setup through the step loop to the final
+validation. Plain or under ``accelerate launch`` (DDP, FSDP2), with the same result.
+
+``batch_size`` is the *global* number of rows per optimizer step, split over processes and
+gradient-accumulation micro-steps, so a run gives the same result on 1 or N processes. The rows
+of step s and the diffusion noise of step s are pure functions of (seed, s): resuming needs only
+the step number plus model/optimizer state, and continues bit-exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import json
+import math
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from accelerate.utils import set_seed
+from tqdm.auto import tqdm
+
+from shared import checkpoint as ckpt
+from shared.data.rows import EpochSampler
+from shared.faults import StopRequest, fault_active
+from shared.hardware import peak_flops, peak_memory
+from shared.model import Transformer
+from shared.objective import loss_positions, objective_for_run, slice_noise
+from shared.training.checkpoints import CheckpointKeeper
+from shared.training.config import TrainingDiverged
+from shared.training.metrics import Metrics
+from shared.training.run import RunSpec
+from shared.training.schedule import batch_generator, total_steps_for
+from shared.training.setup import (
+    build_optimizer,
+    build_scheduler,
+    load_data,
+    make_accelerator,
+    micro_batch_size,
+    parallel_layout,
+    training_flops_per_token,
+)
+from shared.validation import LossTotals, evaluate_rows
+
+
+def train(spec: RunSpec) -> dict[str, Any]:
+    """Run training; returns the final summary (also written to ``<out>/final.json``)."""
+    model_cfg, cfg, out = spec.model, spec.train, spec.out
+    saved = ckpt.read_state(spec.resume_from) if spec.resume_from is not None else None
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+
+    accelerator = make_accelerator(cfg, out)
+    rank, world = accelerator.process_index, accelerator.num_processes
+    log = accelerator.print
+    layout = parallel_layout(accelerator)
+    micro_batch = micro_batch_size(cfg, layout, world)
+    set_seed(cfg.seed)
+    data = load_data(cfg, accelerator, spec.resume_from, saved, spec.allow_config_change)
+    tokenizer, train_rows = data.tokenizer, data.train_rows
+
+    run_config = dataclasses.asdict(cfg)
+    objective = objective_for_run(cfg.objective, run_config, tokenizer, full_noise_range=False)
+    model_cfg = model_cfg.with_vocab(objective.model_vocab_size(tokenizer.vocab_size)).validate()
+    # Validation estimates the NELBO over the full noise range even when training clips it.
+    eval_objective = objective_for_run(cfg.objective, run_config, tokenizer)
+    torch.manual_seed(cfg.seed)
+    model = Transformer(model_cfg)
+    n_parameters = model.num_parameters()  # before FSDP, if used, shards the parameters
+    tokens_per_step = cfg.batch_size * cfg.seq_len
+    flops_token = training_flops_per_token(objective, model_cfg, cfg.seq_len)
+    total_steps = total_steps_for(cfg, flops_token * tokens_per_step, len(train_rows))
+    optimizer = build_optimizer(model, cfg)
+    scheduler = build_scheduler(optimizer, cfg, total_steps)
+
+    start_step = 0
+    if spec.resume_from is not None:
+        ckpt.load_weights(spec.resume_from, model)
+        start_step = saved["step"]
+    model, optimizer = accelerator.prepare(model, optimizer)
+    if spec.resume_from is not None:
+        ckpt.load_training_state(spec.resume_from, model, optimizer.optimizer, scheduler)
+        log(f"resumed from {spec.resume_from} at step {start_step}")
+
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(
+            json.dumps(
+                {
+                    "model_config": model_cfg.to_dict(),
+                    "train_config": run_config,
+                    "data": data.record,
+                    "preset": spec.preset,
+                },
+                indent=2,
+            )
+        )
+    accelerator.init_trackers("duolm", config={**run_config, **model_cfg.to_dict()})
+    metrics = Metrics(out / "metrics.jsonl", accelerator)
+    device = accelerator.device
+    dtype = torch.bfloat16 if accelerator.mixed_precision == "bf16" else torch.float32
+    peak, peak_source = peak_flops(device, dtype, cfg.peak_tflops)
+    log(
+        f"{objective.name}: {n_parameters / 1e6:.2f}M parameters, "
+        f"{len(train_rows)} train rows x {cfg.seq_len}, {total_steps} steps, "
+        f"{world} process(es) ({layout}), "
+        f"micro-batch {micro_batch} x {cfg.grad_accum} accumulation, "
+        f"precision {accelerator.mixed_precision}, peak {peak / 1e12:.3g} TFLOP/s ({peak_source})"
+    )
+
+    token_bytes = tokenizer.token_bytes()
+    sampler = EpochSampler(len(train_rows), cfg.seed)
+    keeper = CheckpointKeeper(
+        out / "checkpoints",
+        accelerator,
+        tokenizer=tokenizer,
+        record={
+            "model_config": model_cfg.to_dict(),
+            "train_config": run_config,
+            "objective": objective.name,
+            "data": data.record,
+            "total_steps": total_steps,
+        },
+        keep_last=cfg.keep_checkpoints,
+        resumed_from=spec.resume_from,
+    )
+
+    def validate(step: int, n_batches: int | None) -> dict[str, float]:
+        totals = evaluate_rows(
+            model,
+            eval_objective,
+            data.val_rows,
+            token_bytes,
+            batch_size=cfg.batch_size,
+            micro_batch=micro_batch,
+            seed=cfg.eval_seed,
+            device=device,
+            pad_id=tokenizer.pad_id,
+            n_batches=n_batches,
+            rank=rank,
+            world=world,
+        )
+        summed = accelerator.reduce(
+            torch.tensor(
+                [totals.nats, totals.tokens, totals.bytes], dtype=torch.float64, device=device
+            ),
+            "sum",
+        )
+        merged = LossTotals(float(summed[0]), int(summed[1]), int(summed[2]))
+        return {"step": step, "kind": "eval", "metric": objective.metric, **merged.as_dict("val")}
+
+    end_step = total_steps
+    if cfg.stop_after_steps:
+        end_step = min(total_steps, start_step + cfg.stop_after_steps)
+    checkpoint_every = cfg.checkpoint_every or cfg.eval_every
+    model.train()
+    progress = tqdm(
+        range(start_step, end_step),
+        initial=start_step,
+        total=total_steps,
+        disable=not accelerator.is_local_main_process,
+        desc=objective.name,
+        dynamic_ncols=True,
+    )
+
+    def say(message: str) -> None:  # above the progress bar, once per run rather than per rank
+        if accelerator.is_main_process:
+            progress.write(message)
+
+    window_tokens, window_start = 0, time.perf_counter()
+    throughput: list[float] = []
+    stop = StopRequest()
+    bad_streak, skipped_steps, stopped_by = 0, 0, None
+    for step in progress:
+        rows = torch.as_tensor(
+            train_rows[sampler.indices(step * cfg.batch_size, cfg.batch_size)], dtype=torch.long
+        )
+        noise = objective.sample_noise(len(rows), rows.shape[1], batch_generator(cfg.seed, step))
+        # Normalise by the global token count so the gradient is the same for any split of the
+        # batch over processes and micro-steps (DDP averages over processes, hence * world).
+        global_tokens = int(loss_positions(rows, tokenizer.pad_id).sum())
+        step_nats = torch.zeros((), dtype=torch.float64, device=device)
+        for micro in range(cfg.grad_accum):
+            start = (rank * cfg.grad_accum + micro) * micro_batch
+            batch = rows[start : start + micro_batch].to(device)
+            last_micro = micro == cfg.grad_accum - 1
+            context = accelerator.no_sync(model) if not last_micro else contextlib.nullcontext()
+            with context:
+                micro_noise = slice_noise(noise, start, start + micro_batch)
+                out_loss = objective.loss(model, batch, micro_noise)
+                if fault_active("nan_loss", step + 1):
+                    out_loss.nats = out_loss.nats * float("nan")
+                accelerator.backward(out_loss.nats * world / max(global_tokens, 1))
+            step_nats += out_loss.nats.detach().double()
+        # One reduction per step carries the loss and any stop request, so every process takes
+        # the same decision (skip, stop, save) at the same step.
+        shared_state = accelerator.reduce(
+            torch.stack([step_nats, torch.tensor(float(stop.requested), device=device).double()]),
+            "sum",
+        )
+        loss = float(shared_state[0]) / max(global_tokens, 1)
+        grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip or float("inf"))
+        done = step + 1
+        if math.isfinite(loss) and math.isfinite(float(grad_norm)):
+            optimizer.step()
+            bad_streak = 0
+        else:
+            # Skip the update but keep the schedule and data order moving, so a later resume
+            # still lines up step for step.
+            bad_streak += 1
+            skipped_steps += 1
+            metrics.log(
+                {
+                    "step": done,
+                    "kind": "skipped",
+                    "loss": loss,
+                    "grad_norm": float(grad_norm),
+                    "skipped_steps": skipped_steps,
+                }
+            )
+            say(
+                f"step {done}: non-finite loss {loss} or gradient norm "
+                f"{float(grad_norm)}; update skipped ({bad_streak} in a row)"
+            )
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if bad_streak >= cfg.max_bad_steps:
+            stop.close()
+            raise TrainingDiverged(
+                f"stopping at step {done}: {bad_streak} consecutive steps with a non-finite loss "
+                f"or gradient (last loss {loss}, gradient norm {float(grad_norm)}); the last good "
+                f"checkpoint is {keeper.last_good or 'none (no checkpoint was written yet)'}"
+            )
+
+        window_tokens += tokens_per_step
+        if done % cfg.log_every == 0 or done == end_step:
+            elapsed = time.perf_counter() - window_start
+            tokens_per_s = window_tokens / elapsed
+            throughput.append(tokens_per_s)
+            mfu = tokens_per_s * flops_token / peak
+            metrics.log(
+                {
+                    "step": done,
+                    "kind": "train",
+                    "loss": loss,
+                    "lr": scheduler.get_last_lr()[0],
+                    "tokens_per_s": tokens_per_s,
+                    "mfu": mfu,
+                    "tokens": done * tokens_per_step,
+                    "grad_norm": float(grad_norm),
+                    "skipped_steps": skipped_steps,
+                }
+            )
+            progress.set_postfix(
+                loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:,.0f}", mfu=f"{mfu:.1%}", refresh=False
+            )
+            window_tokens, window_start = 0, time.perf_counter()
+        evaluated = None
+        if done % cfg.eval_every == 0 and done != total_steps:
+            evaluated = validate(done, cfg.eval_batches or None)
+            metrics.log(evaluated)
+            say(
+                f"step {done}: val {objective.metric} "
+                f"{evaluated['val_nats_per_token']:.4f} "
+                f"nats/token, {evaluated['val_bpb']:.4f} bits/byte"
+            )
+            window_start = time.perf_counter()  # keep evaluation time out of tokens/s
+        if float(shared_state[1]) > 0:
+            stopped_by = stop.signal_name or "a signal to another process"
+            end_step = done
+        if done % checkpoint_every == 0 or done == end_step:
+            keeper.save(
+                done,
+                evaluated,
+                model,
+                optimizer.optimizer,
+                scheduler,
+                healthy=bad_streak == 0,
+                announce=log,
+            )
+            window_start = time.perf_counter()
+        if stopped_by:
+            say(f"stopped by {stopped_by} at step {done}; resume with --resume {out}")
+            break
+    progress.close()
+    stop.close()
+
+    finished = end_step == total_steps
+    summary: dict[str, Any] = {
+        "objective": objective.name,
+        "metric": objective.metric,
+        "step": end_step,
+        "total_steps": total_steps,
+        "finished": finished,
+        "stopped_by": stopped_by,
+        "skipped_steps": skipped_steps,
+        "best_checkpoint": keeper.best,
+        "parameters": n_parameters,
+        "tokens_seen": end_step * tokens_per_step,
+        "flops_per_token": flops_token,
+        # the first logging window includes start-up work; report the steady state after it
+        "train_tokens_per_s": (
+            float(np.median(throughput[1:] or throughput)) if throughput else None
+        ),
+        "peak_flops": peak,
+        "peak_flops_source": peak_source,
+        "processes": world,
+        "parallel_layout": layout,
+        "precision": accelerator.mixed_precision,
+        **peak_memory(device),
+        "train_rows": len(train_rows),
+        "epochs_seen": end_step * cfg.batch_size / len(train_rows),
+        "data": data.record,
+    }
+    if finished:
+        final = validate(end_step, None)  # the whole validation split
+        metrics.log(final)
+        summary.update(final)
+        log(
+            f"final: val {objective.metric} {final['val_nats_per_token']:.4f} nats/token "
+            f"(ppl {final['val_ppl']:.2f}), {final['val_bpb']:.4f} bits/byte over "
+            f"{final['val_tokens']} tokens"
+        )
+    if accelerator.is_main_process:
+        (out / "final.json").write_text(json.dumps(summary, indent=2))
+    # Free the DDP wrapper while the process group is still registered. Otherwise its gradient
+    # reducer holds the last reference to the group and destroys it at exit with the GIL held,
+    # which deadlocks when gloo's worker thread needs the GIL to free a finished collective's
+    # tensors (seen as a hang at exit, about one run in four). end_training then destroys the
+    # group through a binding that releases the GIL.
+    accelerator.wait_for_everyone()
+    model = optimizer = None
+    accelerator.free_memory()
+    accelerator.end_training()
+    return summary
+
+
+def release_process_group() -> None:
+    """Destroy the process group a run that stopped on an error left behind.
+
+    By now the failed run's frames (and its DDP wrapper) are gone, so the group is destroyed here
+    through a binding that releases the GIL, not at interpreter exit with the GIL held (which can
+    deadlock against gloo's worker thread; see the end of ``train``)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        gc.collect()
+        torch.distributed.destroy_process_group()

@@ -1,0 +1,46 @@
+"""Resume policy: a checkpoint's config with only the flags typed now applied on top, refusing
+changes to the fields that define the experiment."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from shared.config import ModelConfig
+from shared.errors import ConfigError
+from shared.training.config import IDENTITY_FIELDS, TrainConfig
+from shared.training.presets import split_overrides
+
+
+def config_differences(
+    saved: dict[str, Any], current: dict[str, Any], fields: tuple[str, ...]
+) -> list[str]:
+    """Lines naming each of ``fields`` that differs; a field the checkpoint predates (absent from
+    its config) is not compared."""
+    return [
+        f"{name}: checkpoint {saved[name]!r} vs now {current.get(name)!r}"
+        for name in fields
+        if name in saved and saved[name] != current.get(name)
+    ]
+
+
+def resumed_config(
+    saved: dict[str, Any], overrides: dict[str, Any], allow_change: bool
+) -> tuple[ModelConfig, TrainConfig]:
+    """The checkpoint's config with only the flags typed now applied on top. Changing a field that
+    defines the experiment (objective, data, tokenizer, model shape) refuses unless allowed."""
+    model_over, train_over = split_overrides(overrides)
+    model_cfg = ModelConfig(**{**saved["model_config"], **model_over}).validate()
+    train_cfg = TrainConfig(**{**saved["train_config"], **train_over}).validate()
+    shape_fields = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "vocab_size")
+    changed = config_differences(
+        {**saved["model_config"], **saved["train_config"]},
+        {**model_cfg.to_dict(), **dataclasses.asdict(train_cfg)},
+        IDENTITY_FIELDS + shape_fields,
+    )
+    if changed and not allow_change:
+        raise ConfigError(
+            "refusing to resume: these fields differ from the checkpoint's "
+            "(pass --allow-config-change to accept):\n  " + "\n  ".join(changed)
+        )
+    return model_cfg, train_cfg

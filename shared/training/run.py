@@ -1,0 +1,52 @@
+"""What a training run is, as a typed value: ``RunSpec``, and the two ways to make one (a new run
+from a preset, or the continuation of a checkpoint). ``shared.training.train(spec)`` runs it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shared.checkpoint import read_state, resolve_checkpoint
+from shared.config import ModelConfig
+from shared.training.config import TrainConfig
+from shared.training.presets import resolve_config
+from shared.training.resume import resumed_config
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything ``train`` needs: the backbone shape, the training settings, the run folder and,
+    when continuing, the checkpoint folder (``.../checkpoints/step_NNNNNN``) to continue from."""
+
+    model: ModelConfig
+    train: TrainConfig
+    out: Path
+    preset: str = ""
+    resume_from: Path | None = None
+    allow_config_change: bool = False  # resume even when the corpus changed
+
+
+def new_run(preset: str, out: str | Path | None = None, **overrides: Any) -> RunSpec:
+    """A run of ``preset`` with ``overrides`` (any ModelConfig or TrainConfig field) applied;
+    ``out`` defaults to ``runs/<preset>-<objective>``."""
+    model_cfg, train_cfg = resolve_config(preset, overrides)
+    folder = Path(out) if out else Path("runs") / f"{preset}-{train_cfg.objective}"
+    return RunSpec(model_cfg, train_cfg, folder, preset)
+
+
+def resume_run(
+    path: str | Path,
+    out: str | Path | None = None,
+    *,
+    preset: str = "",
+    allow_config_change: bool = False,
+    **overrides: Any,
+) -> RunSpec:
+    """The continuation of the newest valid checkpoint under ``path`` (a run or checkpoint
+    folder), with ``overrides`` applied to its saved config (see ``resumed_config``)."""
+    checkpoint = resolve_checkpoint(Path(path))
+    saved = read_state(checkpoint)
+    model_cfg, train_cfg = resumed_config(saved, overrides, allow_config_change)
+    folder = Path(out) if out else checkpoint.parent.parent
+    return RunSpec(model_cfg, train_cfg, folder, preset, checkpoint, allow_config_change)

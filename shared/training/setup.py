@@ -1,0 +1,168 @@
+"""Everything a run needs before its first step: the accelerator, the data, the budget, the
+optimizer and its schedule."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState
+from accelerate.utils import DistributedType
+
+from shared.config import ModelConfig
+from shared.data.corpus import load_corpus
+from shared.data.rows import protocol_record, tokenize_corpus
+from shared.errors import ConfigError
+from shared.hardware import bf16_is_fast
+from shared.model import flops_per_token
+from shared.tokenizer import Tokenizer, build_tokenizer
+from shared.training.config import TrainConfig
+from shared.training.schedule import lr_multiplier
+
+
+def make_accelerator(cfg: TrainConfig, out: Path) -> Accelerator:
+    # A fresh state each call, so train() can run more than once in one process (tests, sweeps).
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    cuda = torch.cuda.is_available()
+    mixed = "bf16" if cfg.precision == "bf16" else "no"
+    if cfg.precision == "auto":
+        mixed = "bf16" if bf16_is_fast() else "no"
+    trackers = [t for t in cfg.log_with.split(",") if t]
+    return Accelerator(
+        cpu=not cuda, mixed_precision=mixed, log_with=trackers or None, project_dir=str(out)
+    )
+
+
+def parallel_layout(accelerator: Accelerator) -> str:
+    """How training is spread over processes, for logs and run summaries: "single process",
+    "DDP" (replicated weights), "FSDP1" or "FSDP2" (sharded weights)."""
+    kind = accelerator.distributed_type
+    if kind == DistributedType.FSDP:
+        return f"FSDP{accelerator.state.fsdp_plugin.fsdp_version}"
+    if kind == DistributedType.NO:
+        return "single process"
+    return "DDP"
+
+
+def micro_batch_size(cfg: TrainConfig, layout: str, world: int) -> int:
+    """Rows per process per micro-step; refuses layouts the trainer cannot run."""
+    if layout == "FSDP1":
+        raise ConfigError(
+            "FSDP version 1 is not supported (its flat parameters do not fit this trainer's "
+            "optimizer groups); set fsdp_version: 2 in the accelerate config, as "
+            "configs/accelerate/fsdp_1node.yaml does"
+        )
+    if cfg.batch_size % (world * cfg.grad_accum):
+        raise ConfigError(
+            f"batch_size={cfg.batch_size} must be divisible by processes x "
+            f"grad_accum = {world} x {cfg.grad_accum}"
+        )
+    return cfg.batch_size // (world * cfg.grad_accum)
+
+
+@dataclass
+class RunData:
+    tokenizer: Tokenizer
+    train_rows: np.ndarray  # [N, seq_len], after --unique-tokens
+    val_rows: np.ndarray
+    record: dict[str, Any]  # the data protocol, saved with every checkpoint
+
+
+def load_data(
+    cfg: TrainConfig,
+    accelerator: Accelerator,
+    resume_from: Path | None,
+    saved: dict[str, Any] | None,
+    allow_config_change: bool,
+) -> RunData:
+    """Corpus, tokenizer (a resumed run's own) and tokenized rows. The main process tokenizes and
+    fills the cache; the others then read it."""
+    cache_dir = Path(cfg.cache_dir)
+    with accelerator.main_process_first():
+        if resume_from is not None:
+            tokenizer = Tokenizer.load(resume_from / "tokenizer")
+        corpus = load_corpus(
+            cfg.dataset, val_dataset=cfg.val_dataset or None, text_field=cfg.text_field
+        )
+        if resume_from is None:
+            tokenizer = build_tokenizer(
+                cfg.tokenizer,
+                vocab_size=cfg.tokenizer_vocab_size,
+                train_texts=corpus.train,
+                corpus_fingerprint=corpus.fingerprint,
+                cache_dir=cache_dir,
+            )
+        splits = tokenize_corpus(
+            corpus, tokenizer, protocol=cfg.protocol, seq_len=cfg.seq_len, cache_dir=cache_dir
+        )
+    record = protocol_record(corpus, tokenizer, splits, protocol=cfg.protocol, seq_len=cfg.seq_len)
+    if (
+        saved is not None
+        and saved["data"]["corpus_fingerprint"] != corpus.fingerprint
+        and not allow_config_change
+    ):
+        raise ConfigError(
+            "refusing to resume: the corpus differs from the checkpoint's "
+            f"(fingerprint {saved['data']['corpus_fingerprint']} vs "
+            f"{corpus.fingerprint})"
+        )
+    train_rows = unique_rows(splits["train"].tokens, cfg)
+    return RunData(tokenizer, train_rows, splits["validation"].tokens, record)
+
+
+def unique_rows(train_rows: np.ndarray, cfg: TrainConfig) -> np.ndarray:
+    """The first whole rows holding ``unique_tokens`` training tokens (all rows when 0)."""
+    if not cfg.unique_tokens:
+        return train_rows
+    # Loss tokens per row are seq_len - 1 (position 0 is BOS); keep whole rows, in order.
+    keep = math.ceil(cfg.unique_tokens / (cfg.seq_len - 1))
+    if keep > len(train_rows):
+        raise ConfigError(
+            f"unique_tokens={cfg.unique_tokens} exceeds the {len(train_rows)} rows "
+            f"x {cfg.seq_len - 1} tokens of the training split"
+        )
+    return train_rows[:keep]
+
+
+def training_flops_per_token(objective, model_cfg: ModelConfig, seq_len: int) -> float:
+    """FLOPs per data token of a training step. An objective that runs ``streams`` rows through
+    the network per data row (block diffusion: [noisy, clean]) pays for each, over a context of
+    ``streams * seq_len``, so a FLOP budget buys it proportionally fewer steps."""
+    streams = objective.streams
+    return streams * flops_per_token(model_cfg, streams * seq_len)
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on norms' gains)."""
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    return torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": cfg.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        fused=torch.cuda.is_available() or None,
+    )
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda s: lr_multiplier(
+            s,
+            warmup_steps=cfg.warmup_steps,
+            total_steps=total_steps,
+            schedule=cfg.lr_schedule,
+            min_lr_ratio=cfg.min_lr_ratio,
+        ),
+    )

@@ -1,0 +1,108 @@
+"""Validation loss in nats/token and bits per byte, the same way for every objective.
+
+Diffusion noise is drawn from a generator seeded by (seed, batch index), so successive
+evaluations during training see identical noise and their differences reflect the model only.
+Training validates with ``evaluate_rows``; ``eval.likelihood`` builds its estimates on the same
+pieces.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from shared.objective import Objective, loss_positions, slice_noise
+
+
+def noise_generator(seed: int, index: int) -> torch.Generator:
+    """A generator whose stream is a pure function of (seed, index)."""
+    mixed = np.random.SeedSequence([seed, index]).generate_state(2, dtype=np.uint32)
+    return torch.Generator().manual_seed(int(mixed[0]) << 32 | int(mixed[1]))
+
+
+@dataclass
+class LossTotals:
+    nats: float
+    tokens: int
+    bytes: int
+
+    @property
+    def nats_per_token(self) -> float:
+        return self.nats / max(self.tokens, 1)
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(min(self.nats_per_token, 700.0))
+
+    @property
+    def bits_per_byte(self) -> float:
+        return self.nats / math.log(2) / max(self.bytes, 1)
+
+    def as_dict(self, prefix: str) -> dict[str, float]:
+        return {
+            f"{prefix}_nats_per_token": self.nats_per_token,
+            f"{prefix}_ppl": self.perplexity,
+            f"{prefix}_bpb": self.bits_per_byte,
+            f"{prefix}_tokens": self.tokens,
+            f"{prefix}_bytes": self.bytes,
+        }
+
+
+@torch.no_grad()
+def evaluate_rows(
+    model: nn.Module,
+    objective: Objective,
+    rows: np.ndarray,
+    token_bytes: np.ndarray,
+    *,
+    batch_size: int,
+    seed: int,
+    device: torch.device,
+    pad_id: int,
+    n_batches: int | None = None,
+    micro_batch: int | None = None,
+    rank: int = 0,
+    world: int = 1,
+) -> LossTotals:
+    """Summed loss over ``rows`` [N, L], cut into batches of ``batch_size`` rows.
+
+    Batch ``i`` draws its noise from a generator seeded by (seed, i) for all of its rows, so the
+    result does not depend on how the work is split: ``rank``/``world`` evaluate a contiguous
+    share of every batch, ``micro_batch`` bounds how many rows go through the model at once,
+    and the totals of all ranks add up to the single-process totals.
+
+    Every rank runs the same number of forward passes (a rank whose share ran out repeats one
+    row and discards it): a sharded (FSDP) model gathers its weights collectively in each
+    forward, so ranks that ran different numbers of them would wait on each other forever.
+    """
+    was_training = model.training
+    model.eval()
+    totals = LossTotals(0.0, 0, 0)
+    byte_table = torch.as_tensor(token_bytes)
+    total_batches = math.ceil(len(rows) / batch_size)
+    n_batches = total_batches if n_batches is None else min(n_batches, total_batches)
+    for index in range(n_batches):
+        batch = torch.as_tensor(
+            rows[index * batch_size : (index + 1) * batch_size], dtype=torch.long
+        )
+        noise = objective.sample_noise(len(batch), batch.shape[1], noise_generator(seed, index))
+        bounds = np.linspace(0, len(batch), world + 1).round().astype(int)
+        share_start, share_stop = int(bounds[rank]), int(bounds[rank + 1])
+        largest_share = int(np.diff(bounds).max())
+        step = micro_batch or max(largest_share, 1)
+        for start in range(share_start, share_start + largest_share, step):
+            if start >= share_stop:  # this rank's share is done; keep in step with the others
+                objective.loss(model, batch[:1].to(device), slice_noise(noise, 0, 1))
+                continue
+            stop = min(start + step, share_stop)
+            tokens = batch[start:stop]
+            out = objective.loss(model, tokens.to(device), slice_noise(noise, start, stop))
+            totals.nats += float(out.nats)
+            totals.tokens += int(out.n_tokens)
+            totals.bytes += int(byte_table[tokens[loss_positions(tokens, pad_id)]].sum())
+    model.train(was_training)
+    return totals
