@@ -474,7 +474,7 @@ def train(argv: list[str] | None = None) -> dict[str, Any]:
 
     from eval.likelihood import evaluate_rows
     from shared import checkpoint as ckpt
-    from shared.data import EpochSampler, load_corpus, protocol_record, tokenize_corpus
+    from shared.data.corpus import EpochSampler, load_corpus, protocol_record, tokenize_corpus
     from shared.model import Transformer, flops_per_token
     from shared.tokenizer import Tokenizer, build_tokenizer
 

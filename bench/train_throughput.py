@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from eval.report import cpu_name  # noqa: E402
 from shared.config import ModelConfig, get_preset  # noqa: E402
-from shared.data import load_corpus, tokenize_corpus  # noqa: E402
+from shared.data.corpus import load_corpus, tokenize_corpus  # noqa: E402
 from shared.model import Transformer, flops_per_token  # noqa: E402
 from shared.objective import build_objective  # noqa: E402
 from shared.tokenizer import build_tokenizer  # noqa: E402

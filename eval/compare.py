@@ -303,7 +303,7 @@ def generation_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
 
 def validation_rows(state: dict[str, Any], tokenizer):
     """The validation rows of a run, under the run's own corpus, tokenizer and protocol."""
-    from shared.data import load_corpus, tokenize_corpus
+    from shared.data.corpus import load_corpus, tokenize_corpus
 
     config = state["train_config"]
     corpus = load_corpus(

@@ -325,7 +325,7 @@ def evaluate_checkpoint(
     from pathlib import Path
 
     from shared.checkpoint import load_model_from_checkpoint
-    from shared.data import load_corpus, protocol_record, tokenize_corpus
+    from shared.data.corpus import load_corpus, protocol_record, tokenize_corpus
     from shared.objective import objective_for_run
 
     model, tokenizer, state = load_model_from_checkpoint(Path(checkpoint))

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from eval.likelihood import Estimate, ar_nll, mdm_nelbo
-from shared.data import pad_rows
+from shared.data.corpus import pad_rows
 from shared.synthetic import (
     FactsLanguage,
     HMMLanguage,

@@ -536,8 +536,8 @@ def _hf_offline_error(spec: str, why: str) -> ResourceUnavailableError:
 def _load_hub_backend(spec: str, name: str) -> HFTokenizer:
     from tokenizers import Tokenizer as HFTokenizer
 
-    # shared.data imports this module, so its hub helpers are imported here, at call time
-    from shared.data import _hub_unreachable, _is_connection_error
+    # shared.data.corpus imports this module, so its hub helpers are imported here, at call time
+    from shared.data.corpus import _hub_unreachable, _is_connection_error
 
     offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE
     why = "HF_HUB_OFFLINE is set" if offline else None

@@ -5,8 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shared import data as data_mod
-from shared.data import (
+from shared.data import corpus as data_mod
+from shared.data.corpus import (
     CorpusSplits,
     EpochSampler,
     TokenizedSplit,

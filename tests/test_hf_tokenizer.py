@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import shared.data as data_mod
+import shared.data.corpus as data_mod
 from shared.config import PRESETS, TOKENIZER_CHOICES, ModelConfig, ResourceUnavailableError
-from shared.data import CorpusSplits, protocol_record, tokenize_corpus
+from shared.data.corpus import CorpusSplits, protocol_record, tokenize_corpus
 from shared.tokenizer import Tokenizer, build_tokenizer
 
 SENTENCES = [

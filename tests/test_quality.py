@@ -70,7 +70,7 @@ def test_judge_perplexity_is_stable_and_penalises_shuffled_words():
 @needs_mauve
 def test_mauve_is_one_for_the_same_set_and_low_for_unrelated_text():
     from eval.quality import mauve_score
-    from shared.data import load_corpus
+    from shared.data.corpus import load_corpus
 
     verses = [line for doc in load_corpus("kjv").train[:40] for line in doc.split("\n")][:120]
     rng = random.Random(1)

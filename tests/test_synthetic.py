@@ -29,7 +29,7 @@ from eval.synthetic import (
 )
 from shared.checkpoint import full_model_state, save_checkpoint
 from shared.config import ModelConfig
-from shared.data import load_corpus
+from shared.data.corpus import load_corpus
 from shared.model import Transformer
 from shared.synthetic import (
     HMMLanguage,
