@@ -1,4 +1,4 @@
-"""Exact metrics on synthetic languages (``shared.synthetic``), where the truth is known.
+"""Exact metrics on synthetic languages (``shared.data.synthetic``), where the truth is known.
 
 * Likelihood: the true entropy of the language and, for a model, the gap between its NLL (AR)
   or NELBO (MDM) and the truth on held-out strings, scored on rows built like the padded
@@ -31,14 +31,11 @@ from torch import nn
 
 from eval.likelihood import Estimate, ar_nll, mdm_nelbo
 from shared.data.corpus import pad_rows
-from shared.synthetic import (
-    FactsLanguage,
-    HMMLanguage,
-    Language,
-    PCFGLanguage,
-    build_language,
-    derive_seed,
-)
+from shared.data.synthetic.base import Language, derive_seed
+from shared.data.synthetic.facts import FactsLanguage
+from shared.data.synthetic.hmm import HMMLanguage
+from shared.data.synthetic.pcfg import PCFGLanguage
+from shared.data.synthetic.specs import build_language
 from shared.tokenizer import Tokenizer
 
 MASKED_LOGIT = -1e4  # "impossible" without -inf, which would turn 0 * -inf into NaN

@@ -9,7 +9,8 @@ from scipy import stats
 from torch import nn
 
 from eval.synthetic import MASKED_LOGIT, TrueConditionalModel, reversal_probe, symbol_ids
-from shared.synthetic import FactsLanguage, build_language, parse_spec
+from shared.data.synthetic.facts import FactsLanguage
+from shared.data.synthetic.specs import build_language, parse_spec
 from shared.tokenizer import Tokenizer
 
 N = 12

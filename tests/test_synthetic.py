@@ -30,14 +30,11 @@ from eval.synthetic import (
 from shared.checkpoint import full_model_state, save_checkpoint
 from shared.config import ModelConfig
 from shared.data.corpus import load_corpus
+from shared.data.synthetic.hmm import HMMLanguage
+from shared.data.synthetic.pcfg import PCFGLanguage
+from shared.data.synthetic.specs import build_language, parse_spec
+from shared.data.synthetic.teacher import TeacherLanguage
 from shared.model import Transformer
-from shared.synthetic import (
-    HMMLanguage,
-    PCFGLanguage,
-    TeacherLanguage,
-    build_language,
-    parse_spec,
-)
 from shared.tokenizer import Tokenizer
 
 
