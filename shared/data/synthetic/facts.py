@@ -27,7 +27,7 @@ class FactsLanguage(Language):
     The a's are the first ``pairs`` lowercase letters, the b's ``pairs`` distinct uppercase letters
     drawn and matched at random from ``seed`` (so no byte offset relates a fact's two symbols).
     A model trained on it has only ever seen each b in second position: asking for a_i given b_i
-    is the reversal probe of ``eval.synthetic.reversal_probe``.
+    is the reversal probe of ``eval.synthetic_probes.reversal_probe``.
     """
 
     def __init__(self, *, pairs: int = 16, seed: int = 0) -> None:
