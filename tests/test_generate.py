@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from arlm.generate import ARGenerator, GenerationConfig, check_prompts, left_pad
+from arlm.decoding import left_pad
+from arlm.generate import ARGenerator, GenerationConfig, check_prompts
 from shared.checkpoint import full_model_state, save_checkpoint
 from shared.config import ModelConfig
 from shared.model import KVCache, Transformer, attention_mask

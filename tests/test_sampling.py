@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy import stats
 
-from arlm.generate import choose_tokens
+from arlm.decoding import choose_tokens
 from shared.sampling import (
     SamplingConfig,
     apply_repetition_penalty,

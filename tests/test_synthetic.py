@@ -10,34 +10,32 @@ from scipy import stats
 
 from arlm.objective import AutoregressiveObjective
 from eval.likelihood import ar_nll
-from eval.synthetic import (
+from eval.synthetic import synthetic_report
+from eval.synthetic_likelihood import (
     TrueConditionalModel,
     UniformModel,
+    language_rows,
+    likelihood_gap,
+)
+from eval.synthetic_probes import (
     ar_complete,
     ar_prefix_infills,
-    ar_sample,
     completion_metrics,
     completion_prefixes,
     infill_tasks,
-    language_rows,
-    likelihood_gap,
     oracle_infills,
     prefix_log_prob,
-    sample_metrics,
     score_infills,
-    synthetic_report,
 )
+from eval.synthetic_samples import ar_sample, sample_metrics
 from shared.checkpoint import full_model_state, save_checkpoint
 from shared.config import ModelConfig
 from shared.data.corpus import load_corpus
+from shared.data.synthetic.hmm import HMMLanguage
+from shared.data.synthetic.pcfg import PCFGLanguage
+from shared.data.synthetic.specs import build_language, parse_spec
+from shared.data.synthetic.teacher import TeacherLanguage
 from shared.model import Transformer
-from shared.synthetic import (
-    HMMLanguage,
-    PCFGLanguage,
-    TeacherLanguage,
-    build_language,
-    parse_spec,
-)
 from shared.tokenizer import Tokenizer
 
 

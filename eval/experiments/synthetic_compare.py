@@ -4,7 +4,7 @@
     python -m eval.experiments.compare --preset synthetic --out runs/synthetic
 
 For every language of the preset (a hidden Markov model, a bracket grammar, a teacher
-transformer, a table of facts; see ``shared/synthetic.py``) an AR and an MDM model are trained
+transformer, a table of facts; see ``shared/data/synthetic/``) an AR and an MDM model are trained
 with the same shape, data and budget; ``eval.synthetic.synthetic_report`` then measures each
 against the true distribution: the gap between its NLL/NELBO and the exact entropy, the exact
 log-probability and validity of its samples, and infilling (HMM), completion (grammar) or

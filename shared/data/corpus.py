@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.data import hub
+from shared.data.synthetic.specs import corpus_splits
 from shared.errors import ResourceUnavailableError
 
 KJV_VAL_EVERY = 25
@@ -61,7 +62,7 @@ def load_corpus(
 ) -> CorpusSplits:
     """Load "kjv", a local file/folder, a Hugging Face hub dataset ("name" or "name:config"), or a
     generated language with exact probabilities ("synthetic:hmm?seed=1&n=20000", see
-    ``shared.synthetic``).
+    ``shared.data.synthetic``).
 
     Without a validation split of its own (and no ``val_dataset``), every document whose index
     satisfies ``i % val_fraction_every == val_fraction_every // 2`` is held out. ``cache_dir``
@@ -101,9 +102,7 @@ def _load_source(
 ) -> tuple[list[str], list[str] | None]:
     """(train docs, own validation docs or None) for one dataset spec."""
     if spec.startswith("synthetic:"):
-        # generated in-process from a seed (shared.synthetic): offline and deterministic
-        from shared.synthetic import corpus_splits
-
+        # generated in-process from a seed (shared.data.synthetic): offline and deterministic
         return corpus_splits(spec)
     if spec == "kjv":
         train, validation = _load_kjv()
