@@ -29,8 +29,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from dllm.canvas import Canvas, mask_token_id
+from dllm.generate import SamplerConfig
+from dllm.generator import DiffusionGenerator
+from dllm.strategies import FixedCount
 from eval.likelihood import Estimate, ar_nll, mdm_nelbo
 from shared.data import pad_rows
+from shared.sampling import SamplingConfig
 from shared.synthetic import (
     FactsLanguage,
     HMMLanguage,
@@ -332,30 +337,14 @@ def mdm_sample(
     """Unconditional MDM samples: ``[BOS] + [MASK] * gen_length``, cut at the first EOS. The
     default sampler reveals one random position per step (exact sampling of the model's joint
     in a random order)."""
-    from dllm.canvas import apply_eos_policy, prompt_canvas
-    from dllm.generate import SamplerConfig, sample
-    from dllm.strategies import FixedCount
-
     config = config or SamplerConfig(FixedCount(steps=gen_length, remasking="random"))
-    mask_id = model.config.vocab_size - 1
+    generator = DiffusionGenerator(model, tokenizer)
     texts: list[str] = []
     for start in range(0, n, batch_size):
         size = min(batch_size, n - start)
-        canvas = prompt_canvas(
-            [[]] * size,
-            gen_length,
-            bos_id=tokenizer.eos_id,
-            mask_id=mask_id,
-            max_seq_len=model.config.max_seq_len,
-        )
-        result = sample(model, config, canvas, torch.Generator().manual_seed(seed + start))
-        tokens, lengths = apply_eos_policy(
-            result.tokens, result.region, "stop", eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id
-        )
-        begin = result.region[0]
+        result = generator.generate([[]] * size, gen_length, config, seed=seed + start)
         texts += [
-            tokenizer.decode([t for t in row[begin : begin + k] if t < tokenizer.eos_id])
-            for row, k in zip(tokens.tolist(), lengths.tolist())
+            tokenizer.decode([t for t in row if t < tokenizer.eos_id]) for row in result.tokens
         ]
     return texts
 
@@ -456,24 +445,19 @@ def mdm_infills(
 ) -> list[list[int]]:
     """The MDM fills the span seeing both sides: the row is the padded training row with the
     span masked; default decoding is greedy, most confident position first."""
-    from dllm.canvas import Canvas
-    from dllm.generate import SamplerConfig, sample
-    from dllm.strategies import FixedCount
-    from shared.sampling import SamplingConfig
-
     if not tasks:
         return []
     span = tasks[0].stop - tasks[0].start
     config = config or SamplerConfig(
         FixedCount(steps=span, remasking="low_confidence"), sampling=SamplingConfig(temperature=0)
     )
-    mask_id = model.config.vocab_size - 1
+    generator = DiffusionGenerator(model, tokenizer)
     rows = torch.as_tensor(
         language_rows([t.string for t in tasks], tokenizer, seq_len, language), dtype=torch.long
     )
     for i, task in enumerate(tasks):
-        rows[i, 1 + task.start : 1 + task.stop] = mask_id
-    result = sample(model, config, Canvas(rows, mask_id), torch.Generator().manual_seed(0))
+        rows[i, 1 + task.start : 1 + task.stop] = generator.mask_id
+    result = generator.fill(Canvas(rows, generator.mask_id), config, seed=0, eos="none").raw
     return [
         [
             _symbol_index(tokenizer, language, int(tok))
@@ -552,32 +536,19 @@ def mdm_complete(
 ) -> list[str]:
     """MDM continuation of each prefix: ``[BOS] + prefix + [MASK]...`` up to ``seq_len``,
     sampled one random position per step, cut at the first EOS."""
-    from dllm.canvas import apply_eos_policy, prompt_canvas
-    from dllm.generate import SamplerConfig, sample
-    from dllm.strategies import FixedCount
-
-    mask_id = model.config.vocab_size - 1
+    generator = DiffusionGenerator(model, tokenizer)
     out: dict[int, str] = {}
     by_length: dict[int, list[int]] = {}
     for i, prefix in enumerate(prefixes):
         by_length.setdefault(len(prefix), []).append(i)
     for length, indices in sorted(by_length.items()):
         gen_length = seq_len - 1 - length
-        canvas = prompt_canvas(
-            [tokenizer.encode(prefixes[i]) for i in indices],
-            gen_length,
-            bos_id=tokenizer.eos_id,
-            mask_id=mask_id,
-            max_seq_len=model.config.max_seq_len,
-        )
         config = SamplerConfig(FixedCount(steps=gen_length, remasking="random"))
-        result = sample(model, config, canvas, torch.Generator().manual_seed(seed + length))
-        tokens, lengths = apply_eos_policy(
-            result.tokens, result.region, "stop", eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id
+        result = generator.generate(
+            [tokenizer.encode(prefixes[i]) for i in indices], gen_length, config, seed=seed + length
         )
-        begin = result.region[0]
-        for i, row, k in zip(indices, tokens.tolist(), lengths.tolist()):
-            out[i] = tokenizer.decode([t for t in row[begin : begin + k] if t < tokenizer.eos_id])
+        for i, row in zip(indices, result.tokens):
+            out[i] = tokenizer.decode([t for t in row if t < tokenizer.eos_id])
     return [out[i] for i in range(len(prefixes))]
 
 
@@ -626,7 +597,7 @@ def reversal_probe(
     device = _device(model)
     out: dict[str, Any] = {"n_pairs": n, "chance": 1.0 / n, "objective": objective}
     if objective == "mdm":
-        mask_id = model.config.vocab_size - 1
+        mask_id = mask_token_id(model, tokenizer)
         rows = torch.as_tensor(
             language_rows([a + b for a, b in language.facts], tokenizer, seq_len, language),
             dtype=torch.long,
