@@ -1,14 +1,19 @@
 """DiffusionGenerator against the low-level chain it replaces (canvas + sampler + EOS policy +
-decode), token for token, for masked (mdm) and block (bd) diffusion; and the [MASK] id."""
+decode), token for token, for masked (mdm) and block (bd) diffusion; the [MASK] id; and the one
+sampling command line on an mdm and a bd checkpoint."""
+
+import json
 
 import pytest
 import torch
 
+from dllm import sample as sample_cli
 from dllm.block_generate import grid_blocks, sample_blocks
 from dllm.canvas import apply_eos_policy, infill_canvas, mask_token_id, prompt_canvas
 from dllm.generate import SamplerConfig, sample
 from dllm.generator import DiffusionGenerator, with_model_schedule
 from dllm.strategies import Ancestral, FixedCount, Threshold
+from shared.checkpoint import full_model_state, save_checkpoint
 from shared.config import ModelConfig
 from shared.model import Transformer
 from shared.sampling import SamplingConfig
@@ -252,3 +257,82 @@ def test_refusals_are_clear():
         generator.generate([[3]], 4, config, eos="halt")
     with pytest.raises(ValueError, match="kv_cache=False applies to block diffusion"):
         generator.generate([[3]], 4, config, eos="none", kv_cache=False)
+
+
+# ---- the command line on saved checkpoints -------------------------------------------------------
+
+
+def save_run(root, objective: str):
+    model = tiny_model(TOKENIZER.vocab_size + (objective != "ar"), seed=5)
+    state = {**run_state(objective), "model_config": model.config.to_dict()}
+    return save_checkpoint(
+        root, 0, weights=full_model_state(model), tokenizer=TOKENIZER, state=state
+    )
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("generator")
+    return {objective: save_run(root / objective, objective) for objective in ("mdm", "bd", "ar")}
+
+
+def run_cli(capsys, *argv):
+    code = sample_cli.main([str(arg) for arg in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("objective", ["mdm", "bd"])
+def test_command_line_samples_either_objective(checkpoints, capsys, objective):
+    path = checkpoints[objective]
+    argv = [path, "--prompt", "In the", "--gen-length", "9", "--seed", "3", "--json"]
+    code, out, err = run_cli(capsys, *argv, "--sampler", "ancestral", "--num-samples", "2")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["objective"] == objective and report["sampler"] == "ancestral"
+
+    # The same request through the low-level chain: one step per decoded position by default.
+    model = DiffusionGenerator.from_checkpoint(path).model
+    canvas = prompt_canvas(
+        [TOKENIZER.encode("In the")] * 2,
+        9,
+        bos_id=TOKENIZER.eos_id,
+        mask_id=TOKENIZER.vocab_size,
+        max_seq_len=MAX_LEN,
+    )
+    steps = 9 if objective == "mdm" else len(grid_blocks(canvas.region, BLOCK, 16)) * BLOCK
+    config = SamplerConfig(Ancestral(steps))
+    raw, ids = old_chain(
+        model,
+        objective,
+        config,
+        canvas,
+        seed=3,
+        eos="stop",
+        eos_id=TOKENIZER.eos_id,
+        pad_id=TOKENIZER.pad_id,
+    )
+    assert report["texts"] == [TOKENIZER.decode(row) for row in ids]
+    assert report["nfe"] == raw.nfe and report["steps"] == raw.steps
+    assert report["revealed_per_step"] == raw.revealed.sum(-1).tolist()
+    assert report["cache"] == ("none" if objective == "mdm" else "bd_kv")
+    assert report["approximate"] is False
+
+    code, out, _ = run_cli(capsys, *argv[:-1], "--sampler", "ancestral", "--num-samples", "2")
+    assert code == 0 and out.splitlines() == report["texts"]
+
+
+def test_command_line_refuses_options_of_the_other_objective(checkpoints, capsys):
+    mdm, bd, ar = checkpoints["mdm"], checkpoints["bd"], checkpoints["ar"]
+    cases = [
+        ((mdm, "--no-kv-cache"), "--no-kv-cache only applies to bd checkpoints, and "),
+        ((bd, "--cache", "approx_dual"), "--cache only applies to mdm checkpoints, and "),
+        ((bd, "--cfg-scale", "1.0"), "--cfg-scale only applies to mdm checkpoints, and "),
+        ((bd, "--block-length", "2"), "block_length=2 must be None or the model's block_size=4"),
+        ((ar,), f"{ar} was trained with objective 'ar': diffusion generation needs an 'mdm'"),
+    ]
+    for argv, message in cases:
+        code, _, err = run_cli(capsys, *argv, "--gen-length", "8")
+        assert code == 2
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), lines
