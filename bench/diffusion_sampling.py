@@ -36,8 +36,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dllm.canvas import prompt_canvas
-from dllm.generate import SamplerConfig, sample
+from dllm.canvas import Canvas
+from dllm.generate import SamplerConfig
+from dllm.generator import DiffusionGenerator, DiffusionResult
 from dllm.strategies import Ancestral, FixedCount, Threshold
 from shared.checkpoint import load_weights, read_state, resolve_checkpoint
 from shared.config import ModelConfig
@@ -129,8 +130,11 @@ def settings(gen_length: int, quick: bool) -> list[tuple[str, SamplerConfig]]:
     return rows
 
 
-def sample_once(model: Transformer, config: SamplerConfig, canvas) -> object:
-    return sample(model, config, canvas, seeded(0))  # a fresh seed: every repeat is the same run
+def sample_once(
+    generator: DiffusionGenerator, config: SamplerConfig, canvas: Canvas
+) -> DiffusionResult:
+    # A fresh seed: every repeat is the same run. No EOS policy: the model is random.
+    return generator.fill(canvas, config, seed=0, eos="none")
 
 
 def best_of(repeats: int, run) -> tuple[float, object]:
@@ -178,23 +182,22 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     repeats = args.repeats
     gen_lengths = [128] if args.quick else [128, 256]
-    mdm = build_model(TOKENIZER_VOCAB + 1, args.checkpoint)
-    ar = build_model(TOKENIZER_VOCAB, args.ar_checkpoint)
-    mask_id = mdm.config.vocab_size - 1
-    prompt = torch.randint(0, TOKENIZER_VOCAB - 2, (PROMPT_LENGTH,), generator=seeded(1)).tolist()
     bos = TOKENIZER_VOCAB - 2  # <|endoftext|> of the demo BPE
+    mdm = DiffusionGenerator(build_model(TOKENIZER_VOCAB + 1, args.checkpoint), eos_id=bos)
+    ar = build_model(TOKENIZER_VOCAB, args.ar_checkpoint)
+    prompt = torch.randint(0, TOKENIZER_VOCAB - 2, (PROMPT_LENGTH,), generator=seeded(1)).tolist()
 
     # Warm-up: the first forwards of each shape pay for allocation and kernel selection.
-    warm = prompt_canvas([prompt], 32, bos_id=bos, mask_id=mask_id, max_seq_len=MAX_SEQ_LEN)
+    warm = mdm.prompt_canvas([prompt], 32)
     for cache in ("none", "approx_dual"):
-        sample(mdm, SamplerConfig(FixedCount(8), block_length=8, cache=cache), warm, seeded(0))
+        sample_once(mdm, SamplerConfig(FixedCount(8), block_length=8, cache=cache), warm)
     ar_decode(ar, [bos, *prompt], 8)
 
     rows: list[Row] = []
     ar_engine = ""
     started = time.perf_counter()
     for g in gen_lengths:
-        canvas = prompt_canvas([prompt], g, bos_id=bos, mask_id=mask_id, max_seq_len=MAX_SEQ_LEN)
+        canvas = mdm.prompt_canvas([prompt], g)
         for label, config in settings(g, args.quick):
             seconds, result = best_of(repeats, partial(sample_once, mdm, config, canvas))
             tag = " (APPROXIMATE)" if result.approximate else ""

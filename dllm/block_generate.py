@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from dllm.block_objective import block_causal_mask, check_block_size
-from dllm.canvas import Canvas
+from dllm.canvas import Canvas, mask_token_id
 from dllm.generate import SamplerConfig, SampleResult, row_generators, run
 from dllm.predictors import Block, CountingModel, Predictor, ReusePredictions, drop_mask_column
 from dllm.predictors import columns as block_columns
@@ -124,10 +124,10 @@ def check_block_inputs(
             f"cache={config.cache!r} is not supported by block sampling (it has its own exact "
             "cache, kv_cache=True); use 'none'"
         )
-    vocab = model.config.vocab_size
-    if canvas.mask_id != vocab - 1:
+    mask_id = mask_token_id(model)
+    if canvas.mask_id != mask_id:
         raise ValueError(
-            f"canvas mask_id={canvas.mask_id} must be the model's last vocabulary id {vocab - 1}"
+            f"canvas mask_id={canvas.mask_id} must be the model's last vocabulary id {mask_id}"
         )
     canvas.validate(model.config.max_seq_len)
     blocks = grid_blocks(canvas.region, block_size, canvas.length)

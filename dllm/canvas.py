@@ -2,9 +2,12 @@
 ``[MASK]`` slots, and the EOS policy applied to the finished canvas.
 
 Every row starts with BOS (``tokenizer.eos_id``) at position 0, as in training. A conditional
-generation row is ``[BOS] + prompt + [MASK] * gen_length``; an infilling row fixes any set of
-positions (a prefix, a suffix, spans in the middle) and masks the rest. Samplers only ever write
-to masked slots, so fixed tokens come back unchanged.
+generation row is ``[BOS] + prompt + [MASK] * gen_length`` (optionally ``+ suffix``); an infilling
+row fixes any set of positions (a prefix, a suffix, spans in the middle) and masks the rest.
+Samplers only ever write to masked slots, so fixed tokens come back unchanged.
+
+``[MASK]`` is the one extra vocabulary row the diffusion objectives add after the tokenizer's ids
+(``mask_token_id``).
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
+
+from shared.tokenizer import Tokenizer
 
 EOS_POLICIES = ("stop", "pad", "none")
 
@@ -76,6 +82,19 @@ class Canvas:
         return self
 
 
+def mask_token_id(model: nn.Module, tokenizer: Tokenizer | None = None) -> int:
+    """The [MASK] id of a diffusion model: its last vocabulary row, one past the tokenizer's ids
+    (the objectives add it in ``model_vocab_size``). With a tokenizer, checks that they fit."""
+    vocab = model.config.vocab_size
+    if tokenizer is not None and tokenizer.vocab_size != vocab - 1:
+        raise ValueError(
+            f"the model's vocabulary has {vocab} rows, but a diffusion model needs the "
+            f"tokenizer's {tokenizer.vocab_size} ids plus one [MASK] row: is this an mdm or bd "
+            "model, with its own tokenizer?"
+        )
+    return vocab - 1
+
+
 def _check_ids(ids: Sequence[int], what: str, mask_id: int) -> None:
     for token in ids:
         if not 0 <= int(token) < mask_id:
@@ -91,10 +110,12 @@ def prompt_canvas(
     bos_id: int,
     mask_id: int,
     max_seq_len: int,
+    suffix: Sequence[int] = (),
 ) -> Canvas:
-    """Rows ``[BOS] + prompt + [MASK] * gen_length``. Prompts in one batch must have the same
-    length (sample different lengths in separate calls: no padding, so no row ever attends to
-    anything but its own tokens)."""
+    """Rows ``[BOS] + prompt + [MASK] * gen_length + suffix``: without a suffix, a continuation;
+    with one, the span between prompt and suffix is infilled. Prompts in one batch must have the
+    same length (sample different lengths in separate calls: no padding, so no row ever attends
+    to anything but its own tokens)."""
     if isinstance(gen_length, bool) or not isinstance(gen_length, int) or gen_length < 1:
         raise ValueError(f"gen_length={gen_length!r} must be a positive integer")
     if len(prompts) == 0:
@@ -105,15 +126,18 @@ def prompt_canvas(
             f"prompts in one batch must have the same length; got lengths {lengths}: "
             "sample them in separate calls"
         )
-    total = 1 + lengths[0] + gen_length
+    total = 1 + lengths[0] + gen_length + len(suffix)
     if total > max_seq_len:
+        with_suffix = f" + suffix of {len(suffix)} tokens" if suffix else ""
         raise ValueError(
-            f"prompt of {lengths[0]} tokens + BOS + gen_length={gen_length} is {total} positions, "
-            f"more than the model's max_seq_len={max_seq_len}"
+            f"prompt of {lengths[0]} tokens + BOS + gen_length={gen_length}{with_suffix} is "
+            f"{total} positions, more than the model's max_seq_len={max_seq_len}"
         )
     for prompt in prompts:
         _check_ids(prompt, "prompt", mask_id)
-    rows = [[bos_id, *map(int, p)] + [mask_id] * gen_length for p in prompts]
+    _check_ids(suffix, "suffix", mask_id)
+    tail = [int(t) for t in suffix]
+    rows = [[bos_id, *map(int, p)] + [mask_id] * gen_length + tail for p in prompts]
     return Canvas(torch.tensor(rows, dtype=torch.long), mask_id)
 
 
@@ -150,10 +174,22 @@ def infill_canvas(
     return Canvas(tokens, mask_id)
 
 
+def check_eos_policy(policy: str) -> str:
+    if policy not in EOS_POLICIES:
+        raise ValueError(f"eos policy {policy!r} is unknown; valid policies: {EOS_POLICIES}")
+    return policy
+
+
 def apply_eos_policy(
-    tokens: torch.Tensor, region: tuple[int, int], policy: str, *, eos_id: int, pad_id: int
+    tokens: torch.Tensor,
+    region: tuple[int, int],
+    policy: str,
+    *,
+    eos_id: int | None,
+    pad_id: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens, lengths) after the EOS policy, applied inside the generation ``region`` only.
+    """(tokens, lengths) after the EOS policy, applied inside the generation ``region`` only
+    (``stop`` needs both ids, ``pad`` the EOS id, ``none`` neither).
 
     ``stop``: the first generated EOS ends the sample, as it ends AR decoding: it and everything
         after it become ``pad_id``, and ``lengths`` counts the tokens before it.
@@ -161,8 +197,7 @@ def apply_eos_policy(
         tail reads as EOS padding); ``lengths`` is the full region length.
     ``none``: tokens are returned as drawn; ``lengths`` is the full region length.
     """
-    if policy not in EOS_POLICIES:
-        raise ValueError(f"eos policy {policy!r} is unknown; valid policies: {EOS_POLICIES}")
+    check_eos_policy(policy)
     start, end = region
     generated = tokens[:, start:end]
     full = torch.full((tokens.shape[0],), end - start, dtype=torch.long)

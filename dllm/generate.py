@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from dllm.canvas import Canvas
+from dllm.canvas import Canvas, mask_token_id
 from dllm.predictors import (
     ApproxDualCache,
     ApproxPrefixCache,
@@ -174,10 +174,10 @@ def build_predictor(model: CountingModel, config: SamplerConfig, canvas: Canvas)
 def check_inputs(model: nn.Module, config: SamplerConfig, canvas: Canvas) -> list[tuple[int, int]]:
     """Validate everything before the first evaluation; returns the blocks."""
     config.validate()
-    vocab = model.config.vocab_size
-    if canvas.mask_id != vocab - 1:
+    mask_id = mask_token_id(model)
+    if canvas.mask_id != mask_id:
         raise ValueError(
-            f"canvas mask_id={canvas.mask_id} must be the model's last vocabulary id {vocab - 1} "
+            f"canvas mask_id={canvas.mask_id} must be the model's last vocabulary id {mask_id} "
             "([MASK] is the extra row the diffusion objective adds)"
         )
     canvas.validate(model.config.max_seq_len)

@@ -180,7 +180,7 @@ class Ancestral:
     to x_s every masked position is revealed with probability (alpha_s - alpha_t)/(1 - alpha_t),
     with a token drawn from p_theta(x0 | x_t); this is the model's exact reverse process, so the
     number revealed per step is random. ``schedule=None`` means the model's training schedule
-    (``load_and_sample`` reads it from the checkpoint; plain ``sample`` falls back to linear)."""
+    (``DiffusionGenerator`` reads it from the checkpoint; plain ``sample`` falls back to linear)."""
 
     steps: int
     schedule: str | None = None

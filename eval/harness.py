@@ -31,9 +31,14 @@ try:
 except ImportError as error:  # pragma: no cover - exercised only without lm-eval
     raise ImportError("eval.harness needs lm-evaluation-harness: pip install lm-eval") from error
 
+from arlm.generate import ARGenerator, GenerationConfig
+from dllm.generate import SamplerConfig
+from dllm.generator import DiffusionGenerator
+from dllm.strategies import FixedCount
 from eval.likelihood import ar_nll, continuation_rows, mdm_chain_rule_nll, mdm_nelbo
 from shared.checkpoint import load_model_from_checkpoint
 from shared.objective import objective_for_run
+from shared.sampling import SamplingConfig
 
 
 class DuoLM(LM):
@@ -52,9 +57,11 @@ class DuoLM(LM):
         super().__init__()
         if mdm_likelihood not in ("nelbo", "chain_rule"):
             raise ValueError(f"mdm_likelihood={mdm_likelihood!r} must be 'nelbo' or 'chain_rule'")
-        self.model, self.tokenizer, state = load_model_from_checkpoint(Path(checkpoint), device)
-        self.kind = state["objective"]
-        self.objective = objective_for_run(self.kind, state["train_config"], self.tokenizer)
+        self.model, self.tokenizer, self.state = load_model_from_checkpoint(
+            Path(checkpoint), device
+        )
+        self.kind = self.state["objective"]
+        self.objective = objective_for_run(self.kind, self.state["train_config"], self.tokenizer)
         self.samples, self.mdm_likelihood = samples, mdm_likelihood
         self.batch_size, self.max_gen_toks = batch_size, max_gen_toks
         self.diffusion_steps, self.seed, self._device = diffusion_steps, seed, device
@@ -181,42 +188,18 @@ class DuoLM(LM):
 
     def _generate(self, prompt: list[int], max_new: int) -> str:
         if self.kind == "ar":
-            from arlm.generate import ARGenerator, GenerationConfig
-            from shared.sampling import SamplingConfig
-
             engine = ARGenerator(self.model, self.tokenizer)
             config = GenerationConfig(
                 max_new_tokens=max_new, sampling=SamplingConfig(temperature=0.0)
             )
             result = engine.generate([[self.tokenizer.eos_id, *prompt]], config, seed=self.seed)
             return self.tokenizer.decode(result.tokens[0])
-        from dllm.canvas import apply_eos_policy, prompt_canvas
-        from dllm.generate import SamplerConfig, sample
-        from dllm.strategies import FixedCount
-        from shared.sampling import SamplingConfig
-
-        mask_id = self.objective.mask_id
-        canvas = prompt_canvas(
-            [prompt],
-            max_new,
-            bos_id=self.tokenizer.eos_id,
-            mask_id=mask_id,
-            max_seq_len=self.max_length,
-        )
+        generator = DiffusionGenerator(self.model, self.tokenizer, self.state)
         config = SamplerConfig(
             FixedCount(steps=min(self.diffusion_steps, max_new), remasking="low_confidence"),
             sampling=SamplingConfig(temperature=0.0),
         )
-        result = sample(self.model, config, canvas, torch.Generator().manual_seed(self.seed))
-        tokens, lengths = apply_eos_policy(
-            result.tokens,
-            result.region,
-            "stop",
-            eos_id=self.tokenizer.eos_id,
-            pad_id=self.tokenizer.pad_id,
-        )
-        start = result.region[0]
-        return self.tokenizer.decode(tokens[0, start : start + int(lengths[0])].tolist())
+        return generator.generate([prompt], max_new, config, seed=self.seed, eos="stop").texts[0]
 
 
 def harness_info(lm: DuoLM) -> dict[str, Any]:

@@ -19,8 +19,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from dllm.canvas import Canvas, apply_eos_policy, prompt_canvas
-from dllm.generate import SamplerConfig, sample
+from dllm.canvas import Canvas, mask_token_id
+from dllm.generate import SamplerConfig
+from dllm.generator import DiffusionGenerator
 from dllm.strategies import FixedCount
 from eval.synthetic_likelihood import language_rows, symbol_ids
 from shared.data.synthetic.base import Language
@@ -132,13 +133,13 @@ def mdm_infills(
     config = config or SamplerConfig(
         FixedCount(steps=span, remasking="low_confidence"), sampling=SamplingConfig(temperature=0)
     )
-    mask_id = model.config.vocab_size - 1
+    generator = DiffusionGenerator(model, tokenizer)
     rows = torch.as_tensor(
         language_rows([t.string for t in tasks], tokenizer, seq_len, language), dtype=torch.long
     )
     for i, task in enumerate(tasks):
-        rows[i, 1 + task.start : 1 + task.stop] = mask_id
-    result = sample(model, config, Canvas(rows, mask_id), torch.Generator().manual_seed(0))
+        rows[i, 1 + task.start : 1 + task.stop] = generator.mask_id
+    result = generator.fill(Canvas(rows, generator.mask_id), config, seed=0, eos="none").raw
     return [
         [
             _symbol_index(tokenizer, language, int(tok))
@@ -217,28 +218,19 @@ def mdm_complete(
 ) -> list[str]:
     """MDM continuation of each prefix: ``[BOS] + prefix + [MASK]...`` up to ``seq_len``,
     sampled one random position per step, cut at the first EOS."""
-    mask_id = model.config.vocab_size - 1
+    generator = DiffusionGenerator(model, tokenizer)
     out: dict[int, str] = {}
     by_length: dict[int, list[int]] = {}
     for i, prefix in enumerate(prefixes):
         by_length.setdefault(len(prefix), []).append(i)
     for length, indices in sorted(by_length.items()):
         gen_length = seq_len - 1 - length
-        canvas = prompt_canvas(
-            [tokenizer.encode(prefixes[i]) for i in indices],
-            gen_length,
-            bos_id=tokenizer.eos_id,
-            mask_id=mask_id,
-            max_seq_len=model.config.max_seq_len,
-        )
         config = SamplerConfig(FixedCount(steps=gen_length, remasking="random"))
-        result = sample(model, config, canvas, torch.Generator().manual_seed(seed + length))
-        tokens, lengths = apply_eos_policy(
-            result.tokens, result.region, "stop", eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id
+        result = generator.generate(
+            [tokenizer.encode(prefixes[i]) for i in indices], gen_length, config, seed=seed + length
         )
-        begin = result.region[0]
-        for i, row, k in zip(indices, tokens.tolist(), lengths.tolist()):
-            out[i] = tokenizer.decode([t for t in row[begin : begin + k] if t < tokenizer.eos_id])
+        for i, row in zip(indices, result.tokens):
+            out[i] = tokenizer.decode([t for t in row if t < tokenizer.eos_id])
     return [out[i] for i in range(len(prefixes))]
 
 
@@ -287,7 +279,7 @@ def reversal_probe(
     device = _device(model)
     out: dict[str, Any] = {"n_pairs": n, "chance": 1.0 / n, "objective": objective}
     if objective == "mdm":
-        mask_id = model.config.vocab_size - 1
+        mask_id = mask_token_id(model, tokenizer)
         rows = torch.as_tensor(
             language_rows([a + b for a, b in language.facts], tokenizer, seq_len, language),
             dtype=torch.long,

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from dllm.canvas import apply_eos_policy, prompt_canvas
-from dllm.generate import SamplerConfig, sample
+from dllm.generate import SamplerConfig
+from dllm.generator import DiffusionGenerator
 from dllm.strategies import FixedCount
 from eval.synthetic_likelihood import ratio_stderr, true_entropy
 from shared.data.synthetic.base import Language
@@ -140,24 +140,12 @@ def mdm_sample(
     default sampler reveals one random position per step (exact sampling of the model's joint
     in a random order)."""
     config = config or SamplerConfig(FixedCount(steps=gen_length, remasking="random"))
-    mask_id = model.config.vocab_size - 1
+    generator = DiffusionGenerator(model, tokenizer)
     texts: list[str] = []
     for start in range(0, n, batch_size):
         size = min(batch_size, n - start)
-        canvas = prompt_canvas(
-            [[]] * size,
-            gen_length,
-            bos_id=tokenizer.eos_id,
-            mask_id=mask_id,
-            max_seq_len=model.config.max_seq_len,
-        )
-        result = sample(model, config, canvas, torch.Generator().manual_seed(seed + start))
-        tokens, lengths = apply_eos_policy(
-            result.tokens, result.region, "stop", eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id
-        )
-        begin = result.region[0]
+        result = generator.generate([[]] * size, gen_length, config, seed=seed + start)
         texts += [
-            tokenizer.decode([t for t in row[begin : begin + k] if t < tokenizer.eos_id])
-            for row, k in zip(tokens.tolist(), lengths.tolist())
+            tokenizer.decode([t for t in row if t < tokenizer.eos_id]) for row in result.tokens
         ]
     return texts

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from dllm import block_sample
+from dllm import sample as sample_cli
 from dllm.block_generate import grid_blocks, sample_blocks
 from dllm.block_objective import (
     BlockDiffusionObjective,
@@ -312,7 +312,7 @@ def test_train_smoke_sample_and_bad_block_size(tmp_path, capsys):
     outputs = []
     for extra in ([], ["--no-kv-cache"]):
         argv = [str(run), "--prompt", "In the", "--gen-length", "9", "--seed", "3", "--json"]
-        assert block_sample.main([*argv, *extra]) == 0
+        assert sample_cli.main([*argv, *extra]) == 0
         outputs.append(json.loads(capsys.readouterr().out))
     assert outputs[0] == {**outputs[1], "cache": "bd_kv"}
     assert outputs[0]["sampler"] == "fixed" and outputs[0]["nfe"] >= 1

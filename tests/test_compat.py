@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from dllm.generate import SamplerConfig
-from dllm.sample import load_and_sample
+from dllm.generator import DiffusionGenerator
 from dllm.strategies import Ancestral
 from eval.likelihood import evaluate_checkpoint
 from shared.training import cli, new_run, resume_run, train
@@ -22,9 +22,10 @@ def test_a_checkpoint_written_by_the_earlier_layout_scores_and_samples_as_before
     nelbo = results["estimates"]["nelbo"]
     assert nelbo["tokens"] == 496
     assert nelbo["nats_per_token"] == 4.490383885241076
-    texts, result = load_and_sample(
-        str(FIXTURE), SamplerConfig(Ancestral(8)), ["In the"], 16, seed=3
+    generated = DiffusionGenerator.from_checkpoint(FIXTURE).generate(
+        ["In the"], 16, SamplerConfig(Ancestral(8)), seed=3
     )
+    result = generated.raw
     assert result.nfe == 7
     assert result.tokens.tolist() == [
         [256, 73, 110, 32, 116, 104, 101, 108, 32, 147, 50, 195, 130, 246, 39, 116, 147, 128]

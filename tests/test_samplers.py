@@ -19,7 +19,7 @@ from scipy import stats
 from torch import nn
 
 import dllm.strategies
-from dllm.canvas import Canvas, apply_eos_policy, infill_canvas, prompt_canvas
+from dllm.canvas import Canvas, apply_eos_policy, infill_canvas, mask_token_id, prompt_canvas
 from dllm.generate import (
     SamplerConfig,
     block_bounds,
@@ -29,8 +29,8 @@ from dllm.generate import (
     run,
     sample,
 )
+from dllm.generator import DiffusionGenerator, with_model_schedule
 from dllm.predictors import CountingModel, FullForward
-from dllm.sample import load_and_sample, with_model_schedule
 from dllm.strategies import Ancestral, FixedCount, Threshold, reveal_counts
 from shared.checkpoint import list_checkpoints, load_model_from_checkpoint
 from shared.config import ModelConfig
@@ -224,7 +224,7 @@ def expected_fixed_counts(canvas, config) -> list[list[int]]:
 def test_sampler_invariants(name, trained):
     model, tokenizer = trained
     config = SAMPLERS[name]
-    canvas = infill_rows(tokenizer, model.config.vocab_size - 1)
+    canvas = infill_rows(tokenizer, mask_token_id(model))
     counter = CallCounter(model)
     result = sample(counter, config, canvas, [seeded(s) for s in (7, 8, 9)])
 
@@ -284,7 +284,7 @@ def test_reusing_predictions_gives_the_same_samples_with_fewer_evaluations(train
         [tokenizer.encode("And God"), tokenizer.encode("In the ")],
         16,
         bos_id=tokenizer.eos_id,
-        mask_id=model.config.vocab_size - 1,
+        mask_id=mask_token_id(model),
         max_seq_len=model.config.max_seq_len,
     )
     results = {}
@@ -422,7 +422,7 @@ def test_approximate_cache_drift_is_measured_and_bounded(trained, cache):
     with margin, check the drift is really there (the cache is in use), and that the cache costs
     no extra evaluations: it makes each one cheaper, not fewer."""
     model, tokenizer = trained
-    canvas = prompt_rows(tokenizer, model.config.vocab_size - 1)
+    canvas = prompt_rows(tokenizer, mask_token_id(model))
     config = SamplerConfig(FixedCount(32), block_length=8, cache=cache)
     sampled = measure_drift(model, config, canvas)
     greedy = measure_drift(
@@ -446,7 +446,7 @@ def test_approximate_caches_are_exact_where_nothing_cached_is_stale(trained):
       cached positions never change within a block.
     And with a single block, the dual cache recomputes exactly what the prefix cache does."""
     model, tokenizer = trained
-    canvas = prompt_rows(tokenizer, model.config.vocab_size - 1, gen_length=16)
+    canvas = prompt_rows(tokenizer, mask_token_id(model), gen_length=16)
     sampling = SamplingConfig(temperature=1.0)
     for cache in ("approx_prefix", "approx_dual"):
         one_step = SamplerConfig(FixedCount(4), block_length=4, sampling=sampling, cache=cache)
@@ -618,12 +618,15 @@ def test_command_line_errors_are_one_line(checkpoint):
 
 
 def test_load_and_sample(checkpoint):
-    texts, result = load_and_sample(
-        checkpoint, SamplerConfig(FixedCount(8)), ["In the", "And he"], 8, seed=1, eos="stop"
+    generated = DiffusionGenerator.from_checkpoint(checkpoint).generate(
+        ["In the", "And he"], 8, SamplerConfig(FixedCount(8)), seed=1, eos="stop"
     )
+    texts, result = generated.texts, generated.raw
     assert len(texts) == 2 and result.tokens.shape == (2, 1 + 6 + 8)
-    again, _ = load_and_sample(
-        checkpoint, SamplerConfig(FixedCount(8)), ["In the", "And he"], 8, seed=1, eos="stop"
+    again = (
+        DiffusionGenerator.from_checkpoint(checkpoint)
+        .generate(["In the", "And he"], 8, SamplerConfig(FixedCount(8)), seed=1, eos="stop")
+        .texts
     )
     assert again == texts
 

@@ -30,8 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from arlm.generate import ARGenerator, GenerationConfig
+from dllm.generate import SamplerConfig
+from dllm.generator import DiffusionGenerator
+from dllm.strategies import Ancestral
 from eval.experiments.stages import (
     Stages,
     load,
@@ -43,6 +45,7 @@ from eval.likelihood import evaluate_checkpoint
 from eval.quality import diversity_report, load_judge
 from eval.report import Report, Table, frontier_figure
 from shared.errors import report_user_errors
+from shared.sampling import SamplingConfig
 
 
 @dataclass(frozen=True)
@@ -130,14 +133,6 @@ def main_estimate(result: dict[str, Any]) -> dict[str, Any]:
 
 def generation_stage(out: Path, names: list[str], settings: SweepSettings) -> dict[str, Any]:
     """The same number of unconditional samples of the same length from every model."""
-    from arlm.generate import ARGenerator, GenerationConfig
-    from dllm.block_generate import grid_blocks, sample_blocks
-    from dllm.canvas import apply_eos_policy, prompt_canvas
-    from dllm.generate import SamplerConfig, sample
-    from dllm.sample import with_model_schedule
-    from dllm.strategies import Ancestral
-    from shared.sampling import SamplingConfig
-
     length, count = settings.gen_length, settings.samples
     sets: dict[str, dict[str, Any]] = {}
     for name in names:
@@ -162,35 +157,22 @@ def generation_stage(out: Path, names: list[str], settings: SweepSettings) -> di
                 "ids": [list(row) for row in result.tokens],
             }
             continue
-        canvas = prompt_canvas(
-            [[]] * count,
-            length,
-            bos_id=tokenizer.eos_id,
-            mask_id=model.config.vocab_size - 1,
-            max_seq_len=model.config.max_seq_len,
-        )
-        generator = torch.Generator().manual_seed(0)
+        generator = DiffusionGenerator(model, tokenizer, state)
+        canvas = generator.prompt_canvas([[]] * count, length)
+        # One step per generated token (MDM), per position of the blocks that cover them (bd).
+        steps = generator.steps_per_position(canvas)
         if objective == "mdm":
             block_size = int(state["train_config"]["seq_len"])
-            steps = length
-            config = with_model_schedule(SamplerConfig(Ancestral(steps)), state)
             sampler = f"ancestral, {steps} steps"
-            start = time.perf_counter()
-            result = sample(model, config, canvas, generator)
         else:
-            block_size = int(state["train_config"]["block_size"])
-            n_blocks = len(grid_blocks(canvas.region, block_size, canvas.length))
-            steps = n_blocks * block_size  # one step per block position
-            config = with_model_schedule(SamplerConfig(Ancestral(steps)), state)
+            block_size = generator.block_size
             sampler = f"ancestral, {block_size} steps per block, exact KV cache"
-            start = time.perf_counter()
-            result = sample_blocks(model, config, canvas, block_size, generator, kv_cache=True)
-        elapsed = time.perf_counter() - start
-        tokens, lengths = apply_eos_policy(
-            result.tokens, result.region, "stop", eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id
+        start = time.perf_counter()
+        # Every block is decoded (early_stop=False), so NFE measures whole-length sampling.
+        result = generator.fill(
+            canvas, SamplerConfig(Ancestral(steps)), seed=0, eos="stop", early_stop=False
         )
-        begin = result.region[0]
-        ids = [row[begin : begin + n].tolist() for row, n in zip(tokens, lengths.tolist())]
+        elapsed = time.perf_counter() - start
         sets[name] = {
             "objective": objective,
             "block_size": block_size,
@@ -198,8 +180,8 @@ def generation_stage(out: Path, names: list[str], settings: SweepSettings) -> di
             "steps": steps,
             "nfe": result.nfe,
             "seconds": elapsed,
-            "texts": [tokenizer.decode(row) for row in ids],
-            "ids": ids,
+            "texts": result.texts,
+            "ids": result.tokens,
         }
     for entry in sets.values():
         entry["seconds_per_sample"] = entry["seconds"] / count

@@ -26,9 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm.auto import tqdm
 
+from arlm.generate import ARGenerator, GenerationConfig
+from dllm.generate import SamplerConfig
+from dllm.generator import DiffusionGenerator
+from dllm.strategies import Ancestral, FixedCount, Threshold
 from eval.experiments.compare_report import write_report
 from eval.experiments.compare_settings import CompareSettings, settings_for
 from eval.experiments.stages import (
@@ -45,6 +48,7 @@ from eval.quality import diversity_report, load_judge, mauve_score
 from shared.config import ModelConfig
 from shared.errors import report_user_errors
 from shared.model import flops_per_token
+from shared.sampling import SamplingConfig
 
 
 def likelihood_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
@@ -67,13 +71,6 @@ def forward_flops_per_token(config: dict[str, Any], context: int) -> float:
 
 def generation_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
     """Unconditional samples for every setting; texts, ids, NFE, time and FLOPs per token."""
-    from arlm.generate import ARGenerator, GenerationConfig
-    from dllm.canvas import apply_eos_policy, prompt_canvas
-    from dllm.generate import SamplerConfig, sample
-    from dllm.sample import with_model_schedule
-    from dllm.strategies import Ancestral, FixedCount, Threshold
-    from shared.sampling import SamplingConfig
-
     sets: dict[str, dict[str, Any]] = {}
     length = settings.gen_length
 
@@ -102,16 +99,9 @@ def generation_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
             "approximate": False,
         }
 
-    mdm_model, mdm_tokenizer, mdm_state = load(out, "mdm")
-    mask_id = mdm_model.config.vocab_size - 1
-    canvas = prompt_canvas(
-        [[]] * settings.samples,
-        length,
-        bos_id=mdm_tokenizer.eos_id,
-        mask_id=mask_id,
-        max_seq_len=mdm_model.config.max_seq_len,
-    )
-    mdm_flops = forward_flops_per_token(mdm_state["model_config"], 1 + length)
+    mdm = DiffusionGenerator(*load(out, "mdm"))
+    canvas = mdm.prompt_canvas([[]] * settings.samples, length)
+    mdm_flops = forward_flops_per_token(mdm.state["model_config"], 1 + length)
     configs: list[tuple[str, SamplerConfig, float]] = []
     for steps in settings.diffusion_steps:
         configs.append((f"mdm ancestral {steps} steps", SamplerConfig(Ancestral(steps)), 1.0))
@@ -136,19 +126,9 @@ def generation_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
                 )
             )
     for name, config, temperature in tqdm(configs, desc="diffusion samplers", leave=False):
-        config = with_model_schedule(config, mdm_state)
         start = time.perf_counter()
-        result = sample(mdm_model, config, canvas, torch.Generator().manual_seed(0))
+        result = mdm.fill(canvas, config, seed=0, eos="stop")
         elapsed = time.perf_counter() - start
-        tokens, lengths = apply_eos_policy(
-            result.tokens,
-            result.region,
-            "stop",
-            eos_id=mdm_tokenizer.eos_id,
-            pad_id=mdm_tokenizer.pad_id,
-        )
-        begin = result.region[0]
-        ids = [row[begin : begin + n].tolist() for row, n in zip(tokens, lengths.tolist())]
         sets[name] = {
             "objective": "mdm",
             "sampler": config.strategy.name,
@@ -156,8 +136,8 @@ def generation_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
             "steps": getattr(config.strategy, "steps", None),
             "nfe": result.nfe,
             "seconds": elapsed,
-            "texts": [mdm_tokenizer.decode(row) for row in ids],
-            "ids": ids,
+            "texts": result.texts,
+            "ids": result.tokens,
             # Every evaluation processes the whole canvas; spread over the generated tokens.
             "flops_per_token": result.nfe * canvas.length * mdm_flops / length,
             "approximate": result.approximate,
@@ -190,15 +170,8 @@ def quality_stage(out: Path, sets: dict[str, Any], settings: CompareSettings) ->
 
 def examples_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
     """Side-by-side continuations of the same prompts, and one infilling example."""
-    from arlm.generate import ARGenerator, GenerationConfig
-    from dllm.canvas import apply_eos_policy, infill_canvas, prompt_canvas
-    from dllm.generate import SamplerConfig, sample
-    from dllm.sample import with_model_schedule
-    from dllm.strategies import Ancestral
-    from shared.sampling import SamplingConfig
-
     ar_model, tokenizer, state = load(out, "ar")
-    mdm_model, _, mdm_state = load(out, "mdm")
+    mdm = DiffusionGenerator(*load(out, "mdm"))
     rows = validation_rows(state, tokenizer)
     k, length = settings.prompt_tokens, settings.gen_length
     step = max(1, len(rows) // max(settings.prompts, 1))
@@ -213,31 +186,14 @@ def examples_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
         seed=0,
     )
     ar_seconds = time.perf_counter() - start
-    mask_id = mdm_model.config.vocab_size - 1
     steps = settings.diffusion_steps[-1]
-    sampler = with_model_schedule(
-        SamplerConfig(Ancestral(steps), sampling=SamplingConfig(temperature=0.8)), mdm_state
-    )
-    canvas = prompt_canvas(
-        prompts,
-        length,
-        bos_id=tokenizer.eos_id,
-        mask_id=mask_id,
-        max_seq_len=mdm_model.config.max_seq_len,
-    )
+    sampler = SamplerConfig(Ancestral(steps), sampling=SamplingConfig(temperature=0.8))
     start = time.perf_counter()
-    mdm = sample(mdm_model, sampler, canvas, torch.Generator().manual_seed(0))
+    continued = mdm.generate(prompts, length, sampler, seed=0, eos="stop")
     mdm_seconds = time.perf_counter() - start
-    tokens, lengths = apply_eos_policy(
-        mdm.tokens, mdm.region, "stop", eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id
-    )
     side_by_side = [
-        {
-            "prompt": tokenizer.decode(p),
-            "ar": ar.texts[i],
-            "mdm": tokenizer.decode(tokens[i, mdm.region[0] : mdm.region[0] + n].tolist()),
-        }
-        for i, (p, n) in enumerate(zip(prompts, lengths.tolist()))
+        {"prompt": tokenizer.decode(p), "ar": ar.texts[i], "mdm": continued.texts[i]}
+        for i, p in enumerate(prompts)
     ]
     # Infilling: keep a prefix and a suffix of a held-out row, mask the middle.
     row = rows[min(len(rows) - 1, step // 2)]
@@ -245,14 +201,8 @@ def examples_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
     prefix, suffix = row[1 : 1 + k].tolist(), row[1 + k + middle : 1 + 2 * k + middle].tolist()
     fixed = {1 + i: t for i, t in enumerate(prefix)}
     fixed |= {1 + k + middle + j: t for j, t in enumerate(suffix)}
-    infill = infill_canvas(
-        1 + 2 * k + middle if suffix else 1 + k + middle,
-        fixed,
-        bos_id=tokenizer.eos_id,
-        mask_id=mask_id,
-        max_seq_len=mdm_model.config.max_seq_len,
-    )
-    filled = sample(mdm_model, sampler, infill, torch.Generator().manual_seed(0))
+    infill = mdm.infill_canvas(1 + 2 * k + middle if suffix else 1 + k + middle, fixed)
+    filled = mdm.fill(infill, sampler, seed=0, eos="none").raw
     ar_prefix_only = engine.generate(
         [[tokenizer.eos_id, *prefix]],
         GenerationConfig(
@@ -265,7 +215,7 @@ def examples_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
         "ar_seconds_per_sample": ar_seconds / len(prompts),
         "mdm_seconds_per_sample": mdm_seconds / len(prompts),
         "ar_nfe": ar.forward_passes,
-        "mdm_nfe": mdm.nfe,
+        "mdm_nfe": continued.nfe,
         "mdm_steps": steps,
         "infill": {
             "prefix": tokenizer.decode(prefix),

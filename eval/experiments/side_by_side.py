@@ -21,6 +21,13 @@ from pathlib import Path
 
 import torch
 
+from arlm.generate import ARGenerator, GenerationConfig
+from dllm.generate import SamplerConfig
+from dllm.generator import DiffusionGenerator
+from dllm.strategies import Ancestral, FixedCount, Threshold
+from shared.errors import USER_ERRORS, CheckpointError
+from shared.sampling import SamplingConfig
+
 
 @dataclass
 class Cell:
@@ -32,9 +39,6 @@ class Cell:
 def ar_continue(
     path: str, prompts: list[str], gen_length: int, temperature: float, seed: int
 ) -> list[Cell]:
-    from arlm.generate import ARGenerator, GenerationConfig
-    from shared.sampling import SamplingConfig
-
     engine = ARGenerator.from_checkpoint(path)
     cells = []
     for prompt in prompts:  # one at a time: per-sample time and NFE
@@ -47,6 +51,13 @@ def ar_continue(
     return cells
 
 
+SAMPLERS = {
+    "ancestral": lambda steps: Ancestral(steps),
+    "fixed": lambda steps: FixedCount(steps, "low_confidence"),
+    "threshold": lambda steps: Threshold(0.9),
+}
+
+
 def mdm_fill(
     path: str,
     prompts: list[str],
@@ -57,42 +68,17 @@ def mdm_fill(
     temperature: float,
     seed: int,
 ) -> list[Cell]:
-    from dllm.canvas import apply_eos_policy
-    from dllm.generate import SamplerConfig, sample
-    from dllm.sample import text_canvas, with_model_schedule
-    from dllm.strategies import Ancestral, FixedCount, Threshold
-    from shared.checkpoint import load_model_from_checkpoint
-    from shared.sampling import SamplingConfig
-
-    model, tokenizer, state = load_model_from_checkpoint(Path(path))
-    if state.get("objective") != "mdm":
-        raise ValueError(f"{path} holds a {state.get('objective')!r} model, not an 'mdm' one")
-    rule = {
-        "ancestral": lambda: Ancestral(steps),
-        "fixed": lambda: FixedCount(steps, "low_confidence"),
-        "threshold": lambda: Threshold(0.9),
-    }[sampler]()
-    config = with_model_schedule(
-        SamplerConfig(rule, sampling=SamplingConfig(temperature=temperature)), state
+    generator = DiffusionGenerator.from_checkpoint(path)
+    if generator.objective != "mdm":
+        raise ValueError(f"{path} holds a {generator.objective!r} model, not an 'mdm' one")
+    config = SamplerConfig(
+        SAMPLERS[sampler](steps), sampling=SamplingConfig(temperature=temperature)
     )
     cells = []
     for prompt, suffix in zip(prompts, suffixes):  # one at a time: per-sample time and NFE
         start = time.perf_counter()
-        canvas = text_canvas(
-            tokenizer,
-            [prompt],
-            gen_length,
-            suffix=suffix,
-            mask_id=model.config.vocab_size - 1,
-            max_seq_len=model.config.max_seq_len,
-        )
-        result = sample(model, config, canvas, torch.Generator().manual_seed(seed))
-        tokens, lengths = apply_eos_policy(
-            result.tokens, result.region, "stop", eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id
-        )
-        begin = result.region[0]
-        text = tokenizer.decode(tokens[0, begin : begin + int(lengths[0])].tolist())
-        cells.append(Cell(text, result.nfe, time.perf_counter() - start))
+        result = generator.generate([prompt], gen_length, config, seed=seed, suffix=suffix)
+        cells.append(Cell(result.texts[0], result.nfe, time.perf_counter() - start))
     return cells
 
 
@@ -130,8 +116,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.prompt and not args.infill:
         args.prompt = [""]
-    from shared.errors import USER_ERRORS, CheckpointError
-
     prompts = args.prompt + [prefix for prefix, _ in args.infill]
     suffixes = [None] * len(args.prompt) + [suffix for _, suffix in args.infill]
     try:
