@@ -12,16 +12,26 @@ from __future__ import annotations
 import codecs
 import time
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from arlm.generation_types import GenerationConfig, GenerationResult, StepOutput
 from shared.model import KVCache
 from shared.sampling import SamplingConfig, sample_from_logits
+from shared.tokenizer import Tokenizer
 
-if TYPE_CHECKING:  # for annotations only: arlm.generate imports this module
-    from arlm.generate import ARGenerator
+
+class DecodingEngine(Protocol):
+    """What the decoder reads from its engine (``arlm.generate.ARGenerator``)."""
+
+    model: torch.nn.Module
+    tokenizer: Tokenizer | None
+    device: torch.device
+    dtype: torch.dtype
+    pad_id: int
+    eos_id: int | None
+
 
 FINISH_REASONS = ("length", "eos", "stop")
 _LENGTH, _EOS, _STOP = 0, 1, 2
@@ -78,7 +88,7 @@ class _Decoder:
 
     def __init__(
         self,
-        engine: ARGenerator,
+        engine: DecodingEngine,
         prompts: list[list[int]],
         config: GenerationConfig,
         generator: torch.Generator | None,

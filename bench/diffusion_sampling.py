@@ -36,6 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from arlm.generate import GenerationConfig, generate
 from dllm.canvas import Canvas
 from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator, DiffusionResult
@@ -43,7 +44,7 @@ from dllm.strategies import Ancestral, FixedCount, Threshold
 from shared.checkpoint import load_weights, read_state, resolve_checkpoint
 from shared.config import ModelConfig
 from shared.hardware import cpu_name
-from shared.model import KVCache, Transformer
+from shared.model import Transformer
 from shared.sampling import SamplingConfig
 from shared.training.presets import get_preset
 
@@ -148,25 +149,11 @@ def best_of(repeats: int, run) -> tuple[float, object]:
 
 def ar_decode(model: Transformer, prompt: list[int], gen_length: int) -> tuple[int, str]:
     """(forward passes, engine label) of KV-cached greedy decoding of ``gen_length`` tokens."""
-    try:
-        from arlm.generate import GenerationConfig, generate
-    except ImportError:
-        return fallback_ar_decode(model, prompt, gen_length), "simple KV-cached greedy loop"
     config = GenerationConfig(
         max_new_tokens=gen_length, sampling=SamplingConfig(temperature=0), stop_on_eos=False
     )
     result = generate(model, [prompt], config)
     return result.forward_passes, "arlm.generate (KV cache, greedy)"
-
-
-@torch.no_grad()
-def fallback_ar_decode(model: Transformer, prompt: list[int], gen_length: int) -> int:
-    """A minimal KV-cached greedy loop, used while ``arlm.generate`` is not importable."""
-    cache = KVCache(model.config, 1, len(prompt) + gen_length)
-    logits = model(torch.tensor([prompt]), attention="causal", cache=cache)[:, -1]
-    for _ in range(gen_length - 1):
-        logits = model(logits.argmax(-1, keepdim=True), attention="causal", cache=cache)[:, -1]
-    return gen_length
 
 
 def machine() -> str:

@@ -37,8 +37,6 @@ from dllm.schedules import get_schedule
 from shared.errors import ConfigError
 from shared.objective import (
     LossOutput,
-    loss_positions,
-    noised_positions,
     register_objective,
     sum_per_row,
 )
@@ -229,12 +227,7 @@ class BlockDiffusionObjective(MaskRow):
         noise: dict[str, torch.Tensor],
         scored: torch.Tensor | None = None,
     ) -> LossOutput:
-        if self.mask_id is None:
-            raise RuntimeError("call model_vocab_size() before loss() so the [MASK] id is known")
-        counted = scored
-        if scored is None:
-            counted = loss_positions(tokens, self.pad_id)
-            scored = noised_positions(tokens, self.pad_id, self.pad_is_data)
+        scored, counted = self.noised_and_counted(tokens, scored)
         scored, counted = without_bos(scored), without_bos(counted)
         noised, masked, weight = self.noise_rows(tokens, noise, scored)
         logits = self.noisy_logits(model, noised, tokens, masked)

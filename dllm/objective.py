@@ -82,10 +82,24 @@ class MaskRow:
     of parameters)."""
 
     mask_id: int | None
+    pad_id: int
+    pad_is_data: bool
 
     def model_vocab_size(self, tokenizer_vocab_size: int) -> int:
         self.mask_id = tokenizer_vocab_size
         return tokenizer_vocab_size + 1
+
+    def noised_and_counted(
+        self, tokens: torch.Tensor, scored: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(positions the forward process may mask, positions the loss is divided over): every
+        noisable position and the loss positions by default; a given ``scored`` is both."""
+        if self.mask_id is None:
+            raise RuntimeError("call model_vocab_size() before loss() so the [MASK] id is known")
+        if scored is None:
+            noisable = noised_positions(tokens, self.pad_id, self.pad_is_data)
+            return noisable, loss_positions(tokens, self.pad_id)
+        return scored, scored
 
 
 @register_objective
@@ -178,12 +192,7 @@ class MaskedDiffusionObjective(MaskRow):
         noise: dict[str, torch.Tensor],
         scored: torch.Tensor | None = None,
     ) -> LossOutput:
-        if self.mask_id is None:
-            raise RuntimeError("call model_vocab_size() before loss() so the [MASK] id is known")
-        counted = scored
-        if scored is None:
-            counted = loss_positions(tokens, self.pad_id)
-            scored = self.noised_positions(tokens)
+        scored, counted = self.noised_and_counted(tokens, scored)
         noised, masked, weight = self.noise_rows(tokens, noise, scored)
         logits = model(noised, attention=self.attention, output_mask=masked)
         # SUBS: drop the [MASK] column so the softmax runs over real tokens only.

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_model, save_file
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
@@ -45,7 +46,7 @@ from torch.distributed.tensor import DTensor
 from shared.config import ModelConfig
 from shared.errors import CheckpointError
 from shared.faults import kill_now_if
-from shared.files import fsync_dir, fsync_tree
+from shared.files import follow_umask, fsync_dir, fsync_tree
 from shared.model import Transformer
 from shared.tokenizer import Tokenizer
 
@@ -220,6 +221,7 @@ def save_checkpoint(
         files = sorted(p for p in staging.rglob("*") if p.is_file())
         manifest = {str(p.relative_to(staging)): _sha256(p) for p in files}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        follow_umask(staging)
         fsync_tree(staging)
         if final.exists():  # re-saving the same step (e.g. after a resume): replace it whole
             shutil.rmtree(final)
@@ -290,7 +292,20 @@ def read_state(path: Path) -> dict[str, Any]:
 
 
 def load_weights(path: Path, model: nn.Module) -> None:
-    missing, unexpected = load_model(model, str(Path(path) / "model.safetensors"), strict=False)
+    file = Path(path) / "model.safetensors"
+    with safe_open(str(file), framework="pt") as saved:
+        shapes = {name: tuple(saved.get_slice(name).get_shape()) for name in saved.keys()}
+    own = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    wrong = [
+        f"{n} {shapes[n]} vs {own[n]}" for n in sorted(own) if n in shapes and shapes[n] != own[n]
+    ]
+    if wrong:
+        raise CheckpointError(
+            f"{path}: {len(wrong)} tensors have another shape than this model's (checkpoint vs "
+            f"model: {'; '.join(wrong[:3])}{'; ...' if len(wrong) > 3 else ''}); a model whose "
+            "shape changed cannot continue from these weights"
+        )
+    missing, unexpected = load_model(model, str(file), strict=False)
     if missing or unexpected:
         raise CheckpointError(
             f"{path}: weights do not fit the model (missing {missing}, unexpected {unexpected})"

@@ -40,6 +40,8 @@ def report_user_errors(
     except (*USER_ERRORS, *also) as error:
         if os.environ.get("DUOLM_DEBUG"):
             raise
-        print(f"error: {error}", file=sys.stderr)
+        # Under a launcher every process meets the same error; the first one reports it.
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -10,6 +10,21 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 
+def current_umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it; put it straight back
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(root: Path) -> None:
+    """Give ``root`` and everything under it the modes a plain ``open``/``mkdir`` would have had
+    (``tempfile`` creates private 0600 files and 0700 folders, which is wrong for results the
+    user shares)."""
+    mask = current_umask()
+    for path in [root, *root.rglob("*")]:
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
+
+
 def write_atomic(
     path: Path, data: bytes | str | Callable[[BinaryIO], None], *, durable: bool = False
 ) -> None:
@@ -27,6 +42,7 @@ def write_atomic(
             if durable:
                 handle.flush()
                 os.fsync(handle.fileno())
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

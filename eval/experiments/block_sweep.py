@@ -36,15 +36,17 @@ from dllm.generator import DiffusionGenerator
 from dllm.strategies import Ancestral
 from eval.experiments.stages import (
     Stages,
+    check_equal_budgets,
     load,
     reference_texts,
+    run_stoppable,
     train_or_reuse,
     training_overrides,
 )
 from eval.likelihood import evaluate_checkpoint
 from eval.quality import diversity_report, load_judge
 from eval.report import Report, Table, frontier_figure
-from shared.errors import report_user_errors
+from shared.faults import StopRequest
 from shared.sampling import SamplingConfig
 
 
@@ -388,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = sweep_settings_for(args.preset)
     started = time.perf_counter()
 
-    def job() -> None:
+    def job(stop: StopRequest) -> None:
         nonlocal settings
         if args.block_sizes:
             settings = dataclasses.replace(
@@ -399,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides = training_overrides(extra)
         summaries = train_all(args.preset, out, overrides, settings.block_sizes, args.force)
         names = run_names(settings.block_sizes)
-        stages = Stages(out, args.force)
+        check_equal_budgets(summaries, "tokens")
+        stages = Stages(out, args.force, stop)
         key = {
             "train": {k: (v["step"], v.get("val_nats_per_token")) for k, v in summaries.items()},
             "settings": dataclasses.asdict(settings),
@@ -426,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(f"report: {paths['markdown']} ({(time.perf_counter() - started) / 60:.1f} min)")
 
-    return report_user_errors(job)
+    return run_stoppable(job)
 
 
 if __name__ == "__main__":

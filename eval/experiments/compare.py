@@ -36,8 +36,10 @@ from eval.experiments.compare_report import write_report
 from eval.experiments.compare_settings import CompareSettings, settings_for
 from eval.experiments.stages import (
     Stages,
+    check_equal_budgets,
     load,
     reference_texts,
+    run_stoppable,
     train_both,
     training_overrides,
     validation_rows,
@@ -46,7 +48,7 @@ from eval.experiments.synthetic_compare import run_synthetic
 from eval.likelihood import evaluate_checkpoint
 from eval.quality import diversity_report, load_judge, mauve_score
 from shared.config import ModelConfig
-from shared.errors import report_user_errors
+from shared.faults import StopRequest
 from shared.model import flops_per_token
 from shared.sampling import SamplingConfig
 
@@ -235,12 +237,14 @@ def run_comparison(
     *,
     budget: str = "tokens",
     force: bool = False,
+    stop: StopRequest | None = None,
 ) -> tuple[dict[str, Any], dict[str, Path]]:
     """Train both models (or reuse them), run every stage and write the report; returns the
     likelihood results and the report's paths."""
     started = time.perf_counter()
     summaries = train_both(preset, out, overrides, budget, force)
-    stages = Stages(out, force)
+    check_equal_budgets(summaries, budget)
+    stages = Stages(out, force, stop)
     key = {
         "train": {k: (v["step"], v.get("val_nats_per_token")) for k, v in summaries.items()},
         "settings": dataclasses.asdict(settings),
@@ -283,10 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or f"runs/{args.preset}")
     started = time.perf_counter()
 
-    def job() -> None:
+    def job(stop: StopRequest) -> None:
         overrides = training_overrides(extra)
         if args.preset.startswith("synthetic"):
-            paths = run_synthetic(args.preset, out, overrides, args.force)
+            paths = run_synthetic(args.preset, out, overrides, args.force, stop)
             print(f"report: {paths['markdown']}")
             return
         settings = settings_for(args.preset)
@@ -297,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
                 judge=args.judge or settings.judge,
             )
         likelihood, paths = run_comparison(
-            args.preset, out, overrides, settings, budget=args.budget, force=args.force
+            args.preset, out, overrides, settings, budget=args.budget, force=args.force, stop=stop
         )
         ar, mdm = likelihood["ar"]["estimates"]["nll"], likelihood["mdm"]["estimates"]["nelbo"]
         print(f"AR  {ar['nats_per_token']:.4f} nats/token, {ar['bits_per_byte']:.4f} bits/byte")
@@ -307,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"report: {paths['markdown']} ({(time.perf_counter() - started) / 60:.1f} min)")
 
-    return report_user_errors(job)
+    return run_stoppable(job)
 
 
 if __name__ == "__main__":

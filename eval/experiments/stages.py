@@ -16,6 +16,8 @@ import numpy as np
 from shared.checkpoint import load_model_from_checkpoint
 from shared.data.corpus import load_corpus
 from shared.data.rows import tokenize_corpus
+from shared.errors import ConfigError, report_user_errors
+from shared.faults import StopRequest
 from shared.tokenizer import Tokenizer
 from shared.training import new_run, resume_run, train
 from shared.training.cli import parse_args
@@ -23,11 +25,51 @@ from shared.training.cli import parse_args
 OBJECTIVES = ("ar", "mdm")
 
 
+class JobStopped(Exception):
+    """A signal stopped the job: its running training saved a checkpoint, and a rerun of the
+    same command resumes there."""
+
+
+def stop_requested_between_stages(stop: StopRequest) -> None:
+    """Raise ``JobStopped`` when a signal arrived during a stage that does not save (evaluation):
+    the stages done so far are stored, so the rerun starts at the next one."""
+    if stop.requested:
+        raise JobStopped(f"stopped by {stop.signal_name}; rerun the same command to continue")
+
+
+def check_equal_budgets(summaries: dict[str, dict[str, Any]], budget: str) -> None:
+    """A comparison's report states one budget for its runs: check it from the runs' own records
+    before writing it (a run stopped early, or reused from another budget, fails here)."""
+    unfinished = [
+        f"{name} (step {s['step']} of {s['total_steps']})"
+        for name, s in summaries.items()
+        if not s.get("finished")
+    ]
+    if unfinished:
+        raise ConfigError(
+            f"refusing to write a report: these runs did not finish: {', '.join(unfinished)}; "
+            "rerun the same command to resume them"
+        )
+    spent = {
+        name: s["tokens_seen"] * (s["flops_per_token"] if budget == "flops" else 1)
+        for name, s in summaries.items()
+    }
+    low, high = min(spent.values()), max(spent.values())
+    # A FLOP budget is met to within one step of the run with the most FLOPs per step.
+    tolerance = 0.0 if budget == "tokens" else 0.01
+    if high - low > tolerance * high:
+        listed = ", ".join(f"{name} {value:.6g}" for name, value in spent.items())
+        raise ConfigError(
+            f"refusing to write a report: the runs' {budget} budgets differ ({listed}); "
+            "rerun with --force to retrain them under one budget"
+        )
+
+
 class Stages:
     """Stage results stored as JSON, keyed by a hash of the inputs that produced them."""
 
-    def __init__(self, root: Path, force: bool):
-        self.root, self.force = root / "stages", force
+    def __init__(self, root: Path, force: bool, stop: StopRequest | None = None):
+        self.root, self.force, self.stop = root / "stages", force, stop
         self.root.mkdir(parents=True, exist_ok=True)
         self.reused: list[str] = []
 
@@ -40,6 +82,8 @@ class Stages:
                 print(f"[{name}] reusing the stored result (--force recomputes)")
                 self.reused.append(name)
                 return stored["result"]
+        if self.stop is not None:
+            stop_requested_between_stages(self.stop)
         start = time.perf_counter()
         result = compute()
         elapsed = time.perf_counter() - start
@@ -50,6 +94,24 @@ class Stages:
         tmp.replace(path)
         print(f"[{name}] done in {elapsed:.1f} s")
         return result
+
+
+def run_stoppable(job: Callable[[StopRequest], None]) -> int:
+    """Run an experiment's command-line job: 0 when it ends or is stopped by SIGTERM/SIGINT (the
+    running training saves a checkpoint, finished stages are stored; a rerun continues), 2 with
+    one line on a user error."""
+    stop = StopRequest()
+
+    def guarded() -> None:
+        try:
+            job(stop)
+        except JobStopped as stopped:
+            print(stopped)
+
+    try:
+        return report_user_errors(guarded)
+    finally:
+        stop.close()
 
 
 def training_overrides(flags: list[str]) -> dict[str, Any]:
@@ -72,15 +134,32 @@ def train_or_reuse(
     final = run_dir / "final.json"
     if final.exists() and not force:
         summary = json.loads(final.read_text())
-        if summary.get("finished"):
+        if summary.get("finished") and same_settings(run_dir, overrides):
             print(f"[train {label}] reusing the finished run in {run_dir}")
             summary["reused"] = True
             return summary
     if force and run_dir.exists():
         shutil.rmtree(run_dir)
     if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir()):
-        return train(resume_run(run_dir, preset=preset, **overrides))
-    return train(new_run(preset, run_dir, **start, **overrides))
+        summary = train(resume_run(run_dir, preset=preset, **overrides))
+    else:
+        # A folder without a checkpoint holds nothing to resume (a run stopped before its
+        # first save): start over it.
+        summary = train(new_run(preset, run_dir, overwrite=True, **start, **overrides))
+    if summary["stopped_by"]:
+        raise JobStopped(
+            f"stopped by {summary['stopped_by']} while training {label} (step "
+            f"{summary['step']} of {summary['total_steps']}, checkpoint saved); rerun the same "
+            "command to resume"
+        )
+    return summary
+
+
+def same_settings(run_dir: Path, overrides: dict[str, Any]) -> bool:
+    """Whether the run in ``run_dir`` was trained with ``overrides`` (a budget, a shape...)."""
+    saved = json.loads((run_dir / "config.json").read_text())
+    config = saved["model_config"] | saved["train_config"]
+    return all(config.get(name) == value for name, value in overrides.items())
 
 
 def train_both(

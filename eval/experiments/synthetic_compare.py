@@ -24,6 +24,7 @@ from eval.experiments.stages import Stages, train_both
 from eval.report import Report, Table
 from eval.synthetic import synthetic_report
 from shared.errors import ConfigError
+from shared.faults import StopRequest
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,9 @@ def language_label(spec: str) -> str:
     return spec.split(":", 1)[1].split("?", 1)[0]
 
 
-def run_synthetic(preset: str, out: Path, extra: dict[str, Any], force: bool) -> dict[str, Path]:
+def run_synthetic(
+    preset: str, out: Path, extra: dict[str, Any], force: bool, stop: StopRequest | None = None
+) -> dict[str, Path]:
 
     if preset not in SYNTHETIC_PRESETS:
         raise ConfigError(
@@ -93,7 +96,7 @@ def run_synthetic(preset: str, out: Path, extra: dict[str, Any], force: bool) ->
         )
     settings = SYNTHETIC_PRESETS[preset]
     started = time.perf_counter()
-    stages = Stages(out, force)
+    stages = Stages(out, force, stop)
     results: dict[str, Any] = {}
     for language in settings.languages:
         label = language_label(language.spec)

@@ -17,6 +17,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import datasets
+
 from shared.data import hub
 from shared.data.synthetic.specs import corpus_splits
 from shared.errors import ResourceUnavailableError
@@ -185,8 +187,6 @@ def _load_kjv() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 @contextmanager
 def _quiet_datasets() -> Iterator[Any]:
-    import datasets
-
     # per-file "Generating split" bars are noise in training logs
     was_disabled = datasets.are_progress_bars_disabled()
     datasets.disable_progress_bars()

@@ -15,6 +15,78 @@ from shared.training.loop import release_process_group, train
 from shared.training.presets import get_preset
 from shared.training.run import RunSpec, new_run, resume_run
 
+# Every flag's group and one-line description (valid choices in the text); the help shows them
+# with the preset's default.
+FLAG_GROUPS: dict[str, dict[str, str]] = {
+    "model": {
+        "dim": "model width",
+        "n_layers": "transformer blocks",
+        "n_heads": "attention heads (must divide dim)",
+        "n_kv_heads": "key/value heads for grouped-query attention (must divide n_heads)",
+        "hidden_dim": "SwiGLU hidden width",
+        "norm_eps": "RMSNorm epsilon",
+        "rope_theta": "RoPE base",
+        "max_seq_len": "longest row the model supports (>= seq_len)",
+        "tie_embeddings": "share the input embedding and the output head (true/false)",
+        "sliding_window": "keys each query sees; 0 = full attention",
+    },
+    "data": {
+        "dataset": "kjv, a local .txt/.jsonl/.json/.parquet file or folder, a hub dataset "
+        "(name or name:config), or synthetic:<language>?<params>",
+        "val_dataset": "separate validation corpus; empty = hold out part of the dataset",
+        "text_field": "column holding the text (jsonl/parquet/hub)",
+        "tokenizer": "byte | gpt2 | bpe (trained on the corpus) | hf:<hub name or tokenizer.json>",
+        "tokenizer_vocab_size": "vocabulary of the trained bpe tokenizer (>= 300)",
+        "protocol": "packed (documents concatenated) | padded (one document per row)",
+        "seq_len": "tokens per row, BOS included",
+        "unique_tokens": "keep only the first rows holding this many training tokens; 0 = all",
+        "cache_dir": "where tokenizers and tokenized rows are cached",
+    },
+    "objective": {
+        "objective": "ar | mdm | bd (block diffusion)",
+        "schedule": "diffusion noise schedule: linear | cosine",
+        "t_eps": "smallest diffusion time drawn, in [0, 1)",
+        "estimator": "MDM loss estimator: time (Bernoulli masks at t) | count (LLaDA, linear only)",
+        "block_size": "bd: positions per block; must divide seq_len",
+        "t_max": "bd: largest diffusion time drawn in training, in (t_eps, 1]",
+    },
+    "optimisation": {
+        "batch_size": "global rows per optimizer step (split over processes and grad_accum)",
+        "grad_accum": "micro-steps per optimizer step",
+        "lr": "peak learning rate",
+        "lr_schedule": "cosine | constant, after linear warmup",
+        "warmup_steps": "linear warmup steps",
+        "min_lr_ratio": "cosine floor as a fraction of lr, in [0, 1]",
+        "weight_decay": "AdamW weight decay (matrices only)",
+        "beta1": "AdamW beta1, in [0, 1)",
+        "beta2": "AdamW beta2, in [0, 1)",
+        "grad_clip": "gradient norm clip; 0 = off",
+        "precision": "auto (bf16 where fast) | fp32 | bf16",
+        "seed": "seed of the weights, the data order and the noise",
+        "num_threads": "torch CPU threads; 0 = torch's default",
+    },
+    "budget": {
+        "max_steps": "optimizer steps (used when no other budget is set)",
+        "max_tokens": "training tokens; 0 = unset",
+        "max_flops": "training FLOPs (6N + attention per token); 0 = unset",
+        "epochs": "passes over the (unique) training rows; 0 = unset",
+        "stop_after_steps": "end this invocation early, with a checkpoint; 0 = run to the end",
+    },
+    "checkpoints and evaluation": {
+        "eval_every": "steps between validations (each also saves a checkpoint)",
+        "eval_batches": "batches per periodic validation; 0 = the whole split",
+        "eval_seed": "seed of the fixed validation noise",
+        "checkpoint_every": "steps between checkpoints; 0 = at every validation",
+        "keep_checkpoints": "newest checkpoints kept (the best is always kept)",
+        "max_bad_steps": "consecutive non-finite steps before the run stops (exit 3)",
+    },
+    "logging": {
+        "log_every": "steps between training log records",
+        "log_with": "comma-separated accelerate trackers, e.g. tensorboard or wandb",
+        "peak_tflops": "hardware peak for MFU; 0 = look it up or measure it",
+    },
+}
+
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
@@ -32,7 +104,6 @@ def _parse_bool(text: str) -> bool:
 def build_parser(preset: dict[str, dict[str, Any]] | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="Train the shared backbone under an objective (ar, mdm or bd).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
         "--preset", default="demo", help="named preset (shared/training/presets.py)"
@@ -44,27 +115,32 @@ def build_parser(preset: dict[str, dict[str, Any]] | None) -> argparse.ArgumentP
         "--resume", default=None, help="run or checkpoint directory to continue from"
     )
     parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start a new run in a folder that holds one; the old run is moved aside to "
+        "<out>.replaced-<time>, not deleted",
+    )
+    parser.add_argument(
         "--allow-config-change",
         action="store_true",
         help="resume even if identity fields (objective, data, tokenizer, shape) "
         "differ from the checkpoint's",
     )
     preset = preset or {"model": {}, "train": {}}
-    groups = (("model", ModelConfig, preset["model"]), ("training", TrainConfig, preset["train"]))
-    for title, cls, values in groups:
+    fields = {f.name: f for cls in (ModelConfig, TrainConfig) for f in dataclasses.fields(cls)}
+    defaults = {**preset["model"], **preset["train"]}
+    for title, described in FLAG_GROUPS.items():
         group = parser.add_argument_group(f"{title} (defaults shown are the preset's)")
-        for field in dataclasses.fields(cls):
-            if field.name == "vocab_size":
-                continue  # set by the tokenizer and objective
-            kind = FIELD_TYPES[str(field.type)]
-            default = values.get(field.name, field.default)
+        for name, description in described.items():
+            kind = FIELD_TYPES[str(fields[name].type)]
+            default = defaults.get(name, fields[name].default)
             group.add_argument(
-                _flag(field.name),
-                dest=field.name,
+                _flag(name),
+                dest=name,
                 default=argparse.SUPPRESS,
                 type=_parse_bool if kind is bool else kind,
                 metavar=kind.__name__.upper(),
-                help=f"(default: {default})",
+                help=f"{description} (default: {default})",
             )
     return parser
 
@@ -95,7 +171,7 @@ def spec_from_argv(argv: list[str] | None) -> RunSpec:
             allow_config_change=args.allow_config_change,
             **overrides,
         )
-    return new_run(args.preset, args.out, **overrides)
+    return new_run(args.preset, args.out, overwrite=args.overwrite, **overrides)
 
 
 def train_from_argv(argv: list[str] | None = None) -> dict[str, Any]:

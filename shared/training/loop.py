@@ -19,11 +19,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from accelerate import Accelerator
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 from shared import checkpoint as ckpt
 from shared.data.rows import EpochSampler
+from shared.errors import ConfigError
 from shared.faults import StopRequest, fault_active
 from shared.hardware import peak_flops, peak_memory
 from shared.model import Transformer
@@ -32,6 +34,7 @@ from shared.training.checkpoints import CheckpointKeeper
 from shared.training.config import TrainingDiverged
 from shared.training.metrics import Metrics
 from shared.training.run import RunSpec
+from shared.training.run_folder import RunFolderLock, claim_run_folder
 from shared.training.schedule import batch_generator, total_steps_for
 from shared.training.setup import (
     build_optimizer,
@@ -46,17 +49,54 @@ from shared.validation import LossTotals, evaluate_rows
 
 
 def train(spec: RunSpec) -> dict[str, Any]:
-    """Run training; returns the final summary (also written to ``<out>/final.json``)."""
+    """Run training; returns the final summary (also written to ``<out>/final.json``). The run
+    holds its folder's lock from before its first write to its end, on every exit path."""
+    if spec.train.num_threads:
+        torch.set_num_threads(spec.train.num_threads)
+    accelerator = make_accelerator(spec.train, spec.out)
+    layout = parallel_layout(accelerator)
+    # Refuse a layout the trainer cannot run before touching the run folder.
+    micro_batch = micro_batch_size(spec.train, layout, accelerator.num_processes)
+    lock = claim_folder(spec, accelerator)
+    try:
+        return run_locked(spec, accelerator, layout, micro_batch)
+    finally:
+        lock.release()
+
+
+def claim_folder(spec: RunSpec, accelerator: Accelerator) -> RunFolderLock:
+    """Lock the run folder and check it may take this run, on the main process (the only one
+    that writes); every process learns the outcome, so all of them stop on a refusal."""
+    lock = RunFolderLock(spec.out)
+    error, aside = None, None
+    if accelerator.is_main_process:
+        resume_folder = spec.resume_from.parent.parent if spec.resume_from else None
+        resuming = resume_folder is not None and resume_folder.resolve() == spec.out.resolve()
+        try:
+            lock.acquire()
+            aside = claim_run_folder(spec.out, resuming=resuming, overwrite=spec.overwrite)
+        except ConfigError as refused:
+            lock.release()
+            error = refused
+    failed = accelerator.reduce(torch.tensor(float(error is not None), device=accelerator.device))
+    if error is not None:
+        raise error
+    if float(failed):
+        raise ConfigError(f"the main process could not claim the run folder {spec.out}")
+    if lock.stale:
+        accelerator.print(f"note: took over the stale lock of a run that died ({lock.stale})")
+    if aside:
+        accelerator.print(f"moved the run that was in {spec.out} aside to {aside}")
+    return lock
+
+
+def run_locked(
+    spec: RunSpec, accelerator: Accelerator, layout: str, micro_batch: int
+) -> dict[str, Any]:
     model_cfg, cfg, out = spec.model, spec.train, spec.out
     saved = ckpt.read_state(spec.resume_from) if spec.resume_from is not None else None
-    if cfg.num_threads:
-        torch.set_num_threads(cfg.num_threads)
-
-    accelerator = make_accelerator(cfg, out)
     rank, world = accelerator.process_index, accelerator.num_processes
     log = accelerator.print
-    layout = parallel_layout(accelerator)
-    micro_batch = micro_batch_size(cfg, layout, world)
     set_seed(cfg.seed)
     data = load_data(cfg, accelerator, spec.resume_from, saved, spec.allow_config_change)
     tokenizer, train_rows = data.tokenizer, data.train_rows
@@ -72,6 +112,12 @@ def train(spec: RunSpec) -> dict[str, Any]:
     tokens_per_step = cfg.batch_size * cfg.seq_len
     flops_token = training_flops_per_token(objective, model_cfg, cfg.seq_len)
     total_steps = total_steps_for(cfg, flops_token * tokens_per_step, len(train_rows))
+    if saved is not None and saved["step"] > total_steps:
+        raise ConfigError(
+            f"the checkpoint {spec.resume_from} is at step {saved['step']}, past this run's "
+            f"budget of {total_steps} steps: nothing to train and the run's records stay as "
+            "they are (raise the budget, e.g. --max-steps, to continue it)"
+        )
     optimizer = build_optimizer(model, cfg)
     scheduler = build_scheduler(optimizer, cfg, total_steps)
 
@@ -99,6 +145,8 @@ def train(spec: RunSpec) -> dict[str, Any]:
         )
     accelerator.init_trackers("duolm", config={**run_config, **model_cfg.to_dict()})
     metrics = Metrics(out / "metrics.jsonl", accelerator)
+    if spec.resume_from is not None and metrics.drop_after(start_step):
+        log(f"dropped the metric records after step {start_step}, which this run redoes")
     device = accelerator.device
     dtype = torch.bfloat16 if accelerator.mixed_precision == "bf16" else torch.float32
     peak, peak_source = peak_flops(device, dtype, cfg.peak_tflops)
@@ -278,7 +326,7 @@ def train(spec: RunSpec) -> dict[str, Any]:
                 optimizer.optimizer,
                 scheduler,
                 healthy=bad_streak == 0,
-                announce=log,
+                announce=say,
             )
             window_start = time.perf_counter()
         if stopped_by:

@@ -8,10 +8,23 @@ from typing import Any
 
 from accelerate import Accelerator
 
+from shared.files import write_atomic
+
 
 class Metrics:
     def __init__(self, path: Path, accelerator: Accelerator):
         self.path, self.accelerator = path, accelerator
+
+    def drop_after(self, step: int) -> int:
+        """Drop the records of steps after ``step`` (a resumed run redoes them: after kill -9 the
+        log can run ahead of the newest checkpoint). Returns how many were dropped."""
+        if not self.accelerator.is_main_process or not self.path.is_file():
+            return 0
+        lines = self.path.read_text().splitlines()
+        kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+        if len(kept) != len(lines):
+            write_atomic(self.path, "".join(line + "\n" for line in kept))
+        return len(lines) - len(kept)
 
     def log(self, record: dict[str, Any]) -> None:
         if self.accelerator.is_main_process:

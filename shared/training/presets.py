@@ -46,62 +46,35 @@ def gpt2_small(model: dict[str, Any] | None = None, **train: Any) -> dict[str, d
     return {"model": GPT2_SMALL["model"] | (model or {}), "train": GPT2_SMALL["train"] | train}
 
 
+def kjv_preset(
+    model: dict[str, Any], *, data: dict[str, Any], schedule: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """A CPU preset on the built-in KJV corpus with a trained BPE tokenizer (unless ``data``
+    says otherwise): its row layout and precision (``data``), and its learning rate, budget and
+    validation (``schedule``, a cosine ending at a tenth of the peak)."""
+    base = {"dataset": "kjv", "tokenizer": "bpe", "min_lr_ratio": 0.1}
+    return {"model": model, "train": base | data | schedule}
+
+
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # For tests: trains in seconds on one CPU thread.
-    "tiny": {
-        "model": dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=64, max_seq_len=64),
-        "train": dict(
-            dataset="kjv",
-            tokenizer="byte",
-            seq_len=32,
-            batch_size=8,
-            lr=3e-3,
-            warmup_steps=5,
-            max_steps=30,
-            eval_every=10,
-            eval_batches=2,
-            min_lr_ratio=0.1,
-            precision="fp32",
-        ),
-    },
+    "tiny": kjv_preset(
+        dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=64, max_seq_len=64),
+        data=dict(tokenizer="byte", seq_len=32, batch_size=8, precision="fp32"),
+        schedule=dict(lr=3e-3, warmup_steps=5, max_steps=30, eval_every=10, eval_batches=2),
+    ),
     # The whole comparison pipeline in about a minute (CI): tiny model, small BPE.
-    "smoke": {
-        "model": dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=160, max_seq_len=64),
-        "train": dict(
-            dataset="kjv",
-            tokenizer="bpe",
-            tokenizer_vocab_size=512,
-            seq_len=64,
-            batch_size=16,
-            lr=5e-3,
-            warmup_steps=10,
-            max_steps=150,
-            eval_every=75,
-            eval_batches=2,
-            min_lr_ratio=0.1,
-            precision="fp32",
-        ),
-    },
+    "smoke": kjv_preset(
+        dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=160, max_seq_len=64),
+        data=dict(tokenizer_vocab_size=512, seq_len=64, batch_size=16, precision="fp32"),
+        schedule=dict(lr=5e-3, warmup_steps=10, max_steps=150, eval_every=75, eval_batches=2),
+    ),
     # The CPU main job: a few minutes per model on 2 cores, enough to pick up the corpus's style.
-    "demo": {
-        "model": dict(
-            dim=256, n_layers=4, n_heads=4, n_kv_heads=4, hidden_dim=704, max_seq_len=128
-        ),
-        "train": dict(
-            dataset="kjv",
-            tokenizer="bpe",
-            tokenizer_vocab_size=2048,
-            seq_len=128,
-            batch_size=32,
-            lr=2e-3,
-            warmup_steps=30,
-            max_steps=400,
-            eval_every=100,
-            eval_batches=4,
-            min_lr_ratio=0.1,
-            precision="auto",
-        ),
-    },
+    "demo": kjv_preset(
+        dict(dim=256, n_layers=4, n_heads=4, n_kv_heads=4, hidden_dim=704, max_seq_len=128),
+        data=dict(tokenizer_vocab_size=2048, seq_len=128, batch_size=32, precision="auto"),
+        schedule=dict(lr=2e-3, warmup_steps=30, max_steps=400, eval_every=100, eval_batches=4),
+    ),
     "small": gpt2_small(),
     # The same shapes on hub corpora (need internet): TinyStories and OpenWebText, GPT-2 BPE.
     "tinystories-small": gpt2_small(

@@ -25,14 +25,18 @@ class RunSpec:
     preset: str = ""
     resume_from: Path | None = None
     allow_config_change: bool = False  # resume even when the corpus changed
+    overwrite: bool = False  # start even where a run exists, moving the old run aside
 
 
-def new_run(preset: str, out: str | Path | None = None, **overrides: Any) -> RunSpec:
+def new_run(
+    preset: str, out: str | Path | None = None, *, overwrite: bool = False, **overrides: Any
+) -> RunSpec:
     """A run of ``preset`` with ``overrides`` (any ModelConfig or TrainConfig field) applied;
-    ``out`` defaults to ``runs/<preset>-<objective>``."""
+    ``out`` defaults to ``runs/<preset>-<objective>``. A folder that already holds a run
+    refuses it unless ``overwrite`` (which moves the old run aside)."""
     model_cfg, train_cfg = resolve_config(preset, overrides)
     folder = Path(out) if out else Path("runs") / f"{preset}-{train_cfg.objective}"
-    return RunSpec(model_cfg, train_cfg, folder, preset)
+    return RunSpec(model_cfg, train_cfg, folder, preset, overwrite=overwrite)
 
 
 def resume_run(

@@ -3,6 +3,7 @@ optimizer and its schedule."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,9 +35,38 @@ def make_accelerator(cfg: TrainConfig, out: Path) -> Accelerator:
     if cfg.precision == "auto":
         mixed = "bf16" if bf16_is_fast() else "no"
     trackers = [t for t in cfg.log_with.split(",") if t]
+    check_trackers_installed(trackers)
     return Accelerator(
         cpu=not cuda, mixed_precision=mixed, log_with=trackers or None, project_dir=str(out)
     )
+
+
+# accelerate tracker -> the packages that can back it
+TRACKER_PACKAGES = {
+    "tensorboard": ("tensorboard", "tensorboardX"),
+    "wandb": ("wandb",),
+    "comet_ml": ("comet_ml",),
+    "mlflow": ("mlflow",),
+    "aim": ("aim",),
+    "clearml": ("clearml",),
+    "dvclive": ("dvclive",),
+}
+
+
+def check_trackers_installed(trackers: list[str]) -> None:
+    """accelerate skips a tracker whose package is missing with a warning, so the run would log
+    nothing; refuse instead, naming the install command."""
+    for tracker in trackers:
+        if tracker not in TRACKER_PACKAGES:
+            raise ConfigError(
+                f"log_with={tracker!r} is not a tracker; valid: {sorted(TRACKER_PACKAGES)}"
+            )
+        if not any(importlib.util.find_spec(p) for p in TRACKER_PACKAGES[tracker]):
+            raise ConfigError(
+                f"--log-with {tracker} needs the {TRACKER_PACKAGES[tracker][0]} package: "
+                f"pip install {TRACKER_PACKAGES[tracker][0]}"
+                + (" (or the project's 'tracking' extra)" if tracker == "tensorboard" else "")
+            )
 
 
 def parallel_layout(accelerator: Accelerator) -> str:

@@ -1,0 +1,116 @@
+"""A run folder belongs to one run at a time.
+
+Before a run writes anything it takes an exclusive lock on its folder (``<out>/.lock``, an
+``flock`` the kernel releases when the process dies, holding the owner's PID and host) and checks
+that the folder does not already hold another run: a new run in a used folder refuses unless
+asked to ``--overwrite``, which moves the old run aside rather than deleting it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from shared.errors import ConfigError
+
+LOCK_FILE = ".lock"
+# What a run writes into its folder; any of them means the folder holds a run.
+RUN_FILES = ("config.json", "metrics.jsonl", "final.json", "checkpoints")
+
+
+def holds_run(folder: Path) -> bool:
+    return any((folder / name).exists() for name in RUN_FILES)
+
+
+def _describe(holder: dict) -> str:
+    return f"PID {holder.get('pid', '?')} on host {holder.get('host', '?')}"
+
+
+class RunFolderLock:
+    """The exclusive lock on a run folder, held from ``acquire`` until ``release`` (or the end of
+    the process). ``stale`` describes a previous holder that died without releasing it."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.path = folder / LOCK_FILE
+        self.stale: str | None = None
+        self._handle = None
+
+    def acquire(self) -> RunFolderLock:
+        if self.folder.exists() and not self.folder.is_dir():
+            raise ConfigError(f"--out {self.folder} is a file, not a folder; name a folder")
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            handle = open(self.path, "a+")  # noqa: SIM115 (held open for the life of the run)
+        except OSError as error:
+            raise ConfigError(
+                f"cannot write to the run folder {self.folder}: {error.strerror or error}"
+            ) from error
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(handle)
+            handle.close()
+            raise ConfigError(
+                f"the run folder {self.folder} is in use by another run ({_describe(holder)}, "
+                f"since {holder.get('since', '?')}); wait for it to end or choose another --out"
+            ) from None
+        previous = _read_holder(handle)
+        if previous and previous.get("pid") is not None:
+            # The kernel released the flock when its holder died; its record stayed behind.
+            self.stale = _describe(previous)
+        handle.seek(0)
+        handle.truncate()
+        record = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
+        handle.write(json.dumps(record))
+        handle.flush()
+        self._handle = handle
+        return self
+
+    def release(self) -> None:
+        if self._handle is None:
+            return
+        self._handle.seek(0)
+        self._handle.truncate()  # an empty lock file is a released one, not a stale one
+        fcntl.flock(self._handle, fcntl.LOCK_UN)
+        self._handle.close()
+        self._handle = None
+
+
+def _read_holder(handle) -> dict:
+    handle.seek(0)
+    try:
+        return json.loads(handle.read() or "{}")
+    except json.JSONDecodeError:
+        return {}
+
+
+def claim_run_folder(folder: Path, *, resuming: bool, overwrite: bool) -> str | None:
+    """Check that ``folder`` (already locked by this process) may take a new run. A folder that
+    holds a run refuses unless the run is being resumed there, or ``overwrite`` moves the old run
+    aside; returns where it was moved, if anywhere."""
+    if resuming or not holds_run(folder):
+        return None
+    if not overwrite:
+        raise ConfigError(
+            f"{folder} already holds a run; continue it with --resume {folder}, or start a new "
+            "one over it with --overwrite (the old run is moved aside, not deleted)"
+        )
+    aside = folder.with_name(f"{folder.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
+    suffix = 0
+    while aside.exists():
+        suffix += 1
+        aside = aside.with_name(f"{aside.name.split('~')[0]}~{suffix}")
+    aside.mkdir()
+    for entry in folder.iterdir():
+        if entry.name != LOCK_FILE:
+            entry.rename(aside / entry.name)
+    return str(aside)

