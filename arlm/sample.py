@@ -15,11 +15,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
 from arlm.generate import ARGenerator, GenerationConfig, GenerationResult
+from shared.cli_args import (
+    device_argument,
+    fitting_length,
+    positive_argument,
+    read_text_file,
+    set_threads,
+    utf8_argument,
+)
 from shared.errors import report_user_errors
 from shared.sampling import SamplingConfig
 
@@ -35,7 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompt", action="append", default=[], help="a prompt (repeat for a batch)"
     )
     parser.add_argument("--prompts-file", help="a text file with one prompt per line")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="tokens to generate (default: 64, or what fits the model's context)",
+    )
     parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     parser.add_argument("--top-k", type=int, default=0, help="0 = off")
     parser.add_argument("--top-p", type=float, default=1.0, help="1 = off")
@@ -54,12 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def read_prompts(args: argparse.Namespace) -> list[str]:
-    prompts = list(args.prompt)
+    prompts = [utf8_argument(prompt, "--prompt") for prompt in args.prompt]
     if args.prompts_file:
-        path = Path(args.prompts_file)
-        if not path.is_file():
-            raise FileNotFoundError(f"--prompts-file {path} does not exist")
-        prompts += path.read_text(encoding="utf-8").splitlines()
+        prompts += read_text_file(args.prompts_file, "--prompts-file").splitlines()
     if not prompts:
         raise ValueError(
             "no prompts: give --prompt TEXT or --prompts-file FILE "
@@ -68,7 +77,7 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
     return prompts
 
 
-def generation_config(args: argparse.Namespace) -> GenerationConfig:
+def generation_config(args: argparse.Namespace, max_new_tokens: int) -> GenerationConfig:
     sampling = SamplingConfig(
         temperature=args.temperature,
         top_k=args.top_k,
@@ -77,7 +86,7 @@ def generation_config(args: argparse.Namespace) -> GenerationConfig:
         repetition_penalty=args.repetition_penalty,
     )
     return GenerationConfig(
-        max_new_tokens=args.max_new_tokens,
+        max_new_tokens=max_new_tokens,
         sampling=sampling,
         stop_on_eos=not args.ignore_eos,
         stop_strings=tuple(args.stop),
@@ -102,12 +111,15 @@ def batch_stats(result: GenerationResult) -> str:
 
 def run(args: argparse.Namespace) -> None:
     prompts = read_prompts(args)
-    config = generation_config(args)
-    if args.threads < 0:
-        raise ValueError(f"--threads={args.threads} must be >= 0 (0 = torch's default)")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    engine = ARGenerator.from_checkpoint(args.checkpoint, device=args.device)
+    set_threads(args.threads)
+    if args.max_new_tokens is not None:
+        positive_argument(args.max_new_tokens, "--max-new-tokens")
+    engine = ARGenerator.from_checkpoint(args.checkpoint, device=device_argument(args.device))
+    longest = max(len(engine.tokenizer.encode(prompt)) for prompt in prompts)
+    context = engine.model.config.max_seq_len
+    config = generation_config(
+        args, fitting_length(args.max_new_tokens, context, longest, "--max-new-tokens")
+    )
     generator = torch.Generator().manual_seed(args.seed)
     if not args.stream:
         result = engine.generate(prompts, config, generator=generator)

@@ -26,14 +26,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from dllm.canvas import EOS_POLICIES
 from dllm.generate import CACHES, SamplerConfig
 from dllm.generator import DiffusionGenerator, DiffusionResult
 from dllm.strategies import REMASKING, Ancestral, FixedCount, Threshold
-from shared.errors import USER_ERRORS
+from shared.cli_args import (
+    device_argument,
+    fitting_length,
+    positive_argument,
+    set_threads,
+    utf8_argument,
+)
+from shared.errors import report_user_errors
 from shared.sampling import SamplingConfig
 
 # Options of one sampler rule only.
@@ -55,7 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("checkpoint", help="checkpoint directory, or a run / checkpoints folder")
     parser.add_argument("--prompt", action="append", help="prompt text; repeat for a batch")
     parser.add_argument("--suffix", default=None, help="fixed text after the generated span")
-    parser.add_argument("--gen-length", type=int, default=64, help="positions to generate")
+    parser.add_argument(
+        "--gen-length",
+        type=int,
+        default=None,
+        help="positions to generate (default: 64, or what fits the model's context)",
+    )
     parser.add_argument("--num-samples", type=int, default=1, help="samples per prompt")
     parser.add_argument("--sampler", choices=["ancestral", "fixed", "threshold"], default="fixed")
     parser.add_argument(
@@ -110,14 +121,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--eos", choices=EOS_POLICIES, default="stop")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
 
 def check_sampler_options(args: argparse.Namespace) -> None:
     """Refuse options that do not fit the chosen rule (before loading anything)."""
-    if args.num_samples < 1:
-        raise ValueError(f"--num-samples={args.num_samples} must be >= 1")
+    positive_argument(args.num_samples, "--num-samples")
+    if args.gen_length is not None:
+        positive_argument(args.gen_length, "--gen-length")
+    for prompt in args.prompt or []:
+        utf8_argument(prompt, "--prompt")
+    if args.suffix is not None:
+        utf8_argument(args.suffix, "--suffix")
     for option, sampler in SAMPLER_ONLY.items():
         if getattr(args, option) is not None and args.sampler != sampler:
             raise ValueError(
@@ -158,10 +175,16 @@ def config_from_args(args: argparse.Namespace, steps: int) -> SamplerConfig:
 def sample_from_args(args: argparse.Namespace) -> tuple[str, SamplerConfig, DiffusionResult]:
     """(objective, config, result) of the command line's request."""
     check_sampler_options(args)
-    generator = DiffusionGenerator.from_checkpoint(args.checkpoint, args.device)
+    set_threads(args.threads)
+    generator = DiffusionGenerator.from_checkpoint(args.checkpoint, device_argument(args.device))
     check_objective_options(args, generator.objective)
     prompts = (args.prompt or [""]) * args.num_samples
-    canvas = generator.prompt_canvas(prompts, args.gen_length, suffix=args.suffix)
+    tokenizer = generator.tokenizer
+    longest = max(len(tokenizer.encode(p)) for p in prompts)
+    suffix = len(tokenizer.encode(args.suffix)) if args.suffix else 0
+    context = generator.model.config.max_seq_len
+    gen_length = fitting_length(args.gen_length, context, longest + suffix, "--gen-length")
+    canvas = generator.prompt_canvas(prompts, gen_length, suffix=args.suffix)
     steps = generator.steps_per_position(canvas) if args.steps is None else args.steps
     config = config_from_args(args, steps)
     result = generator.fill(
@@ -172,13 +195,11 @@ def sample_from_args(args: argparse.Namespace) -> tuple[str, SamplerConfig, Diff
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        objective, config, result = sample_from_args(args)
-    except USER_ERRORS as error:
-        if os.environ.get("DUOLM_DEBUG"):
-            raise
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    sampled = []
+    status = report_user_errors(lambda: sampled.append(sample_from_args(args)))
+    if status:
+        return status
+    objective, config, result = sampled[0]
     raw = result.raw
     stats = {
         "objective": objective,

@@ -17,11 +17,14 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from shared.checkpoint import load_model_from_checkpoint
+from shared.cli_args import writable_file
 from shared.data.corpus import load_corpus
 from shared.data.rows import protocol_record, tokenize_corpus
-from shared.errors import report_user_errors
+from shared.errors import ConfigError, report_user_errors
+from shared.files import write_atomic
 from shared.objective import Objective, loss_positions, objective_for_run
 from shared.validation import noise_generator
 
@@ -67,9 +70,13 @@ class Estimate:
         }
 
 
-def _batches(rows: np.ndarray | torch.Tensor, batch_size: int):
-    for start in range(0, len(rows), batch_size):
-        yield start, torch.as_tensor(rows[start : start + batch_size], dtype=torch.long)
+def _batches(rows: np.ndarray | torch.Tensor, batch_size: int, desc: str = "rows"):
+    """(first row index, rows) per batch, with a progress bar on a terminal."""
+    with tqdm(total=len(rows), desc=desc, unit="row", leave=False, disable=None) as bar:
+        for start in range(0, len(rows), batch_size):
+            batch = torch.as_tensor(rows[start : start + batch_size], dtype=torch.long)
+            yield start, batch
+            bar.update(len(batch))
 
 
 def _bytes_of(tokens: torch.Tensor, scored: torch.Tensor, token_bytes: np.ndarray) -> int:
@@ -130,7 +137,7 @@ def mdm_nelbo(
     total = Estimate(0.0, 0, 0, kind=f"nelbo ({objective.estimator} estimator, {samples} samples)")
     variance = 0.0
     rows_per_batch = max(1, batch_size // samples)
-    for start, tokens in _batches(rows, rows_per_batch):
+    for start, tokens in _batches(rows, rows_per_batch, "NELBO"):
         mask = _scored(objective, tokens, scored, start)
         noise = objective.repeated_noise(
             len(tokens), samples, tokens.shape[1], noise_generator(seed, start)
@@ -171,7 +178,7 @@ def mdm_chain_rule_nll(
     """
     mask_id = objective.mask_id
     total = Estimate(0.0, 0, 0, kind="exact nll (mdm, left-to-right unmasking)")
-    for start, tokens in _batches(rows, batch_size):
+    for start, tokens in _batches(rows, batch_size, "left-to-right NLL"):
         counted = _scored(objective, tokens, scored, start)
         revealed = counted if scored is not None else _noised_positions(objective, tokens)
         tokens, mask = tokens.to(device), revealed.to(device)
@@ -351,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(args: argparse.Namespace) -> None:
     """Evaluate, print one line per estimate, and write the JSON file if asked."""
+    if args.json:
+        writable_file(args.json, "--json")  # before minutes of work, not after
     results = evaluate_checkpoint(
         args.checkpoint,
         dataset=args.dataset,
@@ -373,7 +382,10 @@ def report(args: argparse.Namespace) -> None:
             f"({values['kind']}, {values['tokens']} tokens)"
         )
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+        try:
+            write_atomic(Path(args.json), json.dumps(results, indent=2))
+        except OSError as error:
+            raise ConfigError(f"--json {args.json} could not be written: {error}") from None
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@ from arlm.generate import ARGenerator, GenerationConfig
 from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.strategies import Ancestral, FixedCount, Threshold
-from shared.errors import USER_ERRORS, CheckpointError
+from shared.cli_args import set_threads, utf8_argument
+from shared.errors import CheckpointError, report_user_errors
 from shared.sampling import SamplingConfig
 
 
@@ -113,12 +114,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--width", type=int, default=48, help="column width")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
     args = parser.parse_args(argv)
     if not args.prompt and not args.infill:
         args.prompt = [""]
     prompts = args.prompt + [prefix for prefix, _ in args.infill]
     suffixes = [None] * len(args.prompt) + [suffix for _, suffix in args.infill]
-    try:
+    outputs = []
+
+    def generate_both() -> None:
+        set_threads(args.threads)
+        for prompt in prompts + [suffix for suffix in suffixes if suffix]:
+            utf8_argument(prompt, "--prompt/--infill")
         for path in (args.ar_checkpoint, args.mdm_checkpoint):
             if not Path(path).exists():
                 raise CheckpointError(f"checkpoint path {path} does not exist")
@@ -136,9 +143,12 @@ def main(argv: list[str] | None = None) -> int:
                 args.temperature,
                 args.seed,
             )
-    except USER_ERRORS as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+        outputs.extend((ar, mdm))
+
+    status = report_user_errors(generate_both)
+    if status:
+        return status
+    ar, mdm = outputs
     width = args.width
     header = columns("AR (KV cache)", f"MDM ({args.sampler}, {args.steps} steps)", width)
     print(header + "\n" + "-" * (2 * width + 3))

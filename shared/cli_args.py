@@ -1,0 +1,102 @@
+"""Checks every command line applies to what the user typed, so a bad value is one clear line
+(naming the flag) instead of a traceback from deep inside."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from shared.errors import ConfigError
+
+
+def utf8_argument(value: str, flag: str) -> str:
+    """``value`` as typed; command-line bytes that are not UTF-8 reach Python as lone
+    surrogates, which fail later in a tokenizer with a message that names nothing."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{flag} must be UTF-8 text; the value given is not") from None
+    return value
+
+
+def read_text_file(path: str | Path, flag: str) -> str:
+    """The UTF-8 text of the file ``flag`` names."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path} is a folder; give a text file")
+    if not path.exists():
+        raise FileNotFoundError(f"{flag} {path} does not exist")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{flag} {path} is not UTF-8 text") from None
+
+
+def writable_file(path: str | Path, flag: str) -> Path:
+    """Check, before any work, that the output file ``flag`` names can be written."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path} is a folder; give a file name")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise ConfigError(f"{flag} {path}: the folder {folder} does not exist")
+    # Try it: permission bits say little to root, and nothing about read-only mounts.
+    try:
+        if path.exists():
+            with open(path, "r+b"):
+                pass
+        else:
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".probe")
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as error:
+        raise ConfigError(f"{flag} {path} cannot be written: {error.strerror or error}") from None
+    return path
+
+
+def device_argument(name: str, flag: str = "--device") -> torch.device:
+    """A torch device this build and machine can run on."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"{flag} {name!r} is not a device; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        why = "has no CUDA support" if torch.version.cuda is None else "sees no GPU"
+        raise ConfigError(f"{flag} {name}: this torch build {why}; use --device cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"{flag} {name!r}: only cpu and cuda devices are supported")
+    return device
+
+
+def positive_argument(value: int, flag: str) -> int:
+    if value < 1:
+        raise ConfigError(f"{flag}={value} must be >= 1")
+    return value
+
+
+def set_threads(threads: int) -> None:
+    """``--threads``: torch CPU threads (0 leaves torch's default)."""
+    if threads < 0:
+        raise ConfigError(f"--threads={threads} must be >= 0 (0 = torch's default)")
+    if threads:
+        torch.set_num_threads(threads)
+
+
+DEFAULT_GENERATED_TOKENS = 64
+
+
+def fitting_length(requested: int | None, context: int, fixed_tokens: int, flag: str) -> int:
+    """``requested`` generated tokens, or by default 64 or fewer so that BOS + the longest prompt
+    (and suffix: ``fixed_tokens``) + the generated tokens fit the model's context."""
+    if requested is not None:
+        return requested
+    room = context - 1 - fixed_tokens
+    if room < 1:
+        raise ConfigError(
+            f"the prompt ({fixed_tokens} tokens + BOS) fills the model's context of "
+            f"max_seq_len={context}: nothing is left to generate; shorten the prompt"
+        )
+    return min(DEFAULT_GENERATED_TOKENS, room)

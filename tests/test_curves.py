@@ -1,0 +1,98 @@
+"""Learning-curve arithmetic against hand-computed answers."""
+
+import math
+
+import numpy as np
+import pytest
+
+from eval.curves import (
+    check_increasing,
+    compute_multipliers,
+    fit_power_law,
+    flops_to_reach,
+    geometric_budgets,
+    headline_multiplier,
+    select_learning_rate,
+    unigram_entropy,
+)
+from shared.errors import ConfigError
+
+
+def power_law(a: float, alpha: float, shift: float = 1.0):
+    """L(C) = a (C / shift)^-alpha: the same curve needing ``shift`` times the compute."""
+    return lambda c: a * (c / shift) ** -alpha
+
+
+BUDGETS = geometric_budgets(1e12, 1e15, 10)
+
+
+def test_budgets_are_geometric_and_checked():
+    assert BUDGETS[0] == pytest.approx(1e12) and BUDGETS[-1] == pytest.approx(1e15)
+    ratios = np.diff(np.log(BUDGETS))
+    assert np.allclose(ratios, ratios[0])
+    for bad in ([1e12, 1e12], [2e12, 1e12], [0, 1], [5e12]):
+        with pytest.raises(ConfigError, match="budget"):
+            check_increasing(bad)
+    with pytest.raises(ConfigError):
+        geometric_budgets(1e12, 1e15, 1)
+
+
+def test_two_power_laws_shifted_by_4x_give_a_multiplier_of_4():
+    ar_loss, mdm_loss = power_law(40.0, 0.1), power_law(40.0, 0.1, shift=4.0)
+    ar = [(c, ar_loss(c)) for c in BUDGETS]
+    mdm = [(c, mdm_loss(c)) for c in BUDGETS]
+    multipliers = compute_multipliers(ar, mdm)
+    reached = [m for m in multipliers if m.value is not None]
+    assert all(m.value == pytest.approx(4.0, rel=1e-9) for m in reached)
+    # beyond the MDM's last point (1e15) the AR losses are not reached: 1e15 / 4 < C
+    assert [m.value is None for m in multipliers] == [4 * c > 1e15 * (1 + 1e-9) for c in BUDGETS]
+    headline = headline_multiplier(ar, mdm)
+    assert headline.value == pytest.approx(4.0) and headline.ar_flops <= 1e15 / 4
+
+
+def test_interpolation_between_points_and_not_reached_beyond_the_curve():
+    curve = [(1.0, 8.0), (100.0, 2.0)]
+    # log-log straight line: loss 4 is halfway in log loss, so halfway in log compute
+    assert flops_to_reach(curve, 4.0) == pytest.approx(10.0)
+    assert flops_to_reach(curve, 9.0) == 1.0  # already there at the first point
+    assert flops_to_reach(curve, 1.9) is None
+    assert flops_to_reach([], 3.0) is None
+
+
+def test_the_headline_interval_comes_from_the_mdm_band():
+    ar = [(1.0, 4.0), (10.0, 3.0)]
+    mdm = [(1.0, 6.0), (10.0, 4.0), (100.0, 3.0)]
+    low = [(c, 0.9 * v) for c, v in mdm]
+    high = [(c, 1.1 * v) for c, v in mdm]
+    headline = headline_multiplier(ar, mdm, low, high)
+    assert headline.value == pytest.approx(10.0)
+    assert (
+        headline.low < headline.value and headline.high is None
+    )  # the upper band never gets there
+    assert headline_multiplier(ar, [(1.0, 9.0), (10.0, 8.0)]) is None
+
+
+def test_power_law_fit_recovers_known_parameters():
+    curve = [(c, 1.7 + 3.0 * (c / 1e12) ** -0.35) for c in BUDGETS]
+    fit = fit_power_law(curve)
+    assert fit.E == pytest.approx(1.7, abs=1e-3) and fit.alpha == pytest.approx(0.35, abs=1e-3)
+    assert fit(3e13) == pytest.approx(1.7 + 3.0 * 30**-0.35, rel=1e-4)
+    assert fit_power_law(curve[:3]) is None
+
+
+def test_unigram_entropy_by_hand():
+    # loss positions (not BOS, not padding 9): tokens 1, 1, 2, 3 -> p = 1/2, 1/4, 1/4
+    rows = np.array([[0, 1, 1, 9], [0, 2, 3, 9]])
+    expected = -(0.5 * math.log(0.5) + 2 * 0.25 * math.log(0.25))
+    assert unigram_entropy(rows, pad_id=9) == pytest.approx(expected)
+    with pytest.raises(ConfigError):
+        unigram_entropy(np.array([[0, 9, 9]]), pad_id=9)
+
+
+def test_learning_rate_selection_picks_the_lowest_finite_loss_and_records_the_table():
+    choice = select_learning_rate({1e-3: 3.2, 3e-3: 3.0, 1e-2: float("nan"), 3e-2: float("inf")})
+    assert choice.chosen == 3e-3
+    assert [row["lr"] for row in choice.table] == [1e-3, 3e-3, 1e-2, 3e-2]
+    assert [row["diverged"] for row in choice.table] == [False, False, True, True]
+    with pytest.raises(ConfigError, match="every learning rate of the sweep diverged"):
+        select_learning_rate({1e-2: float("nan"), 1e-1: float("inf")})
