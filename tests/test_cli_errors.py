@@ -155,3 +155,18 @@ def test_random_likelihood_flags_never_raise(samples, max_rows, estimator, chain
     if chain:
         argv += ["--chain-rule-rows", "1"]
     assert call(likelihood.main, argv) in (0, 2)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    st.integers(-2, 70) | st.none(),
+    st.floats(-1, 2) | st.just(float("nan")),
+    st.integers(-2, 5),
+    st.text(max_size=8),
+)
+def test_random_ar_sampling_flags_never_raise(tiny_ar, max_new, temperature, top_k, prompt):
+    argv = [str(tiny_ar), "--prompt", prompt, "--temperature", str(temperature)]
+    argv += ["--top-k", str(top_k)]
+    if max_new is not None:
+        argv += ["--max-new-tokens", str(max_new)]
+    assert call(ar_sample.main, argv) in (0, 2)

@@ -1,5 +1,6 @@
 """Learning-curve arithmetic against hand-computed answers."""
 
+import json
 import math
 
 import numpy as np
@@ -16,6 +17,8 @@ from eval.curves import (
     unigram_entropy,
 )
 from shared.errors import ConfigError
+from shared.training import cli
+from shared.training.schedule import curve_steps
 
 
 def power_law(a: float, alpha: float, shift: float = 1.0):
@@ -96,3 +99,21 @@ def test_learning_rate_selection_picks_the_lowest_finite_loss_and_records_the_ta
     assert [row["diverged"] for row in choice.table] == [False, False, True, True]
     with pytest.raises(ConfigError, match="every learning rate of the sweep diverged"):
         select_learning_rate({1e-2: float("nan"), 1e-1: float("inf")})
+
+
+def test_training_measures_a_learning_curve_on_the_flop_axis(tmp_path):
+    curves = {}
+    for objective in ("ar", "mdm"):
+        out = tmp_path / objective
+        argv = ["--preset", "tiny", "--out", str(out), "--cache-dir", str(tmp_path / "cache")]
+        argv += ["--objective", objective, "--max-steps", "32", "--eval-every", "1000"]
+        cli.train_from_argv([*argv, "--curve-points", "5"])
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        points = [r for r in records if r["kind"] == "eval" and r.get("on_curve")]
+        assert [r["step"] for r in points] == curve_steps(32, 5) == [1, 2, 6, 13, 32]
+        assert all(b["flops"] > a["flops"] for a, b in zip(points, points[1:]))
+        curves[objective] = [(r["flops"], r["val_nats_per_token"]) for r in points]
+    # the same steps, so the same FLOP axis up to the MDM's one extra [MASK] row
+    for (c_ar, _), (c_mdm, _) in zip(curves["ar"], curves["mdm"]):
+        assert c_mdm == pytest.approx(c_ar, rel=0.02)
+    assert len(compute_multipliers(curves["ar"], curves["mdm"])) == 5

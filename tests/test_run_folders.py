@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from launch import two_cpu_processes
 
 from shared import checkpoint as ckpt
 from shared.config import ModelConfig
@@ -184,3 +185,24 @@ def test_every_flag_has_a_group_and_a_description():
     usage = cli.build_parser(None).format_help()
     assert "budget (defaults shown are the preset's)" in usage
     assert "ar | mdm | bd (block diffusion)" in usage
+
+
+def test_a_refusal_under_accelerate_launch_is_printed_once_and_stops_every_process(
+    tmp_path, cache_dir
+):
+    if shutil.which("accelerate") is None:
+        pytest.skip("accelerate launcher not on PATH")
+    out = tmp_path / "run"
+    cli.train_from_argv(tiny(out, cache_dir, "--max-steps", "2", "--eval-every", "100"))
+    done = subprocess.run(
+        [*two_cpu_processes(port=29533), "train.py", *tiny(out, cache_dir, "--max-steps", "4")],
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "already holds a run" in errors[0], done.stderr[-3000:]
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step_000002"]

@@ -76,6 +76,8 @@ FLAG_GROUPS: dict[str, dict[str, str]] = {
         "eval_every": "steps between validations (each also saves a checkpoint)",
         "eval_batches": "batches per periodic validation; 0 = the whole split",
         "eval_seed": "seed of the fixed validation noise",
+        "curve_points": "also validate at this many steps spaced evenly in log-FLOPs over the "
+        "last 64x of training (a learning curve); 0 = off",
         "checkpoint_every": "steps between checkpoints; 0 = at every validation",
         "keep_checkpoints": "newest checkpoints kept (the best is always kept)",
         "max_bad_steps": "consecutive non-finite steps before the run stops (exit 3)",

@@ -66,6 +66,9 @@ class TrainConfig:
     eval_every: int = 200
     eval_batches: int = 8  # global batches per periodic evaluation; 0 = the whole split
     eval_seed: int = 1234
+    # learning curve: also validate (on eval_batches) at this many steps spaced evenly in log
+    # over the last 64x of training FLOPs, the final step included; 0 = off
+    curve_points: int = 0
     log_every: int = 10
     checkpoint_every: int = 0  # 0: at every evaluation and at the end
     keep_checkpoints: int = 3  # newest kept, plus the best by periodic validation loss
@@ -110,6 +113,7 @@ class TrainConfig:
             "max_flops",
             "stop_after_steps",
             "eval_batches",
+            "curve_points",
             "checkpoint_every",
             "keep_checkpoints",
             "block_size",

@@ -35,7 +35,7 @@ from shared.training.config import TrainingDiverged
 from shared.training.metrics import Metrics
 from shared.training.run import RunSpec
 from shared.training.run_folder import RunFolderLock, claim_run_folder
-from shared.training.schedule import batch_generator, total_steps_for
+from shared.training.schedule import batch_generator, curve_steps, total_steps_for
 from shared.training.setup import (
     build_optimizer,
     build_scheduler,
@@ -203,6 +203,7 @@ def run_locked(
     if cfg.stop_after_steps:
         end_step = min(total_steps, start_step + cfg.stop_after_steps)
     checkpoint_every = cfg.checkpoint_every or cfg.eval_every
+    on_curve = set(curve_steps(total_steps, cfg.curve_points))
     model.train()
     progress = tqdm(
         range(start_step, end_step),
@@ -306,8 +307,11 @@ def run_locked(
             )
             window_tokens, window_start = 0, time.perf_counter()
         evaluated = None
-        if done % cfg.eval_every == 0 and done != total_steps:
+        periodic = done % cfg.eval_every == 0 and done != total_steps
+        if periodic or done in on_curve:
             evaluated = validate(done, cfg.eval_batches or None)
+            evaluated["flops"] = done * flops_token * tokens_per_step
+            evaluated["on_curve"] = done in on_curve
             metrics.log(evaluated)
             say(
                 f"step {done}: val {objective.metric} "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from shared.training.config import TrainConfig
@@ -33,6 +34,16 @@ def total_steps_for(cfg: TrainConfig, flops_per_step: float, n_rows: int) -> int
     if cfg.max_tokens:
         return max(1, math.ceil(cfg.max_tokens / tokens_per_step))
     return cfg.max_steps
+
+
+def curve_steps(total_steps: int, points: int, span: float = 64.0) -> list[int]:
+    """Steps spaced evenly in log from ``total_steps / span`` to ``total_steps`` (so evenly in
+    log-FLOPs, which grow linearly with steps): where a learning curve is measured."""
+    if points < 1:
+        return []
+    first = max(1.0, total_steps / span)
+    spaced = np.geomspace(first, total_steps, points) if points > 1 else [total_steps]
+    return sorted({min(total_steps, max(1, round(float(s)))) for s in spaced})
 
 
 def batch_generator(seed: int, step: int) -> torch.Generator:
