@@ -155,11 +155,15 @@ def unigram_entropy(rows: np.ndarray, pad_id: int) -> float:
     """Entropy in nats of the token frequencies over the loss positions of ``rows`` (position 0
     is BOS; padding is not data): the loss of the best model that ignores context."""
     targets = np.asarray(rows)[:, 1:]
-    tokens = targets[targets != pad_id]
-    if tokens.size == 0:
+    return entropy_of_counts(np.bincount(targets[targets != pad_id].ravel()))
+
+
+def entropy_of_counts(counts: np.ndarray) -> float:
+    """Entropy in nats of the distribution proportional to ``counts``."""
+    total = counts.sum()
+    if total == 0:
         raise ConfigError("no loss positions: cannot compute a unigram entropy")
-    counts = np.bincount(tokens.ravel())
-    p = counts[counts > 0] / tokens.size
+    p = counts[counts > 0] / total
     return float(-(p * np.log(p)).sum())
 
 

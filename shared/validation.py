@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from shared.objective import Objective, loss_positions, slice_noise
+from shared.objective import LossOutput, Objective, loss_positions, slice_noise
 
 
 def noise_generator(seed: int, index: int) -> torch.Generator:
@@ -26,9 +26,40 @@ def noise_generator(seed: int, index: int) -> torch.Generator:
 
 @dataclass
 class LossTotals:
+    """Summed validation loss, plus the per-row sums that give its standard error (all of them
+    add up across processes, so a reduction of the fields is the totals of every row)."""
+
     nats: float
     tokens: int
     bytes: int
+    rows: int = 0
+    nats_sq: float = 0.0  # sum over rows of (row nats)^2
+    tokens_sq: float = 0.0  # sum over rows of (row tokens)^2
+    nats_tokens: float = 0.0  # sum over rows of row nats * row tokens
+
+    FIELDS = ("nats", "tokens", "bytes", "rows", "nats_sq", "tokens_sq", "nats_tokens")
+
+    def add(self, out: LossOutput, row_tokens: torch.Tensor, n_bytes: int) -> None:
+        """Add one forward's loss (its sums as the objective computed them, so totals do not
+        depend on whether the error is wanted) and its rows' moments."""
+        self.nats += float(out.nats)
+        self.tokens += int(out.n_tokens)
+        self.bytes += n_bytes
+        row_nats, row_tokens = out.row_nats.double().cpu(), row_tokens.double().cpu()
+        self.rows += len(row_nats)
+        self.nats_sq += float((row_nats**2).sum())
+        self.tokens_sq += float((row_tokens**2).sum())
+        self.nats_tokens += float((row_nats * row_tokens).sum())
+
+    @property
+    def stderr_per_token(self) -> float:
+        """Standard error of nats/token as a ratio estimate over the rows (for a diffusion model
+        the rows' noise draws are part of what varies): sqrt(N/(N-1) sum (n_i - r t_i)^2) / T."""
+        if self.rows < 2 or not self.tokens:
+            return float("nan")
+        r = self.nats_per_token
+        spread = self.nats_sq - 2 * r * self.nats_tokens + r * r * self.tokens_sq
+        return math.sqrt(max(spread, 0.0) * self.rows / (self.rows - 1)) / self.tokens
 
     @property
     def nats_per_token(self) -> float:
@@ -47,6 +78,7 @@ class LossTotals:
             f"{prefix}_nats_per_token": self.nats_per_token,
             f"{prefix}_ppl": self.perplexity,
             f"{prefix}_bpb": self.bits_per_byte,
+            f"{prefix}_nats_per_token_se": self.stderr_per_token,
             f"{prefix}_tokens": self.tokens,
             f"{prefix}_bytes": self.bytes,
         }
@@ -101,8 +133,7 @@ def evaluate_rows(
             stop = min(start + step, share_stop)
             tokens = batch[start:stop]
             out = objective.loss(model, tokens.to(device), slice_noise(noise, start, stop))
-            totals.nats += float(out.nats)
-            totals.tokens += int(out.n_tokens)
-            totals.bytes += int(byte_table[tokens[loss_positions(tokens, pad_id)]].sum())
+            counted = loss_positions(tokens, pad_id)
+            totals.add(out, counted.sum(1), int(byte_table[tokens[counted]].sum()))
     model.train(was_training)
     return totals

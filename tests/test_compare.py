@@ -65,6 +65,21 @@ def test_smoke_report_has_every_section_with_finite_numbers(smoke):
     assert data["provenance"]["versions"]["torch"]
 
 
+def test_smoke_report_has_learning_curves_a_multiplier_and_the_floors(smoke):
+    out, _ = smoke
+    data = json.loads((out / "report.json").read_text())
+    curves = data["results"]["learning_curves"]
+    assert curves["measured"] and len(curves["ar"]) == len(curves["mdm"]) >= 8
+    assert [r["step"] for r in curves["ar"]] == [r["step"] for r in curves["mdm"]]
+    assert 0 < curves["unigram_entropy"] < math.log(512)
+    assert len(curves["multipliers"]) == len(curves["ar"])
+    markdown = (out / "report.md").read_text()
+    assert "learning_curves.png" in markdown and (out / "learning_curves.png").stat().st_size > 1000
+    assert "### Compute multiplier" in markdown and "Nie et al. 2024" in markdown
+    assert "Floor: the unigram model of the training split scores" in markdown
+    assert "unigram model" in data["results"]["quality"]["sets"]
+
+
 def test_matched_budget_both_models_saw_the_same_tokens(smoke):
     out, _ = smoke
     ar = json.loads((out / "ar" / "final.json").read_text())

@@ -26,12 +26,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
 from tqdm.auto import tqdm
 
 from arlm.generate import ARGenerator, GenerationConfig
 from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.strategies import Ancestral, FixedCount, Threshold
+from eval.curves import entropy_of_counts
 from eval.experiments.compare_report import write_report
 from eval.experiments.compare_settings import CompareSettings, settings_for
 from eval.experiments.stages import (
@@ -42,6 +45,7 @@ from eval.experiments.stages import (
     run_stoppable,
     train_both,
     training_overrides,
+    training_rows,
     validation_rows,
 )
 from eval.experiments.synthetic_compare import run_synthetic
@@ -50,7 +54,7 @@ from eval.quality import diversity_report, load_judge, mauve_score
 from shared.config import ModelConfig
 from shared.faults import StopRequest
 from shared.model import flops_per_token
-from shared.sampling import SamplingConfig
+from shared.sampling import SamplingConfig, sample_categorical
 
 
 def likelihood_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
@@ -69,6 +73,39 @@ def likelihood_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
 def forward_flops_per_token(config: dict[str, Any], context: int) -> float:
     """Inference FLOPs per token position: a third of the training count (forward only)."""
     return flops_per_token(ModelConfig.from_dict(config), context) / 3.0
+
+
+def token_frequencies(out: Path) -> np.ndarray:
+    """Counts of each token id over the training split's loss positions, under the AR run's
+    tokenizer: the unigram model both runs must beat."""
+    _, tokenizer, state = load(out, "ar")
+    targets = training_rows(state, tokenizer)[:, 1:]
+    return np.bincount(targets[targets != tokenizer.pad_id].ravel())
+
+
+def unigram_samples(out: Path, settings: CompareSettings) -> dict[str, Any]:
+    """Samples of the unigram model of the training split (float64 draws, seeded), judged like
+    the models' samples: the floor of the quality table."""
+    _, tokenizer, _ = load(out, "ar")
+    counts = token_frequencies(out)
+    probs = torch.as_tensor(counts, dtype=torch.float64).expand(settings.samples, -1)
+    generator = torch.Generator().manual_seed(0)
+    start = time.perf_counter()
+    ids = torch.stack(
+        [sample_categorical(probs, generator) for _ in range(settings.gen_length)], dim=1
+    ).tolist()
+    return {
+        "objective": "unigram",
+        "sampler": "unigram (training-split frequencies)",
+        "temperature": 1.0,
+        "steps": None,
+        "nfe": 0,
+        "seconds": time.perf_counter() - start,
+        "texts": [tokenizer.decode(row) for row in ids],
+        "ids": ids,
+        "flops_per_token": 0.0,
+        "approximate": False,
+    }
 
 
 def generation_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
@@ -144,6 +181,7 @@ def generation_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
             "flops_per_token": result.nfe * canvas.length * mdm_flops / length,
             "approximate": result.approximate,
         }
+    sets["unigram model"] = unigram_samples(out, settings)
     for entry in sets.values():
         entry["tokens_per_s"] = settings.samples * length / entry["seconds"]
         entry["nfe_per_token"] = entry["nfe"] / length
@@ -242,6 +280,7 @@ def run_comparison(
     """Train both models (or reuse them), run every stage and write the report; returns the
     likelihood results and the report's paths."""
     started = time.perf_counter()
+    overrides = {"curve_points": settings.curve_points} | overrides
     summaries = train_both(preset, out, overrides, budget, force)
     check_equal_budgets(summaries, budget)
     stages = Stages(out, force, stop)
@@ -264,6 +303,7 @@ def run_comparison(
         settings,
         time.perf_counter() - started,
         [f"train {k}" for k, v in summaries.items() if v.get("reused")] + stages.reused,
+        entropy_of_counts(token_frequencies(out)),
     )
     return likelihood, paths
 

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from eval.experiments.compare_curves import curves_section
 from eval.experiments.compare_settings import CompareSettings
 from eval.report import Report, Table, frontier_figure
 
@@ -23,6 +24,7 @@ def write_report(
     settings: CompareSettings,
     wall_seconds: float,
     reused: list[str],
+    unigram: float,
 ) -> dict[str, Path]:
     report = Report(
         f"AR vs masked diffusion: preset `{preset}`",
@@ -59,6 +61,7 @@ def write_report(
             else ", every stage computed."
         )
     )
+    curves = curves_section(report, out, unigram)
     rows = {
         "AR": ar_l | {"protocol": likelihood["ar"]["protocol"]},
         "MDM": mdm_l | {"protocol": likelihood["mdm"]["protocol"]},
@@ -152,6 +155,8 @@ def write_report(
     entropy_curves: dict[str, list[tuple[float, float]]] = {}
     for name, entry in sets.items():
         q = quality["sets"][name]
+        if entry["objective"] == "unigram":
+            continue  # a floor, not a sampler: it is in the table
         if entry["temperature"] == 1.0:
             label = "AR (KV cache)" if entry["objective"] == "ar" else f"MDM {entry['sampler']}"
             nfe_curves.setdefault(label, []).append((entry["nfe"], q["judge_ppl"]))
@@ -216,6 +221,7 @@ def write_report(
             "examples": examples,
             "training": summaries,
             "mdm_ar_perplexity_ratio": ratio,
+            "learning_curves": curves,
             "wall_seconds": wall_seconds,
         }
     )

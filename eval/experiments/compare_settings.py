@@ -20,6 +20,7 @@ class CompareSettings:
     prompts: int = 4  # side-by-side prompts
     prompt_tokens: int = 16
     judge: str = "smollm2"
+    curve_points: int = 8  # validations spaced evenly in log-FLOPs per run (the learning curves)
     mauve: bool = True
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 import time
 from collections.abc import Callable
@@ -192,6 +193,19 @@ def load(out: Path, name: str, device: str = "cpu"):
 
 def validation_rows(state: dict[str, Any], tokenizer: Tokenizer) -> np.ndarray:
     """The validation rows of a run, under the run's own corpus, tokenizer and protocol."""
+    return split_rows(state, tokenizer, "validation")
+
+
+def training_rows(state: dict[str, Any], tokenizer: Tokenizer) -> np.ndarray:
+    """The rows a run trained on (after ``unique_tokens``), under its own tokenizer."""
+    rows = split_rows(state, tokenizer, "train")
+    config = state["train_config"]
+    if config.get("unique_tokens"):
+        rows = rows[: math.ceil(config["unique_tokens"] / (config["seq_len"] - 1))]
+    return rows
+
+
+def split_rows(state: dict[str, Any], tokenizer: Tokenizer, split: str) -> np.ndarray:
     config = state["train_config"]
     corpus = load_corpus(
         config["dataset"],
@@ -204,7 +218,7 @@ def validation_rows(state: dict[str, Any], tokenizer: Tokenizer) -> np.ndarray:
         protocol=config["protocol"],
         seq_len=config["seq_len"],
         cache_dir=Path(config["cache_dir"]),
-    )["validation"].tokens
+    )[split].tokens
 
 
 def reference_texts(out: Path, count: int, length: int) -> list[str]:

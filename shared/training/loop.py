@@ -190,13 +190,14 @@ def run_locked(
             rank=rank,
             world=world,
         )
-        summed = accelerator.reduce(
-            torch.tensor(
-                [totals.nats, totals.tokens, totals.bytes], dtype=torch.float64, device=device
-            ),
-            "sum",
+        fields = [getattr(totals, name) for name in LossTotals.FIELDS]
+        summed = accelerator.reduce(torch.tensor(fields, dtype=torch.float64, device=device), "sum")
+        merged = LossTotals(
+            *(
+                type(value)(float(total))
+                for value, total in zip(fields, summed.tolist(), strict=True)
+            )
         )
-        merged = LossTotals(float(summed[0]), int(summed[1]), int(summed[2]))
         return {"step": step, "kind": "eval", "metric": objective.metric, **merged.as_dict("val")}
 
     end_step = total_steps
