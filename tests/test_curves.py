@@ -16,6 +16,7 @@ from eval.curves import (
     select_learning_rate,
     unigram_entropy,
 )
+from eval.experiments.compare_curves import best_and_final, read_curve, sampling_checkpoint
 from shared.errors import ConfigError
 from shared.training import cli
 from shared.training.schedule import curve_steps
@@ -117,3 +118,26 @@ def test_training_measures_a_learning_curve_on_the_flop_axis(tmp_path):
     for (c_ar, _), (c_mdm, _) in zip(curves["ar"], curves["mdm"]):
         assert c_mdm == pytest.approx(c_ar, rel=0.02)
     assert len(compute_multipliers(curves["ar"], curves["mdm"])) == 5
+
+
+def test_an_overfitting_run_samples_from_its_best_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_000020").mkdir(parents=True)
+    (run / "checkpoints" / "step_000040").mkdir()
+    (run / "checkpoints" / "best.json").write_text('{"step": 20, "val_nats_per_token": 3.0}')
+
+    def write_curve(final: float) -> None:
+        records = [(10, 3.5), (20, 3.0), (40, final)]
+        lines = [
+            json.dumps({"kind": "eval", "on_curve": True, "step": s, "flops": s * 1e9,
+                        "val_nats_per_token": v, "val_nats_per_token_se": 0.01})
+            for s, v in records
+        ]  # fmt: skip
+        (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+    write_curve(3.1)  # 3.3% above the best: overfits
+    path, label = sampling_checkpoint(run)
+    assert path == run / "checkpoints" / "step_000020" and "best checkpoint (step 20" in label
+    assert best_and_final(read_curve(run))["overfits"]
+    write_curve(3.02)  # within 1%: the final checkpoint
+    assert sampling_checkpoint(run) == (run, "final checkpoint")

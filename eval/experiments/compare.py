@@ -35,6 +35,7 @@ from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.strategies import Ancestral, FixedCount, Threshold
 from eval.curves import entropy_of_counts
+from eval.experiments.compare_curves import sampling_checkpoint
 from eval.experiments.compare_report import write_report
 from eval.experiments.compare_settings import CompareSettings, settings_for
 from eval.experiments.stages import (
@@ -49,8 +50,10 @@ from eval.experiments.stages import (
     validation_rows,
 )
 from eval.experiments.synthetic_compare import run_synthetic
+from eval.experiments.tuning import tune_learning_rates
 from eval.likelihood import evaluate_checkpoint
 from eval.quality import diversity_report, load_judge, mauve_score
+from shared.checkpoint import load_model_from_checkpoint
 from shared.config import ModelConfig
 from shared.faults import StopRequest
 from shared.model import flops_per_token
@@ -73,6 +76,12 @@ def likelihood_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
 def forward_flops_per_token(config: dict[str, Any], context: int) -> float:
     """Inference FLOPs per token position: a third of the training count (forward only)."""
     return flops_per_token(ModelConfig.from_dict(config), context) / 3.0
+
+
+def load_for_sampling(out: Path, name: str):
+    """(model, tokenizer, state) of the checkpoint the run's samples come from (its best one if
+    it overfits: see ``sampling_checkpoint``)."""
+    return load_model_from_checkpoint(sampling_checkpoint(out / name)[0])
 
 
 def token_frequencies(out: Path) -> np.ndarray:
@@ -113,7 +122,7 @@ def generation_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
     sets: dict[str, dict[str, Any]] = {}
     length = settings.gen_length
 
-    ar_model, tokenizer, ar_state = load(out, "ar")
+    ar_model, tokenizer, ar_state = load_for_sampling(out, "ar")
     engine = ARGenerator(ar_model, tokenizer)
     ar_flops = forward_flops_per_token(ar_state["model_config"], 1 + length)
     for temperature in tqdm(settings.temperatures, desc="AR decoding", leave=False):
@@ -138,7 +147,7 @@ def generation_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
             "approximate": False,
         }
 
-    mdm = DiffusionGenerator(*load(out, "mdm"))
+    mdm = DiffusionGenerator(*load_for_sampling(out, "mdm"))
     canvas = mdm.prompt_canvas([[]] * settings.samples, length)
     mdm_flops = forward_flops_per_token(mdm.state["model_config"], 1 + length)
     configs: list[tuple[str, SamplerConfig, float]] = []
@@ -210,8 +219,8 @@ def quality_stage(out: Path, sets: dict[str, Any], settings: CompareSettings) ->
 
 def examples_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
     """Side-by-side continuations of the same prompts, and one infilling example."""
-    ar_model, tokenizer, state = load(out, "ar")
-    mdm = DiffusionGenerator(*load(out, "mdm"))
+    ar_model, tokenizer, state = load_for_sampling(out, "ar")
+    mdm = DiffusionGenerator(*load_for_sampling(out, "mdm"))
     rows = validation_rows(state, tokenizer)
     k, length = settings.prompt_tokens, settings.gen_length
     step = max(1, len(rows) // max(settings.prompts, 1))
@@ -276,12 +285,20 @@ def run_comparison(
     budget: str = "tokens",
     force: bool = False,
     stop: StopRequest | None = None,
+    tune_lr: bool = False,
 ) -> tuple[dict[str, Any], dict[str, Path]]:
     """Train both models (or reuse them), run every stage and write the report; returns the
-    likelihood results and the report's paths."""
+    likelihood results and the report's paths. ``tune_lr`` first sweeps each objective's
+    learning rate and trains each with its own choice."""
     started = time.perf_counter()
     overrides = {"curve_points": settings.curve_points} | overrides
-    summaries = train_both(preset, out, overrides, budget, force)
+    tuning, own = None, None
+    if tune_lr:
+        tuning = tune_learning_rates(
+            preset, out, overrides, settings.lr_factors, settings.tune_fraction, force
+        )
+        own = {objective: {"lr": tuning[objective]["chosen"]} for objective in ("ar", "mdm")}
+    summaries = train_both(preset, out, overrides, budget, force, own)
     check_equal_budgets(summaries, budget)
     stages = Stages(out, force, stop)
     key = {
@@ -304,6 +321,7 @@ def run_comparison(
         time.perf_counter() - started,
         [f"train {k}" for k, v in summaries.items() if v.get("reused")] + stages.reused,
         entropy_of_counts(token_frequencies(out)),
+        tuning,
     )
     return likelihood, paths
 
@@ -322,6 +340,11 @@ def main(argv: list[str] | None = None) -> int:
         help="what the two models are matched on",
     )
     parser.add_argument("--no-mauve", action="store_true", help="skip MAUVE")
+    parser.add_argument(
+        "--tune-lr",
+        action="store_true",
+        help="sweep each objective's learning rate (short runs, reused when present) first",
+    )
     parser.add_argument("--judge", default=None, help="judge model (default: smollm2 wheel)")
     args, extra = parser.parse_known_args(argv)
     out = Path(args.out or f"runs/{args.preset}")
@@ -341,7 +364,14 @@ def main(argv: list[str] | None = None) -> int:
                 judge=args.judge or settings.judge,
             )
         likelihood, paths = run_comparison(
-            args.preset, out, overrides, settings, budget=args.budget, force=args.force, stop=stop
+            args.preset,
+            out,
+            overrides,
+            settings,
+            budget=args.budget,
+            force=args.force,
+            stop=stop,
+            tune_lr=args.tune_lr,
         )
         ar, mdm = likelihood["ar"]["estimates"]["nll"], likelihood["mdm"]["estimates"]["nelbo"]
         print(f"AR  {ar['nats_per_token']:.4f} nats/token, {ar['bits_per_byte']:.4f} bits/byte")

@@ -11,6 +11,7 @@ from typing import Any
 
 from eval.curves import compute_multipliers, fit_power_law, headline_multiplier
 from eval.report import Report, Table
+from shared.checkpoint import checkpoint_name, read_best
 
 # Nie et al. 2024 ("Scaling up Masked Diffusion Models on Text", SMDM): an MDM needs about 16x
 # the compute of an AR model to reach the same validation loss.
@@ -49,6 +50,18 @@ def best_and_final(curve: list[dict[str, Any]]) -> dict[str, Any]:
         "overfits": rise > OVERFIT_TOLERANCE,
         "rise": rise,
     }
+
+
+def sampling_checkpoint(run_dir: Path) -> tuple[Path, str]:
+    """Where a run's samples come from: its best checkpoint when its validation rose more than 1%
+    after its best point (overfitting), else its newest; and a label saying which."""
+    curve = read_curve(run_dir)
+    best = read_best(run_dir / "checkpoints")
+    if len(curve) >= 2 and best_and_final(curve)["overfits"] and best is not None:
+        path = run_dir / "checkpoints" / checkpoint_name(best["step"])
+        if path.is_dir():
+            return path, f"best checkpoint (step {best['step']}; validation rose after it)"
+    return run_dir, "final checkpoint"
 
 
 def curve_figure(ar: list[dict], mdm: list[dict], unigram: float):

@@ -8,9 +8,42 @@ import math
 from pathlib import Path
 from typing import Any
 
-from eval.experiments.compare_curves import curves_section
+from eval.experiments.compare_curves import curves_section, sampling_checkpoint
 from eval.experiments.compare_settings import CompareSettings
 from eval.report import Report, Table, frontier_figure
+
+
+def tuning_section(report: Report, tuning: dict[str, Any] | None) -> None:
+    """Where each model's learning rate came from, and the sweep's table when there was one."""
+    if tuning is None:
+        report.text(
+            "**Learning rates.** Not tuned in this run: both models use the preset's learning "
+            "rate (`--tune-lr` sweeps each objective's own)."
+        )
+        return
+    report.text(
+        "**Learning rates.** Each objective's own, chosen by a sweep of short runs "
+        f"({tuning['budget']} each) at {len(tuning['ar']['table'])} learning rates around the "
+        f"preset's {tuning['base_lr']:g}, on validation loss: AR {tuning['ar']['chosen']:.3g}, "
+        f"MDM {tuning['mdm']['chosen']:.3g}."
+    )
+    rows = [
+        [
+            name.upper(),
+            row["lr"],
+            "diverged" if row["diverged"] else row["loss"],
+            "chosen" if row["lr"] == tuning[name]["chosen"] else "",
+        ]
+        for name in ("ar", "mdm")
+        for row in tuning[name]["table"]
+    ]
+    report.table(
+        Table(
+            "Learning-rate sweep (validation nats/token of the short runs)",
+            ["model", "learning rate", "validation", ""],
+            rows,
+        )
+    )
 
 
 def write_report(
@@ -25,6 +58,7 @@ def write_report(
     wall_seconds: float,
     reused: list[str],
     unigram: float,
+    tuning: dict[str, Any] | None = None,
 ) -> dict[str, Path]:
     report = Report(
         f"AR vs masked diffusion: preset `{preset}`",
@@ -62,6 +96,15 @@ def write_report(
         )
     )
     curves = curves_section(report, out, unigram)
+    tuning_section(report, tuning)
+    sources = {name: sampling_checkpoint(out / name)[1] for name in ("ar", "mdm")}
+    if any(label != "final checkpoint" for label in sources.values()):
+        report.text(
+            "**Samples come from:** "
+            + "; ".join(f"{name.upper()}: {label}" for name, label in sources.items())
+            + "."
+        )
+    curves["sampling_checkpoints"] = sources
     rows = {
         "AR": ar_l | {"protocol": likelihood["ar"]["protocol"]},
         "MDM": mdm_l | {"protocol": likelihood["mdm"]["protocol"]},
@@ -222,6 +265,7 @@ def write_report(
             "training": summaries,
             "mdm_ar_perplexity_ratio": ratio,
             "learning_curves": curves,
+            "tuning": tuning,
             "wall_seconds": wall_seconds,
         }
     )

@@ -21,6 +21,8 @@ class CompareSettings:
     prompt_tokens: int = 16
     judge: str = "smollm2"
     curve_points: int = 8  # validations spaced evenly in log-FLOPs per run (the learning curves)
+    lr_factors: tuple[float, ...] = (1 / 3, 1.0, 3.0)  # --tune-lr: x the preset's learning rate
+    tune_fraction: float = 0.25  # --tune-lr: each sweep run gets this fraction of the budget
     mauve: bool = True
 
 

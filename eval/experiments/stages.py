@@ -164,10 +164,16 @@ def same_settings(run_dir: Path, overrides: dict[str, Any]) -> bool:
 
 
 def train_both(
-    preset: str, out: Path, overrides: dict[str, Any], budget: str, force: bool
+    preset: str,
+    out: Path,
+    overrides: dict[str, Any],
+    budget: str,
+    force: bool,
+    own: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The AR and the MDM run of a comparison, under one token budget or, with ``budget ==
-    "flops"``, the MDM under the FLOPs the AR run spent."""
+    "flops"``, the MDM under the FLOPs the AR run spent; ``own`` holds settings of one
+    objective only (its tuned learning rate)."""
     summaries = {}
     flops_budget: dict[str, Any] = {}
     for objective in OBJECTIVES:
@@ -176,7 +182,7 @@ def train_both(
             out / objective,
             preset,
             {"objective": objective},
-            overrides | flops_budget,
+            overrides | (own or {}).get(objective, {}) | flops_budget,
             force,
         )
         if budget == "flops" and objective == "ar":
