@@ -69,7 +69,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def demo_model() -> Transformer:
-    shape = {**get_preset("demo")["model"], "max_seq_len": 1024, "vocab_size": VOCAB}
+    shape = {**get_preset("demo-d256")["model"], "max_seq_len": 1024, "vocab_size": VOCAB}
     torch.manual_seed(0)
     return Transformer(ModelConfig(**shape)).eval()
 

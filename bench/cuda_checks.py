@@ -55,7 +55,7 @@ class Skip(Exception):
 
 
 def demo_model(device: str, quick: bool, seed: int = 0) -> Transformer:
-    shape = get_preset("tiny" if quick else "demo")["model"]
+    shape = get_preset("tiny" if quick else "demo-d256")["model"]
     torch.manual_seed(seed)
     return Transformer(ModelConfig(**{**shape, "vocab_size": 512})).to(device).eval()
 

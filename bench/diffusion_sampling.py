@@ -82,7 +82,7 @@ def parse_args() -> argparse.Namespace:
 
 def build_model(vocab: int, checkpoint: str | None) -> Transformer:
     """The demo shape with max_seq_len=512; trained weights when a checkpoint is given."""
-    shape = {**get_preset("demo")["model"], "vocab_size": vocab}
+    shape = {**get_preset("demo-d256")["model"], "vocab_size": vocab}
     if checkpoint is not None:
         path = resolve_checkpoint(Path(checkpoint))
         shape = read_state(path)["model_config"]

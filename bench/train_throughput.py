@@ -1,6 +1,7 @@
 """Training throughput of the AR and MDM objectives on the same backbone, measured in one run.
 
-    python bench/train_throughput.py [--preset demo] [--rounds 12] [--precision auto] [--threads 2]
+    python bench/train_throughput.py [--preset demo-d256] [--rounds 12] [--precision auto]
+                                      [--threads 2]
 
 Both models are built from the preset (same shapes, same batch of real rows from the preset's
 corpus); timed optimizer steps alternate AR, MDM, AR, MDM, ... so machine noise hits both alike.
@@ -35,7 +36,7 @@ from shared.training.schedule import batch_generator
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--preset", default="demo")
+    parser.add_argument("--preset", default="demo-d256")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto")
