@@ -21,9 +21,10 @@ def tuning_section(report: Report, tuning: dict[str, Any] | None) -> None:
             "rate (`--tune-lr` sweeps each objective's own)."
         )
         return
+    budget = ", ".join(f"{name}={value:g}" for name, value in tuning["budget"].items())
     report.text(
         "**Learning rates.** Each objective's own, chosen by a sweep of short runs "
-        f"({tuning['budget']} each) at {len(tuning['ar']['table'])} learning rates around the "
+        f"({budget} each) at {len(tuning['ar']['table'])} learning rates around the "
         f"preset's {tuning['base_lr']:g}, on validation loss: AR {tuning['ar']['chosen']:.3g}, "
         f"MDM {tuning['mdm']['chosen']:.3g}."
     )

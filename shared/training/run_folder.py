@@ -45,7 +45,7 @@ class RunFolderLock:
             raise ConfigError(f"--out {self.folder} is a file, not a folder; name a folder")
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            handle = open(self.path, "a+")  # noqa: SIM115 (held open for the life of the run)
+            handle = open(self.path, "a+")  # held open for the life of the run
         except OSError as error:
             raise ConfigError(
                 f"cannot write to the run folder {self.folder}: {error.strerror or error}"
