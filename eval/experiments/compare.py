@@ -84,10 +84,9 @@ def load_for_sampling(out: Path, name: str):
     return load_model_from_checkpoint(sampling_checkpoint(out / name)[0])
 
 
-def token_frequencies(out: Path) -> np.ndarray:
-    """Counts of each token id over the training split's loss positions, under the AR run's
-    tokenizer: the unigram model both runs must beat."""
-    _, tokenizer, state = load(out, "ar")
+def token_frequencies(tokenizer, state: dict[str, Any]) -> np.ndarray:
+    """Counts of each token id over a run's training loss positions, under its tokenizer: the
+    unigram model both runs must beat."""
     targets = training_rows(state, tokenizer)[:, 1:]
     return np.bincount(targets[targets != tokenizer.pad_id].ravel())
 
@@ -95,8 +94,8 @@ def token_frequencies(out: Path) -> np.ndarray:
 def unigram_samples(out: Path, settings: CompareSettings) -> dict[str, Any]:
     """Samples of the unigram model of the training split (float64 draws, seeded), judged like
     the models' samples: the floor of the quality table."""
-    _, tokenizer, _ = load(out, "ar")
-    counts = token_frequencies(out)
+    _, tokenizer, state = load(out, "ar")
+    counts = token_frequencies(tokenizer, state)
     probs = torch.as_tensor(counts, dtype=torch.float64).expand(settings.samples, -1)
     generator = torch.Generator().manual_seed(0)
     start = time.perf_counter()
@@ -320,7 +319,7 @@ def run_comparison(
         settings,
         time.perf_counter() - started,
         [f"train {k}" for k, v in summaries.items() if v.get("reused")] + stages.reused,
-        entropy_of_counts(token_frequencies(out)),
+        entropy_of_counts(token_frequencies(*load(out, "ar")[1:])),
         tuning,
     )
     return likelihood, paths

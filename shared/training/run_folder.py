@@ -12,10 +12,12 @@ import fcntl
 import json
 import os
 import socket
+import tempfile
 import time
 from pathlib import Path
 
 from shared.errors import ConfigError
+from shared.files import current_umask
 
 LOCK_FILE = ".lock"
 # What a run writes into its folder; any of them means the folder holds a run.
@@ -104,12 +106,10 @@ def claim_run_folder(folder: Path, *, resuming: bool, overwrite: bool) -> str | 
             f"{folder} already holds a run; continue it with --resume {folder}, or start a new "
             "one over it with --overwrite (the old run is moved aside, not deleted)"
         )
-    aside = folder.with_name(f"{folder.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}")
-    suffix = 0
-    while aside.exists():
-        suffix += 1
-        aside = aside.with_name(f"{aside.name.split('~')[0]}~{suffix}")
-    aside.mkdir()
+    # mkdtemp picks a name no other folder has, atomically; then give it the usual mode.
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = Path(tempfile.mkdtemp(prefix=f"{folder.name}.replaced-{stamp}-", dir=folder.parent))
+    os.chmod(aside, 0o777 & ~current_umask())
     for entry in folder.iterdir():
         if entry.name != LOCK_FILE:
             entry.rename(aside / entry.name)
