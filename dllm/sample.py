@@ -39,7 +39,7 @@ from shared.cli_args import (
     set_threads,
     utf8_argument,
 )
-from shared.errors import report_user_errors
+from shared.errors import result_or_status
 from shared.sampling import SamplingConfig
 
 # Options of one sampler rule only.
@@ -195,11 +195,10 @@ def sample_from_args(args: argparse.Namespace) -> tuple[str, SamplerConfig, Diff
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    sampled = []
-    status = report_user_errors(lambda: sampled.append(sample_from_args(args)))
+    sampled, status = result_or_status(lambda: sample_from_args(args))
     if status:
         return status
-    objective, config, result = sampled[0]
+    objective, config, result = sampled
     raw = result.raw
     stats = {
         "objective": objective,

@@ -24,7 +24,7 @@ from dllm import sample as diffusion_sample
 from eval import likelihood
 from eval.experiments import block_sweep, compare, side_by_side
 from shared.checkpoint import read_state, resolve_checkpoint
-from shared.errors import report_user_errors
+from shared.errors import result_or_status
 from shared.training import cli as train_cli
 
 
@@ -39,15 +39,12 @@ def sample(argv: list[str]) -> int:
             "  block-diffusion checkpoints those of `python -m dllm.sample --help`."
         )
         return 0 if {"-h", "--help"} & set(argv) else 2
-    objective: list[str] = []
-
-    def find() -> None:
-        objective.append(read_state(resolve_checkpoint(Path(paths[0])))["objective"])
-
-    status = report_user_errors(find)
+    objective, status = result_or_status(
+        lambda: read_state(resolve_checkpoint(Path(paths[0])))["objective"]
+    )
     if status:
         return status
-    return (ar_sample.main if objective[0] == "ar" else diffusion_sample.main)(argv)
+    return (ar_sample.main if objective == "ar" else diffusion_sample.main)(argv)
 
 
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {

@@ -9,6 +9,9 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -29,19 +32,25 @@ class CheckpointError(RuntimeError):
 USER_ERRORS = (ValueError, FileNotFoundError, CheckpointError, ResourceUnavailableError)
 
 
-def report_user_errors(
-    job: Callable[[], object], also: tuple[type[BaseException], ...] = ()
-) -> int:
-    """Run a command line's ``job``: 0 when it returns, 2 with one ``error: ...`` line on stderr
-    when it raises a user error (or one of ``also``). ``DUOLM_DEBUG=1`` re-raises instead, to show
-    the traceback."""
+def result_or_status(
+    job: Callable[[], T], also: tuple[type[BaseException], ...] = ()
+) -> tuple[T | None, int]:
+    """Run a command line's ``job``: (its result, 0) when it returns, (None, 2) with one
+    ``error: ...`` line on stderr when it raises a user error (or one of ``also``).
+    ``DUOLM_DEBUG=1`` re-raises instead, to show the traceback."""
     try:
-        job()
+        return job(), 0
     except (*USER_ERRORS, *also) as error:
         if os.environ.get("DUOLM_DEBUG"):
             raise
         # Under a launcher every process meets the same error; the first one reports it.
         if os.environ.get("RANK", "0") == "0":
             print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
+        return None, 2
+
+
+def report_user_errors(
+    job: Callable[[], object], also: tuple[type[BaseException], ...] = ()
+) -> int:
+    """The exit status of ``job`` under ``result_or_status``."""
+    return result_or_status(job, also)[1]

@@ -26,7 +26,7 @@ from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.strategies import Ancestral, FixedCount, Threshold
 from shared.cli_args import set_threads, utf8_argument
-from shared.errors import CheckpointError, report_user_errors
+from shared.errors import CheckpointError, result_or_status
 from shared.sampling import SamplingConfig
 
 
@@ -120,9 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         args.prompt = [""]
     prompts = args.prompt + [prefix for prefix, _ in args.infill]
     suffixes = [None] * len(args.prompt) + [suffix for _, suffix in args.infill]
-    outputs = []
 
-    def generate_both() -> None:
+    def generate_both() -> tuple[list, list]:
         set_threads(args.threads)
         for prompt in prompts + [suffix for suffix in suffixes if suffix]:
             utf8_argument(prompt, "--prompt/--infill")
@@ -143,9 +142,9 @@ def main(argv: list[str] | None = None) -> int:
                 args.temperature,
                 args.seed,
             )
-        outputs.extend((ar, mdm))
+        return ar, mdm
 
-    status = report_user_errors(generate_both)
+    outputs, status = result_or_status(generate_both)
     if status:
         return status
     ar, mdm = outputs
