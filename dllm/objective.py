@@ -20,6 +20,7 @@ from torch import nn
 from dllm.schedules import get_schedule
 from shared.objective import (
     LossOutput,
+    annealed_attention,
     loss_positions,
     noised_positions,
     register_objective,
@@ -194,7 +195,9 @@ class MaskedDiffusionObjective(MaskRow):
     ) -> LossOutput:
         scored, counted = self.noised_and_counted(tokens, scored)
         noised, masked, weight = self.noise_rows(tokens, noise, scored)
-        logits = model(noised, attention=self.attention, output_mask=masked)
+        # Full attention, except in the first training steps of a run with attention annealing.
+        attention = annealed_attention(noise, self.attention, tokens.shape[1], tokens.device)
+        logits = model(noised, attention=attention, output_mask=masked)
         # SUBS: drop the [MASK] column so the softmax runs over real tokens only.
         token_nats = F.cross_entropy(
             logits[:, : self.mask_id].float(), tokens[masked], reduction="none"

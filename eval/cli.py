@@ -7,6 +7,7 @@
     duolm export runs/demo/ar --out exported/                        # arlm.export
     duolm sweep --preset smoke --out runs/sweep                      # eval.experiments.block_sweep
     duolm side-by-side runs/demo/ar runs/demo/mdm                    # eval.experiments.side_by_side
+    duolm findings --scale cpu --out runs/findings-cpu               # eval.findings
 
 Each subcommand takes exactly the flags of the module it stands for (``duolm train --help``);
 ``python -m <module>`` and ``accelerate launch train.py`` keep working.
@@ -23,6 +24,7 @@ from arlm import sample as ar_sample
 from dllm import sample as diffusion_sample
 from eval import likelihood
 from eval.experiments import block_sweep, compare, side_by_side
+from eval.findings import __main__ as findings
 from shared.checkpoint import read_state, resolve_checkpoint
 from shared.errors import result_or_status
 from shared.training import cli as train_cli
@@ -55,6 +57,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "export": (ar_export.main, "export an AR checkpoint as a Hugging Face Llama folder"),
     "sweep": (block_sweep.main, "block-size sweep: AR, block diffusion sizes, MDM"),
     "side-by-side": (side_by_side.main, "the same prompts through an AR and an MDM checkpoint"),
+    "findings": (findings.main, "reproduce published AR-vs-diffusion findings, with verdicts"),
 }
 
 

@@ -6,7 +6,8 @@ for an AR and/or an MDM checkpoint in one report (``synthetic_report``):
 * Samples (``eval.synthetic_samples``): their exact log-probability under the true distribution
   (a perfect judge), the fraction that is valid, and KL(sample distribution || data) estimates.
 * Probes (``eval.synthetic_probes``): infilling (HMM) against the exact posterior mode,
-  constrained completion (PCFG), and the reversal probe (facts).
+  constrained completion (PCFG), and the reversal probe (facts); ``eval.pathstar_probe`` on
+  the path-star planning task.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from torch import nn
 
+from eval.pathstar_probe import pathstar_probe
 from eval.synthetic_likelihood import language_rows, likelihood_gap, model_estimate, true_entropy
 from eval.synthetic_probes import (
     InfillTask,
@@ -35,6 +37,7 @@ from shared.checkpoint import load_model_from_checkpoint
 from shared.data.synthetic.base import derive_seed
 from shared.data.synthetic.facts import FactsLanguage
 from shared.data.synthetic.hmm import HMMLanguage
+from shared.data.synthetic.pathstar import PathStarLanguage
 from shared.data.synthetic.pcfg import PCFGLanguage
 from shared.data.synthetic.specs import build_language
 from shared.objective import objective_for_run
@@ -120,6 +123,11 @@ def synthetic_report(
                 section["infill"] = score_infills(tasks, fills, language)
         if isinstance(language, FactsLanguage):
             section["reversal"] = reversal_probe(model, tokenizer, language, label, seq_len)
+        if isinstance(language, PathStarLanguage):
+            probe = heldout[:infill_tasks_max]
+            section["pathstar"] = pathstar_probe(
+                model, tokenizer, language, label, seq_len, probe, batch_size=batch_size, seed=seed
+            )
         if completion:
             if label == "ar":
                 completions = ar_complete(model, tokenizer, prefixes, seq_len, seed=seed)

@@ -90,6 +90,58 @@ def slice_noise(noise: dict[str, torch.Tensor], start: int, stop: int) -> dict[s
     return {key: value[start:stop] for key, value in noise.items()}
 
 
+# ---- attention annealing (training only) -------------------------------------------------------
+#
+# DiffuLLaMA (Gong et al. 2024) adapts an AR model into a masked diffusion model by easing its
+# attention from causal to full: at training step s < K every query sees the past plus a random
+# share s/K of the future positions; from step K on, and in every evaluation and sampler, the
+# objective's own (full) attention. It is chosen over the paper's other device, the shift (hidden
+# state i-1 predicts token i), because annealing lives in training alone, while the shift would
+# change every place that reads MDM logits (the loss, the evaluation harness, likelihoods, the
+# samplers and their KV-cached predictor, the synthetic probes). The mask is part of the step's
+# noise: drawn from the step's generator after the objective's own noise (which stays as it is),
+# so every process and every micro-batch of a step, and a resumed run, see the same mask.
+
+
+def annealing_noise(
+    anneal_steps: int, step: int, n_rows: int, generator: torch.Generator, window: int = 0
+) -> dict[str, torch.Tensor]:
+    """Noise entries asking step ``step`` (0-based) for annealed attention: the share of future
+    positions seen, ``step / anneal_steps``, and the seed of which ones (the same for every row,
+    one entry per row so ``slice_noise`` splits them with the batch), and the model's sliding
+    ``window`` (0 = none), which the mask keeps. Empty from ``anneal_steps`` on (and when it is
+    0), which leaves the objective's full attention."""
+    if step >= anneal_steps:
+        return {}
+    seed = torch.randint(0, 2**62, (), generator=generator)
+    return {
+        "anneal_share": torch.full((n_rows,), step / anneal_steps, dtype=torch.float64),
+        "anneal_seed": seed.repeat(n_rows),
+        "anneal_window": torch.full((n_rows,), window, dtype=torch.long),
+    }
+
+
+def annealed_attention(
+    noise: dict[str, torch.Tensor], default: str, seq_len: int, device: torch.device | str
+) -> str | torch.Tensor:
+    """The attention a training step asked for: ``default`` without annealing entries, else a
+    boolean mask [seq_len, seq_len] (True = may attend): causal, plus each future position with
+    probability ``anneal_share`` (share 0 is exactly causal), within the sliding window if the
+    model has one (a mask tensor replaces the model's own window, so it must carry it)."""
+    if "anneal_share" not in noise:
+        return default
+    share = float(noise["anneal_share"][0])
+    generator = torch.Generator().manual_seed(int(noise["anneal_seed"][0]))
+    future = torch.rand((seq_len, seq_len), generator=generator, dtype=torch.float64) < share
+    causal = torch.ones((seq_len, seq_len), dtype=torch.bool).tril()
+    allowed = causal | future
+    window = int(noise["anneal_window"][0]) if "anneal_window" in noise else 0
+    if window:
+        position = torch.arange(seq_len)
+        allowed &= (position[:, None] - position[None, :]).abs() < window
+    return allowed.to(device)
+
+
 # ---- the registry ------------------------------------------------------------------------------
 #
 # Objectives live above this package (arlm/, dllm/), which it never imports by name. Each objective

@@ -22,7 +22,7 @@ FORBIDDEN = {
     "eval": ("train", "eval.experiments"),  # eval.experiments and eval.cli are exempt below
     "bench": ("train", "eval.experiments"),
 }
-ENTRY_POINTS = ("eval.experiments", "eval.cli")
+ENTRY_POINTS = ("eval.experiments", "eval.findings", "eval.cli")
 
 # Imported inside functions on purpose: optional extras that a core install does not have, or
 # that cost seconds to import and only one command needs.

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from eval.curves import compute_multipliers, fit_power_law, headline_multiplier
+from eval.curves import Headline, compute_multipliers, fit_power_law, headline_multiplier
 from eval.report import Report, Table
 from shared.checkpoint import checkpoint_name, read_best
 
@@ -94,6 +94,16 @@ def curve_figure(ar: list[dict], mdm: list[dict], unigram: float):
     return figure
 
 
+def floor_headline(
+    ar: list[dict[str, Any]], mdm: list[dict[str, Any]], unigram: float
+) -> tuple[list[tuple[float, float]], Headline | None]:
+    """(the AR points the headline may use, the headline multiplier). Rule: a multiplier means
+    something only where the AR model has learned more than token frequencies, so the headline
+    uses AR points below the unigram floor; its interval comes from the MDM curve's 95% band."""
+    learned = [(c, loss) for c, loss in points(ar) if loss < unigram]
+    return learned, headline_multiplier(learned, points(mdm), points(mdm, -1), points(mdm, +1))
+
+
 def curves_section(report: Report, out: Path, unigram: float) -> dict[str, Any]:
     """Add the curves, the multiplier and the floors to ``report``; returns their numbers."""
     ar, mdm = read_curve(out / "ar"), read_curve(out / "mdm")
@@ -104,10 +114,7 @@ def curves_section(report: Report, out: Path, unigram: float) -> dict[str, Any]:
         )
         return {"measured": False}
     multipliers = compute_multipliers(points(ar), points(mdm))
-    # Rule: a multiplier means something only where the AR model has learned more than token
-    # frequencies, so the headline uses AR points below the unigram floor.
-    learned = [(c, loss) for c, loss in points(ar) if loss < unigram]
-    headline = headline_multiplier(learned, points(mdm), points(mdm, -1), points(mdm, +1))
+    learned, headline = floor_headline(ar, mdm, unigram)
     fits = {name: fit_power_law(points(curve)) for name, curve in (("AR", ar), ("MDM", mdm))}
     shape = {"AR": best_and_final(ar), "MDM": best_and_final(mdm)}
 

@@ -6,7 +6,8 @@ preset plus overrides) or ``resume_run`` (a checkpoint plus overrides).
 
 Modules: ``config`` (TrainConfig), ``presets``, ``run`` (RunSpec), ``setup`` (accelerator, data,
 optimizer), ``loop`` (the step loop), ``checkpoints`` (keeping and best), ``resume`` (what a
-resumed run may change), ``schedule`` (LR and budgets), ``metrics``, ``cli`` (train.py's flags).
+resumed run may change), ``warm_start`` (``--init-from``: another run's weights), ``schedule``
+(LR and budgets), ``metrics``, ``cli`` (train.py's flags).
 """
 
 from shared.training.config import TrainConfig, TrainingDiverged

@@ -49,6 +49,12 @@ FLAG_GROUPS: dict[str, dict[str, str]] = {
         "estimator": "MDM loss estimator: time (Bernoulli masks at t) | count (LLaDA, linear only)",
         "block_size": "bd: positions per block; must divide seq_len",
         "t_max": "bd: largest diffusion time drawn in training, in (t_eps, 1]",
+        "attention_anneal_steps": "mdm: first steps whose attention rises from causal to full "
+        "(a random, linearly growing share of future positions); 0 = off",
+    },
+    "initialisation": {
+        "init_from": "start from the weights of a run folder (its newest valid checkpoint) or a "
+        "checkpoint folder; optimizer, step and data order start fresh; empty = random weights",
     },
     "optimisation": {
         "batch_size": "global rows per optimizer step (split over processes and grad_accum)",

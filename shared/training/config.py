@@ -62,6 +62,14 @@ class TrainConfig:
     # changes what the training loss estimates; validation always uses the full range [t_eps, 1].
     block_size: int = 0
     t_max: float = 1.0
+    # adaptation (DiffuLLaMA's attention-mask annealing, for a model initialised from an AR run):
+    # over the first K steps a bidirectional objective attends causally plus a random fraction of
+    # the future positions rising linearly from 0 to 1; full attention after, and always in
+    # validation and sampling. 0 = off. See shared.objective.annealing_noise.
+    attention_anneal_steps: int = 0
+    # start from another run's weights (a run folder: its newest valid checkpoint, or a
+    # checkpoint folder); "" = fresh weights. A new run only: resuming uses its own checkpoint.
+    init_from: str = ""
     # evaluation, logging, checkpoints
     eval_every: int = 200
     eval_batches: int = 8  # global batches per periodic evaluation; 0 = the whole split
@@ -117,6 +125,7 @@ class TrainConfig:
             "checkpoint_every",
             "keep_checkpoints",
             "block_size",
+            "attention_anneal_steps",
             "num_threads",
             "peak_tflops",
             "weight_decay",
@@ -138,7 +147,14 @@ class TrainConfig:
             raise ConfigError(f"t_eps={self.t_eps!r} must be in [0, 1)")
         if not self.t_eps < self.t_max <= 1:
             raise ConfigError(f"t_max={self.t_max!r} must be in (t_eps={self.t_eps}, 1]")
-        objective_class(self.objective).check_config(self)
+        objective = objective_class(self.objective)
+        objective.check_config(self)
+        if self.attention_anneal_steps and objective.attention != "bidirectional":
+            raise ConfigError(
+                f"attention_anneal_steps={self.attention_anneal_steps} eases causal attention into "
+                f"bidirectional attention; objective={self.objective!r} trains with "
+                f"{objective.attention!r} attention (use it with mdm)"
+            )
         budgets = [name for name in ("max_tokens", "max_flops", "epochs") if getattr(self, name)]
         if len(budgets) > 1:
             raise ConfigError(f"set only one of {budgets} (each is a budget)")
@@ -166,4 +182,5 @@ IDENTITY_FIELDS = (
     "schedule",
     "block_size",  # block diffusion: the block size is part of what the model learns
     "seed",
+    "init_from",  # the weights the run started from
 )

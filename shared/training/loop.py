@@ -29,7 +29,7 @@ from shared.errors import ConfigError
 from shared.faults import StopRequest, fault_active
 from shared.hardware import peak_flops, peak_memory
 from shared.model import Transformer
-from shared.objective import loss_positions, objective_for_run, slice_noise
+from shared.objective import annealing_noise, loss_positions, objective_for_run, slice_noise
 from shared.training.checkpoints import CheckpointKeeper
 from shared.training.config import TrainingDiverged
 from shared.training.metrics import Metrics
@@ -45,6 +45,7 @@ from shared.training.setup import (
     parallel_layout,
     training_flops_per_token,
 )
+from shared.training.warm_start import InitSource, check_start, load_source_weights
 from shared.validation import LossTotals, evaluate_rows
 
 
@@ -57,9 +58,10 @@ def train(spec: RunSpec) -> dict[str, Any]:
     layout = parallel_layout(accelerator)
     # Refuse a layout the trainer cannot run before touching the run folder.
     micro_batch = micro_batch_size(spec.train, layout, accelerator.num_processes)
+    source = check_start(spec.model, spec.train, spec.out, resuming=spec.resume_from is not None)
     lock = claim_folder(spec, accelerator)
     try:
-        return run_locked(spec, accelerator, layout, micro_batch)
+        return run_locked(spec, accelerator, layout, micro_batch, source)
     finally:
         lock.release()
 
@@ -91,14 +93,20 @@ def claim_folder(spec: RunSpec, accelerator: Accelerator) -> RunFolderLock:
 
 
 def run_locked(
-    spec: RunSpec, accelerator: Accelerator, layout: str, micro_batch: int
+    spec: RunSpec,
+    accelerator: Accelerator,
+    layout: str,
+    micro_batch: int,
+    source: InitSource | None,
 ) -> dict[str, Any]:
     model_cfg, cfg, out = spec.model, spec.train, spec.out
     saved = ckpt.read_state(spec.resume_from) if spec.resume_from is not None else None
     rank, world = accelerator.process_index, accelerator.num_processes
     log = accelerator.print
     set_seed(cfg.seed)
-    data = load_data(cfg, accelerator, spec.resume_from, saved, spec.allow_config_change)
+    # A resumed run keeps its own tokenizer; one initialised from another run takes the source's.
+    tokenizer_from = spec.resume_from or (source.checkpoint if source else None)
+    data = load_data(cfg, accelerator, tokenizer_from, saved, spec.allow_config_change)
     tokenizer, train_rows = data.tokenizer, data.train_rows
 
     run_config = dataclasses.asdict(cfg)
@@ -125,6 +133,10 @@ def run_locked(
     if spec.resume_from is not None:
         ckpt.load_weights(spec.resume_from, model)
         start_step = saved["step"]
+    elif source is not None:
+        log(load_source_weights(source, model, tokenizer.vocab_size))
+    # where the weights came from (kept across resumes), so reports can add the source's compute
+    init_record = source.record if source else (saved or {}).get("init_from")
     model, optimizer = accelerator.prepare(model, optimizer)
     if spec.resume_from is not None:
         ckpt.load_training_state(spec.resume_from, model, optimizer.optimizer, scheduler)
@@ -139,6 +151,7 @@ def run_locked(
                     "train_config": run_config,
                     "data": data.record,
                     "preset": spec.preset,
+                    "init_from": init_record,
                 },
                 indent=2,
             )
@@ -170,6 +183,7 @@ def run_locked(
             "objective": objective.name,
             "data": data.record,
             "total_steps": total_steps,
+            "init_from": init_record,
         },
         keep_last=cfg.keep_checkpoints,
         resumed_from=spec.resume_from,
@@ -227,7 +241,11 @@ def run_locked(
         rows = torch.as_tensor(
             train_rows[sampler.indices(step * cfg.batch_size, cfg.batch_size)], dtype=torch.long
         )
-        noise = objective.sample_noise(len(rows), rows.shape[1], batch_generator(cfg.seed, step))
+        generator = batch_generator(cfg.seed, step)
+        noise = objective.sample_noise(len(rows), rows.shape[1], generator)
+        noise |= annealing_noise(
+            cfg.attention_anneal_steps, step, len(rows), generator, model_cfg.sliding_window
+        )
         # Normalise by the global token count so the gradient is the same for any split of the
         # batch over processes and micro-steps (DDP averages over processes, hence * world).
         global_tokens = int(loss_positions(rows, tokenizer.pad_id).sum())
@@ -366,6 +384,7 @@ def run_locked(
         "train_rows": len(train_rows),
         "epochs_seen": end_step * cfg.batch_size / len(train_rows),
         "data": data.record,
+        "init_from": init_record,
     }
     if finished:
         final = validate(end_step, None)  # the whole validation split

@@ -107,20 +107,21 @@ class RunData:
 def load_data(
     cfg: TrainConfig,
     accelerator: Accelerator,
-    resume_from: Path | None,
+    tokenizer_from: Path | None,
     saved: dict[str, Any] | None,
     allow_config_change: bool,
 ) -> RunData:
-    """Corpus, tokenizer (a resumed run's own) and tokenized rows. The main process tokenizes and
-    fills the cache; the others then read it."""
+    """Corpus, tokenizer (the one saved in ``tokenizer_from``, a checkpoint, when given; else
+    built from ``cfg``) and tokenized rows. The main process tokenizes and fills the cache; the
+    others then read it."""
     cache_dir = Path(cfg.cache_dir)
     with accelerator.main_process_first():
-        if resume_from is not None:
-            tokenizer = Tokenizer.load(resume_from / "tokenizer")
+        if tokenizer_from is not None:
+            tokenizer = Tokenizer.load(tokenizer_from / "tokenizer")
         corpus = load_corpus(
             cfg.dataset, val_dataset=cfg.val_dataset or None, text_field=cfg.text_field
         )
-        if resume_from is None:
+        if tokenizer_from is None:
             tokenizer = build_tokenizer(
                 cfg.tokenizer,
                 vocab_size=cfg.tokenizer_vocab_size,

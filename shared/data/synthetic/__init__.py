@@ -1,7 +1,7 @@
 """Synthetic languages whose string probabilities are known exactly.
 
 On such a language the gap between a model's NLL and the true entropy, and the quality of its
-samples, can be measured exactly rather than judged. Four families, one module each, on the
+samples, can be measured exactly rather than judged. Five families, one module each, on the
 ``Language`` base of ``base``:
 
 * ``hmm.HMMLanguage``: a random hidden Markov model with per-state stop probabilities and a hard
@@ -12,6 +12,8 @@ samples, can be measured exactly rather than judged. Four families, one module e
   and the entropy follows exactly from a recursion over depths.
 * ``facts.FactsLanguage``: ``pairs`` random one-to-one facts ``a_i b_i`` (two symbols, forward
   direction only), uniform: the ground truth of the reversal probe.
+* ``pathstar.PathStarLanguage``: the path-star planning task (shuffled edges of a star graph,
+  start, goal, then the path), uniform over its strings, with an exact solver and checker.
 * ``teacher.TeacherLanguage``: fixed-length strings drawn from a small random causal
   ``Transformer`` with a fixed seed; ``P(string)`` by the chain rule.
 

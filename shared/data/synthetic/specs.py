@@ -5,6 +5,7 @@ its train/validation strings. Specs for ``shared.data.corpus.load_corpus``::
     synthetic:pcfg?max_depth=3&seed=2
     synthetic:teacher?seed=1&n=20000&n_val=1000
     synthetic:facts?pairs=16&seed=0
+    synthetic:pathstar?degree=3&arm=4&symbols=26&n=20000&n_val=1000&seed=0
 
 ``n``/``n_val`` are the numbers of train/validation strings (drawn i.i.d. from different seeds),
 ``seed`` picks the language itself; the other keys are the constructor arguments of each family.
@@ -17,6 +18,7 @@ import urllib.parse
 from shared.data.synthetic.base import Language, derive_seed
 from shared.data.synthetic.facts import FactsLanguage
 from shared.data.synthetic.hmm import HMMLanguage
+from shared.data.synthetic.pathstar import PathStarLanguage
 from shared.data.synthetic.pcfg import PCFGLanguage
 from shared.data.synthetic.teacher import TeacherLanguage
 
@@ -27,9 +29,10 @@ LANGUAGES: dict[str, type[Language]] = {
     "pcfg": PCFGLanguage,
     "teacher": TeacherLanguage,
     "facts": FactsLanguage,
+    "pathstar": PathStarLanguage,
 }
 RANDOM_LANGUAGES = ["hmm", "pcfg", "teacher"]
-PROBE_LANGUAGES = ["facts"]
+PROBE_LANGUAGES = ["facts", "pathstar"]
 CORPUS_KEYS = {"n": 20_000, "n_val": 1_000}
 # spec keys per language and how to parse their values (``seed`` is common to all)
 _PARAMS: dict[str, dict[str, type]] = {
@@ -44,6 +47,7 @@ _PARAMS: dict[str, dict[str, type]] = {
     "pcfg": {"types": int, "max_depth": int, "children": list, "type_probs": list},
     "teacher": {"vocab": int, "length": int, "dim": int, "layers": int, "sharpness": float},
     "facts": {"pairs": int},
+    "pathstar": {"degree": int, "arm": int, "symbols": int},
 }
 
 
@@ -60,7 +64,8 @@ def parse_spec(spec: str) -> tuple[str, dict[str, object], dict[str, int]]:
     if kind not in LANGUAGES:
         raise ValueError(
             f"synthetic language {kind!r} in {spec!r} is unknown; valid: {RANDOM_LANGUAGES} "
-            f"and {PROBE_LANGUAGES} (the reversal probe's fact table)"
+            f"and the probe tasks {PROBE_LANGUAGES} (the reversal probe's fact table, the "
+            "path-star planning task)"
         )
     kwargs: dict[str, object] = {}
     corpus = dict(CORPUS_KEYS)

@@ -1,0 +1,86 @@
+"""Reproduce the field's published AR-vs-diffusion findings, each with a verdict.
+
+    python -m eval.findings --scale smoke --out runs/findings-smoke   # plumbing, ~1 min (CI)
+    python -m eval.findings --scale cpu --out runs/findings-cpu       # each finding <= 15 min
+    python -m eval.findings --scale gpu --only reversal pathstar      # closer to the papers
+
+Every finding writes ``<out>/<finding>/report.md`` (+ report.json, figures) whose verdict rule is
+stated before its numbers; ``<out>/index.md`` (+ index.json) has one row per finding. Trained runs
+and measured stages are reused on a rerun (``--force`` redoes them); SIGTERM/Ctrl-C stops after a
+checkpoint and a rerun continues.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from eval.experiments.stages import run_stoppable
+from eval.findings.common import SCALES, FindingResult, Job, write_index
+from eval.findings.registry import FINDINGS
+from shared.errors import ConfigError
+from shared.faults import StopRequest
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--scale", choices=SCALES, default="cpu")
+    parser.add_argument("--only", nargs="+", default=None, metavar="FINDING", help="a subset")
+    parser.add_argument("--out", default=None, help="output folder (default runs/findings-SCALE)")
+    parser.add_argument("--force", action="store_true", help="retrain and remeasure everything")
+    parser.add_argument("--cache-dir", default=None, help="tokenizer/data cache of every run")
+    parser.add_argument(
+        "--num-threads", type=int, default=0, help="torch CPU threads per run; 0 = default"
+    )
+    args = parser.parse_args(argv)
+    out = Path(args.out or f"runs/findings-{args.scale}")
+
+    def job(stop: StopRequest) -> None:
+        names = args.only or list(FINDINGS)
+        unknown = [name for name in names if name not in FINDINGS]
+        if unknown:
+            raise ConfigError(f"unknown finding(s) {unknown}; valid: {list(FINDINGS)}")
+        extra = {"num_threads": args.num_threads} if args.num_threads else {}
+        if args.cache_dir:
+            extra["cache_dir"] = args.cache_dir
+        for name in names:
+            started = time.perf_counter()
+            job = Job(out / name, args.force, stop, extra)
+            result = FINDINGS[name].run(args.scale, job)
+            result.wall_seconds = time.perf_counter() - started
+            (out / name / "result.json").write_text(json.dumps(_row(result), indent=2))
+            print(f"[{name}] {result.verdict}: {result.measured} ({result.wall_seconds:.0f} s)")
+        results = [stored(out, name) for name in FINDINGS if (out / name / "result.json").exists()]
+        paths = write_index(out, args.scale, results)
+        print(f"index: {paths['markdown']}")
+
+    return run_stoppable(job)
+
+
+def _row(result: FindingResult) -> dict:
+    return {
+        "name": result.name,
+        "measured": result.measured,
+        "verdict": result.verdict,
+        "rule": result.rule,
+        "scale": result.scale,
+        "wall_seconds": result.wall_seconds,
+        "report": result.report,
+        "notes": result.notes,
+    }
+
+
+def stored(out: Path, name: str) -> FindingResult:
+    """A finding's last result as its folder holds it (so the index covers every finding run
+    into ``out``, not only this invocation's)."""
+    row = json.loads((out / name / "result.json").read_text())
+    return FindingResult(claim=FINDINGS[name].claim, **row)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

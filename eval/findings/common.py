@@ -1,0 +1,151 @@
+"""What every finding shares: its published claim, its result row for the index, the report it
+writes, and the index page over all of them."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eval.findings.verdicts import RULES
+from eval.report import Report, Table, provenance
+from shared.faults import StopRequest
+from shared.files import write_atomic
+
+SCALES = ("smoke", "cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A published finding as the literature states it."""
+
+    title: str
+    statement: str
+    source: str
+
+
+@dataclass
+class FindingResult:
+    """One row of the index: what was measured, with its interval, and the verdict."""
+
+    name: str
+    claim: Claim
+    measured: str  # the headline measurement with its 95% interval, as text
+    verdict: str
+    rule: str  # the rule's text, as in the report
+    scale: str
+    wall_seconds: float = 0.0
+    report: str = ""  # path of report.md, relative to the index
+    numbers: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Job:
+    """Where and how a finding runs: its folder, whether to redo finished work, the stop request
+    of the command, and training settings that leave results unchanged (``cache_dir``,
+    ``num_threads``), added to every run."""
+
+    out: Path
+    force: bool = False
+    stop: StopRequest | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A finding: its claim, its settings per scale, and the function that measures it."""
+
+    name: str
+    claim: Claim
+    settings: dict[str, Any]  # scale -> the settings object the runner takes
+    run: Callable[[str, Job], FindingResult]  # (scale, job)
+    gpu_wall: str  # expected wall time of the gpu scale, as documented
+
+
+def start_report(finding: Finding, scale: str, out: Path, settings: Any, rules: list[str]):
+    """A finding's report with its claim and its rules written before any number."""
+    report = Report(
+        f"Finding: {finding.claim.title} (scale `{scale}`)",
+        out,
+        config={"finding": finding.name, "scale": scale, "settings": _plain(settings)},
+        seeds={"train": 0},
+    )
+    report.text(
+        f"**Published claim.** {finding.claim.statement} ({finding.claim.source})\n\n"
+        + "\n\n".join(rules)
+    )
+    return report
+
+
+def finish_report(report: Report, result: FindingResult) -> FindingResult:
+    """Write the verdict section and the report; fill in the result's report path."""
+    report.text(
+        f"## Verdict: **{result.verdict}**\n\nMeasured: {result.measured}."
+        + "".join(f"\n\n{note}" for note in result.notes)
+    )
+    report.results.update({"verdict": result.verdict, "measured": result.measured})
+    report.results.setdefault("numbers", {}).update(result.numbers)
+    paths = report.write()
+    result.report = str(paths["markdown"])
+    return result
+
+
+def rule_text(*names: str) -> list[str]:
+    return [RULES[name] for name in names]
+
+
+def write_index(out: Path, scale: str, results: list[FindingResult]) -> dict[str, Path]:
+    """``index.md`` and ``index.json``: one row per finding."""
+    rows = [
+        [
+            r.claim.title,
+            f"{r.claim.statement} ({r.claim.source})",
+            r.measured,
+            r.verdict,
+            f"{r.wall_seconds / 60:.1f} min",
+            f"[report]({os.path.relpath(r.report, out)})" if r.report else "-",
+        ]
+        for r in results
+    ]
+    table = Table(
+        f"Findings at scale `{scale}`",
+        ["finding", "published claim", "measured (95% interval)", "verdict", "wall", "report"],
+        rows,
+        note="Each report states its verdict rule before its numbers. At scale `smoke` the "
+        "runs are far too short for the verdicts to mean anything: smoke checks the plumbing.",
+    )
+    prov = provenance({"train": 0})
+    text = "\n".join(
+        [
+            f"# Findings (scale `{scale}`)",
+            "",
+            table.markdown(),
+            "",
+            f"git commit `{prov['git_commit']}`; machine: {prov['machine']['cpu']} "
+            f"({prov['machine']['cpu_count']} CPUs), GPU: {prov['machine']['gpu']}; "
+            f"created {prov['created']}",
+            "",
+        ]
+    )
+    paths = {"markdown": out / "index.md", "json": out / "index.json"}
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(paths["markdown"], text)
+    data = {"scale": scale, "provenance": prov, "findings": [_plain(r) for r in results]}
+    write_atomic(paths["json"], json.dumps(data, indent=2, default=str))
+    return paths
+
+
+def timed(run: Callable[[], FindingResult]) -> FindingResult:
+    started = time.perf_counter()
+    result = run()
+    result.wall_seconds = time.perf_counter() - started
+    return result
+
+
+def _plain(value: Any) -> Any:
+    return asdict(value) if hasattr(value, "__dataclass_fields__") else value
