@@ -217,20 +217,14 @@ def hf_tokenizer(tokenizer: Tokenizer, saved_dir: Path, max_length: int):
 # ---------------------------------------------------------------- export
 
 
-def export_model(
-    model: Transformer, tokenizer: Tokenizer, out_dir: str | Path, info: dict | None = None
-) -> Path:
-    """Write ``model`` and ``tokenizer`` as a Hugging Face Llama folder; returns its path."""
+def llama_model(model: Transformer, tokenizer: Tokenizer | None = None, **config: Any):
+    """A ``LlamaForCausalLM`` of ``model``'s shape holding a copy of its weights (on the CPU).
+    ``config``: further ``LlamaConfig`` settings (``attn_implementation``, ``use_cache``)."""
     transformers = _require_transformers()
     cfg = model.config
-    if tokenizer.vocab_size != cfg.vocab_size:
-        raise ValueError(
-            f"tokenizer vocab_size={tokenizer.vocab_size} differs from the model's "
-            f"vocab_size={cfg.vocab_size} (an AR model's vocabulary is the tokenizer's)"
-        )
-    config = transformers.LlamaConfig(**llama_config_fields(cfg, tokenizer))
-    hf = transformers.LlamaForCausalLM(config).eval()
-    dtype = next(model.parameters()).dtype
+    hf = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**llama_config_fields(cfg, tokenizer), **config)
+    )
     weights = {hf_weight_name(k): v.detach().cpu() for k, v in model.state_dict().items()}
     if cfg.tie_embeddings:
         weights.pop("lm_head.weight")  # the same tensor as the embedding
@@ -238,6 +232,22 @@ def export_model(
     missing = [m for m in missing if not (cfg.tie_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
         raise ValueError(f"weights do not map onto Llama (missing {missing}, extra {unexpected})")
+    return hf
+
+
+def export_model(
+    model: Transformer, tokenizer: Tokenizer, out_dir: str | Path, info: dict | None = None
+) -> Path:
+    """Write ``model`` and ``tokenizer`` as a Hugging Face Llama folder; returns its path."""
+    _require_transformers()  # its missing-dependency message comes before any other complaint
+    cfg = model.config
+    if tokenizer.vocab_size != cfg.vocab_size:
+        raise ValueError(
+            f"tokenizer vocab_size={tokenizer.vocab_size} differs from the model's "
+            f"vocab_size={cfg.vocab_size} (an AR model's vocabulary is the tokenizer's)"
+        )
+    hf = llama_model(model, tokenizer).eval()
+    dtype = next(model.parameters()).dtype
     hf.generation_config.bos_token_id = tokenizer.eos_id
     hf.generation_config.eos_token_id = tokenizer.eos_id
     hf.generation_config.pad_token_id = tokenizer.pad_id

@@ -17,6 +17,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -28,22 +29,18 @@ from shared.data.rows import tokenize_corpus
 from shared.hardware import bf16_is_fast, cpu_name
 from shared.model import Transformer, flops_per_token
 from shared.objective import build_objective
-from shared.tokenizer import build_tokenizer
+from shared.tokenizer import Tokenizer, build_tokenizer
 from shared.training.config import DEFAULT_CACHE
 from shared.training.presets import get_preset
 from shared.training.schedule import batch_generator
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--preset", default="demo-d256")
-    parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto")
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    preset = get_preset(args.preset)
+def preset_batch(
+    preset_name: str, device: str = "cpu"
+) -> tuple[dict[str, dict[str, Any]], Tokenizer, torch.Tensor]:
+    """The preset, its tokenizer, and its first batch of real training rows [batch_size,
+    seq_len] (packed rows of the preset's corpus): what every configuration is timed on."""
+    preset = get_preset(preset_name)
     cfg = preset["train"]
     corpus = load_corpus(cfg["dataset"])
     tokenizer = build_tokenizer(
@@ -56,9 +53,23 @@ def main() -> None:
     rows = tokenize_corpus(
         corpus, tokenizer, protocol="packed", seq_len=cfg["seq_len"], cache_dir=DEFAULT_CACHE
     )["train"].tokens
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    use_bf16 = args.precision == "bf16" or (args.precision == "auto" and bf16_is_fast())
     batch = torch.as_tensor(rows[: cfg["batch_size"]], dtype=torch.long, device=device)
+    return preset, tokenizer, batch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--preset", default="demo-d256")
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    preset, tokenizer, batch = preset_batch(args.preset, device)
+    cfg = preset["train"]
+    use_bf16 = args.precision == "bf16" or (args.precision == "auto" and bf16_is_fast())
     runs = {}
     for name in ("ar", "mdm"):
         objective = build_objective(name, pad_id=tokenizer.pad_id)
