@@ -69,6 +69,15 @@ def loss_positions(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:
     return positions
 
 
+def answer_positions(tokens: torch.Tensor, separator_id: int, pad_id: int) -> torch.Tensor:
+    """Boolean [B, L]: the loss positions after the first ``separator_id`` of each row, for
+    prompt -> answer data (``--answer-after``): the AR predicts only them, the diffusion
+    objectives mask and predict only them, with the prompt always visible."""
+    separator = (tokens == separator_id).long()
+    after_first = (separator.cumsum(1) - separator) > 0
+    return after_first & loss_positions(tokens, pad_id)
+
+
 def noised_positions(tokens: torch.Tensor, pad_id: int, pad_is_data: bool) -> torch.Tensor:
     """Positions a diffusion forward process may mask: every position but BOS when padding is
     data (padded protocol: the model must generate the length), otherwise the loss positions."""

@@ -9,6 +9,7 @@ pieces.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,6 +100,7 @@ def evaluate_rows(
     micro_batch: int | None = None,
     rank: int = 0,
     world: int = 1,
+    scored: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> LossTotals:
     """Summed loss over ``rows`` [N, L], cut into batches of ``batch_size`` rows.
 
@@ -110,6 +112,8 @@ def evaluate_rows(
     Every rank runs the same number of forward passes (a rank whose share ran out repeats one
     row and discards it): a sharded (FSDP) model gathers its weights collectively in each
     forward, so ranks that ran different numbers of them would wait on each other forever.
+
+    ``scored`` maps a batch to the positions it is scored on (default: every loss position).
     """
     was_training = model.training
     model.eval()
@@ -132,8 +136,13 @@ def evaluate_rows(
                 continue
             stop = min(start + step, share_stop)
             tokens = batch[start:stop]
-            out = objective.loss(model, tokens.to(device), slice_noise(noise, start, stop))
-            counted = loss_positions(tokens, pad_id)
+            counted = loss_positions(tokens, pad_id) if scored is None else scored(tokens)
+            out = objective.loss(
+                model,
+                tokens.to(device),
+                slice_noise(noise, start, stop),
+                None if scored is None else counted.to(device),
+            )
             totals.add(out, counted.sum(1), int(byte_table[tokens[counted]].sum()))
     model.train(was_training)
     return totals

@@ -49,7 +49,11 @@ class PathStarSettings:
     overrides: dict[str, Any] = field(default_factory=dict)
 
 
-TRAIN = dict(tokenizer="byte", protocol="padded", max_seq_len=128)
+# Prompt -> answer training, as in both papers: the loss is on the path only (the AR teacher-forced
+# on it, the MDM masking only it with the edge list always visible). Trained on whole strings
+# instead, the random edge list is most of the loss and neither model learns the task at the
+# CPU budget (measured: exact match AR 0.08, MDM 0.00 on (2, 3) after 1000 steps).
+TRAIN = dict(tokenizer="byte", protocol="padded", max_seq_len=128, answer_after="=")
 SETTINGS = {
     "smoke": PathStarSettings(
         ((2, 2), (3, 2)), (0,), 500, 50, "tiny", dict(max_steps=30, batch_size=16, eval_every=30)
@@ -168,8 +172,9 @@ def judge(
             "the MDM is above the AR (separated) in every setting; not reproduced if the AR is "
             "above in any setting; otherwise inconclusive. Shown beside it: the first-step "
             "accuracies against chance 1/degree (the AR's shortcut signature). Both models are "
-            "trained on the whole strings (edge list included) with the same budget; decoding "
-            "is greedy (AR) and most-confident-first, one token per step (MDM)."
+            "trained with the same budget on prompt -> answer rows, the loss on the path only "
+            "(`--answer-after =`, as in both papers); decoding is greedy (AR) and "
+            "most-confident-first, one token per step (MDM)."
         ],
     )
     rows, verdicts, summary = [], {}, []

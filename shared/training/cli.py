@@ -39,6 +39,8 @@ FLAG_GROUPS: dict[str, dict[str, str]] = {
         "tokenizer_vocab_size": "vocabulary of the trained bpe tokenizer (>= 300)",
         "protocol": "packed (documents concatenated) | padded (one document per row)",
         "seq_len": "tokens per row, BOS included",
+        "answer_after": "prompt -> answer rows: score only the tokens after the first occurrence "
+        "of this one-token text (padded protocol); empty = every token",
         "unique_tokens": "keep only the first rows holding this many training tokens; 0 = all",
         "cache_dir": "where tokenizers and tokenized rows are cached",
     },

@@ -29,6 +29,9 @@ class TrainConfig:
     tokenizer_vocab_size: int = 2048
     protocol: str = "packed"
     seq_len: int = 128
+    # prompt -> answer rows: train and validate only on the tokens after the first occurrence of
+    # this text (one token) in each row; empty = every token
+    answer_after: str = ""
     # optimisation
     batch_size: int = 32  # global rows per optimizer step
     grad_accum: int = 1
@@ -134,6 +137,11 @@ class TrainConfig:
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
+        if self.answer_after and self.protocol != "padded":
+            raise ConfigError(
+                f"answer_after={self.answer_after!r} needs protocol='padded' (one prompt and "
+                f"answer per row); protocol={self.protocol!r} packs documents across rows"
+            )
         if self.seq_len < 4:
             raise ConfigError(f"seq_len={self.seq_len} must be >= 4")
         if not self.lr > 0:
@@ -179,6 +187,7 @@ IDENTITY_FIELDS = (
     "tokenizer_vocab_size",
     "protocol",
     "seq_len",
+    "answer_after",
     "schedule",
     "block_size",  # block diffusion: the block size is part of what the model learns
     "seed",

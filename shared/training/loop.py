@@ -37,6 +37,7 @@ from shared.training.run import RunSpec
 from shared.training.run_folder import RunFolderLock, claim_run_folder
 from shared.training.schedule import batch_generator, curve_steps, total_steps_for
 from shared.training.setup import (
+    answer_scorer,
     build_optimizer,
     build_scheduler,
     load_data,
@@ -108,6 +109,7 @@ def run_locked(
     tokenizer_from = spec.resume_from or (source.checkpoint if source else None)
     data = load_data(cfg, accelerator, tokenizer_from, saved, spec.allow_config_change)
     tokenizer, train_rows = data.tokenizer, data.train_rows
+    scored = answer_scorer(cfg, tokenizer, {"training": train_rows, "validation": data.val_rows})
 
     run_config = dataclasses.asdict(cfg)
     objective = objective_for_run(cfg.objective, run_config, tokenizer, full_noise_range=False)
@@ -203,6 +205,7 @@ def run_locked(
             n_batches=n_batches,
             rank=rank,
             world=world,
+            scored=scored,
         )
         fields = [getattr(totals, name) for name in LossTotals.FIELDS]
         summed = accelerator.reduce(torch.tensor(fields, dtype=torch.float64, device=device), "sum")
@@ -248,7 +251,8 @@ def run_locked(
         )
         # Normalise by the global token count so the gradient is the same for any split of the
         # batch over processes and micro-steps (DDP averages over processes, hence * world).
-        global_tokens = int(loss_positions(rows, tokenizer.pad_id).sum())
+        step_scored = loss_positions(rows, tokenizer.pad_id) if scored is None else scored(rows)
+        global_tokens = int(step_scored.sum())
         step_nats = torch.zeros((), dtype=torch.float64, device=device)
         for micro in range(cfg.grad_accum):
             start = (rank * cfg.grad_accum + micro) * micro_batch
@@ -257,7 +261,10 @@ def run_locked(
             context = accelerator.no_sync(model) if not last_micro else contextlib.nullcontext()
             with context:
                 micro_noise = slice_noise(noise, start, start + micro_batch)
-                out_loss = objective.loss(model, batch, micro_noise)
+                micro_scored = None
+                if scored is not None:
+                    micro_scored = step_scored[start : start + micro_batch].to(device)
+                out_loss = objective.loss(model, batch, micro_noise, micro_scored)
                 if fault_active("nan_loss", step + 1):
                     out_loss.nats = out_loss.nats * float("nan")
                 accelerator.backward(out_loss.nats * world / max(global_tokens, 1))

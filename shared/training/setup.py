@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from shared.data.rows import protocol_record, tokenize_corpus
 from shared.errors import ConfigError
 from shared.hardware import bf16_is_fast
 from shared.model import flops_per_token
+from shared.objective import answer_positions
 from shared.tokenizer import Tokenizer, build_tokenizer
 from shared.training.config import TrainConfig
 from shared.training.schedule import lr_multiplier
@@ -159,6 +161,30 @@ def unique_rows(train_rows: np.ndarray, cfg: TrainConfig) -> np.ndarray:
             f"x {cfg.seq_len - 1} tokens of the training split"
         )
     return train_rows[:keep]
+
+
+def answer_scorer(
+    cfg: TrainConfig, tokenizer: Tokenizer, splits: dict[str, np.ndarray]
+) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The positions a run is scored on when ``answer_after`` is set (None: every loss
+    position): those after the separator, which must be one token present in every row."""
+    if not cfg.answer_after:
+        return None
+    ids = tokenizer.encode(cfg.answer_after)
+    if len(ids) != 1:
+        raise ConfigError(
+            f"answer_after={cfg.answer_after!r} is {len(ids)} tokens under this tokenizer; "
+            "it must be exactly one"
+        )
+    separator = ids[0]
+    for split, rows in splits.items():
+        missing = int((~(rows == separator).any(1)).sum())
+        if missing:
+            raise ConfigError(
+                f"answer_after={cfg.answer_after!r} occurs in no token of {missing} of the "
+                f"{len(rows)} {split} rows: every row needs a prompt, the separator and an answer"
+            )
+    return lambda tokens: answer_positions(tokens, separator, tokenizer.pad_id)
 
 
 def training_flops_per_token(objective, model_cfg: ModelConfig, seq_len: int) -> float:
