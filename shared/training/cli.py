@@ -70,6 +70,8 @@ FLAG_GROUPS: dict[str, dict[str, str]] = {
         "beta2": "AdamW beta2, in [0, 1)",
         "grad_clip": "gradient norm clip; 0 = off",
         "precision": "auto (bf16 where fast) | fp32 | bf16",
+        "compile": "torch.compile the model: off | on (refuse where the compiler does not work) "
+        "| auto (compile where it works, else eager, said once)",
         "seed": "seed of the weights, the data order and the noise",
         "num_threads": "torch CPU threads; 0 = torch's default",
     },

@@ -44,6 +44,7 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0
     precision: str = "auto"  # auto: bf16 where the hardware runs it fast, else fp32
+    compile: str = "off"  # torch.compile the model: off | on | auto (on where it works)
     # budget: max_flops, else max_tokens, else max_steps decides the number of steps
     max_steps: int = 1000
     max_tokens: int = 0
@@ -97,6 +98,7 @@ class TrainConfig:
             "protocol": ["packed", "padded"],
             "lr_schedule": ["cosine", "constant"],
             "precision": ["auto", "fp32", "bf16"],
+            "compile": ["off", "on", "auto"],
             "schedule": ["linear", "cosine"],
             "estimator": ["time", "count"],
             "tokenizer": TOKENIZER_CHOICES,

@@ -40,6 +40,7 @@ from shared.training.setup import (
     answer_scorer,
     build_optimizer,
     build_scheduler,
+    compile_model,
     load_data,
     make_accelerator,
     micro_batch_size,
@@ -139,6 +140,7 @@ def run_locked(
         log(load_source_weights(source, model, tokenizer.vocab_size))
     # where the weights came from (kept across resumes), so reports can add the source's compute
     init_record = source.record if source else (saved or {}).get("init_from")
+    compiled = compile_model(model, cfg.compile, layout, log)
     model, optimizer = accelerator.prepare(model, optimizer)
     if spec.resume_from is not None:
         ckpt.load_training_state(spec.resume_from, model, optimizer.optimizer, scheduler)
@@ -387,6 +389,7 @@ def run_locked(
         "processes": world,
         "parallel_layout": layout,
         "precision": accelerator.mixed_precision,
+        "compiled": compiled,
         **peak_memory(device),
         "train_rows": len(train_rows),
         "epochs_seen": end_step * cfg.batch_size / len(train_rows),

@@ -7,6 +7,7 @@ import importlib.util
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from accelerate.utils import DistributedType
 from shared.config import ModelConfig
 from shared.data.corpus import load_corpus
 from shared.data.rows import protocol_record, tokenize_corpus
-from shared.errors import ConfigError
+from shared.errors import ConfigError, ResourceUnavailableError
 from shared.hardware import bf16_is_fast
 from shared.model import flops_per_token
 from shared.objective import answer_positions
@@ -185,6 +186,40 @@ def answer_scorer(
                 f"{len(rows)} {split} rows: every row needs a prompt, the separator and an answer"
             )
     return lambda tokens: answer_positions(tokens, separator, tokenizer.pad_id)
+
+
+@cache
+def compiler_problem() -> str | None:
+    """Why ``torch.compile`` cannot run here (no C++ compiler, an unsupported platform...), or
+    None: compiles and runs one small function once per process."""
+    try:
+        probe = torch.compile(lambda x: torch.sin(x) * 2 + 1, fullgraph=True)
+        probe(torch.ones(8))
+    except Exception as error:  # any failure means the backend is unusable here
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return f"{type(error).__name__}: {first_line}"[:300]
+    return None
+
+
+def compile_model(model: torch.nn.Module, mode: str, layout: str, log: Callable) -> bool:
+    """Compile ``model`` in place (its state dict keeps its names, so checkpoints are the same)
+    for ``mode`` "on" or "auto"; returns whether it did. "on" refuses where the compiler does
+    not work; "auto" trains eagerly then, saying so once."""
+    if mode == "off":
+        return False
+    if layout.startswith("FSDP"):
+        raise ConfigError(f"compile={mode!r} is not supported with FSDP; use --compile off")
+    problem = compiler_problem()
+    if problem is not None:
+        if mode == "on":
+            raise ResourceUnavailableError(
+                f"--compile on: torch.compile does not work here ({problem}); use --compile "
+                "off, or auto to fall back to eager automatically"
+            )
+        log(f"--compile auto: torch.compile does not work here ({problem}); training eagerly")
+        return False
+    model.compile()
+    return True
 
 
 def training_flops_per_token(objective, model_cfg: ModelConfig, seq_len: int) -> float:
