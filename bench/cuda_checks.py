@@ -19,6 +19,11 @@ on any device. Exit status 1 when a check fails.
                    it runs as FSDP2 and its checkpoint loads into an unsharded model.
 5. ``decode``      KV-cached greedy decoding equals recomputing the whole prefix every step.
 6. ``throughput``  ``bench/train_throughput.py``: AR and MDM training tokens/s, alternating.
+7. ``peers``       ``bench/train_peers.py``: our AR and MDM steps against Hugging Face Llama (and
+                   litgpt when installed), tokens/s and MFU against the device's measured peak.
+8. ``flex``        the block-diffusion training step with flex attention (compiled, a sparse
+                   block mask) against SDPA with the dense boolean mask: equal losses, step times.
+9. ``compile``     the AR training step with ``--compile on`` against eager: equal loss, times.
 """
 
 from __future__ import annotations
@@ -42,12 +47,15 @@ sys.path.insert(0, str(ROOT))
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from arlm.generate import ARGenerator, GenerationConfig
+from dllm.block_objective import BlockDiffusionObjective
 from shared.checkpoint import load_model_from_checkpoint
 from shared.config import ModelConfig
 from shared.hardware import cpu_name
 from shared.model import Transformer
+from shared.objective import build_objective
 from shared.sampling import SamplingConfig
 from shared.training.presets import get_preset
+from shared.training.setup import compile_model, compiler_problem
 
 
 class Skip(Exception):
@@ -217,6 +225,85 @@ def check_throughput(device: str, quick: bool, out: Path) -> dict:
     }
 
 
+def check_peers(device: str, quick: bool, out: Path) -> dict:
+    command = [sys.executable, "bench/train_peers.py", "--json", str(out / "peers.json")]
+    command += ["--preset", "tiny", "--rounds", "1", "--warmup", "0", "--precision", "fp32"]
+    if not quick:
+        command[-7:] = ["--preset", "demo-d256", "--rounds", "8", "--warmup", "2", "--precision"]
+        command.append("both")
+    run_command(command, out / "peers.log")
+    result = json.loads((out / "peers.json").read_text())
+    return {"results": result.get("ratios", result), "passed": True}
+
+
+def timed_steps(step: Callable[[], torch.Tensor], device: str, rounds: int) -> list[float]:
+    """Seconds per call of ``step`` (forward + backward), after one warm-up call."""
+    times = []
+    for index in range(rounds + 1):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        step().backward()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if index:
+            times.append(time.perf_counter() - started)
+    return times
+
+
+def check_flex(device: str, quick: bool, out: Path) -> dict:
+    if device != "cuda" and not quick:
+        raise Skip("flex attention pays only on CUDA (on a CPU the SDPA path is used)")
+    model = demo_model(device, quick).train()
+    objective = BlockDiffusionObjective(pad_id=0, block_size=16 if not quick else 4, mask_id=511)
+    length = 128 if not quick else 16
+    tokens = torch.randint(1, 511, (32 if not quick else 2, length), device=device)
+    noise = objective.sample_noise(len(tokens), length, torch.Generator().manual_seed(0))
+    losses, times = {}, {}
+    for name, flex in (("sdpa", False), ("flex", True)):
+        objective.flex = flex
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+            with torch.no_grad():
+                losses[name] = float(objective.loss(model, tokens, noise).nats)
+            if device == "cuda":  # flex attention has no backward on a CPU (torch 2.13)
+                step = lambda: objective.loss(model, tokens, noise).nats  # noqa: E731
+                times[name] = timed_steps(step, device, 10)
+    median = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    agree = abs(losses["flex"] - losses["sdpa"]) <= 2e-2 * abs(losses["sdpa"])
+    return {
+        "losses": losses,
+        "median_step_s": median or "forward only on a CPU",
+        "flex_speedup": median["sdpa"] / median["flex"] if median else None,
+        "passed": agree,
+    }
+
+
+def check_compile(device: str, quick: bool, out: Path) -> dict:
+    problem = compiler_problem()
+    if problem is not None:
+        raise Skip(f"torch.compile does not work here: {problem}")
+    eager = demo_model(device, quick).train()
+    compiled = demo_model(device, quick).train()
+    compile_model(compiled, "on", "single process", print)
+    objective = build_objective("ar", pad_id=0)
+    tokens = torch.randint(
+        1, 511, (32 if not quick else 2, 128 if not quick else 16), device=device
+    )
+    noise = objective.sample_noise(len(tokens), tokens.shape[1], torch.Generator().manual_seed(0))
+    losses, median = {}, {}
+    for name, model in (("eager", eager), ("compiled", compiled)):
+        losses[name] = float(objective.loss(model, tokens, noise).nats)
+        step = lambda m=model: objective.loss(m, tokens, noise).nats  # noqa: E731
+        times = timed_steps(step, device, 2 if quick else 10)
+        median[name] = sorted(times)[len(times) // 2]
+    return {
+        "losses": losses,
+        "median_step_s": median,
+        "compile_speedup": median["eager"] / median["compiled"],
+        "passed": abs(losses["eager"] - losses["compiled"]) <= 1e-3 * abs(losses["eager"]),
+    }
+
+
 CHECKS: dict[str, Callable[[str, bool, Path], dict]] = {
     "bf16": check_bf16,
     "flash": check_flash,
@@ -224,6 +311,9 @@ CHECKS: dict[str, Callable[[str, bool, Path], dict]] = {
     "fsdp": check_fsdp,
     "decode": check_decode,
     "throughput": check_throughput,
+    "peers": check_peers,
+    "flex": check_flex,
+    "compile": check_compile,
 }
 
 

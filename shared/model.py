@@ -10,17 +10,20 @@ Module names follow the Llama reference so checkpoints map one-to-one onto Huggi
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from shared.config import ModelConfig
 
-# "causal", "bidirectional" or a boolean mask [T_q, T_k] or [B, 1, T_q, T_k] (True = may attend)
-Attention = str | torch.Tensor
+# "causal", "bidirectional", a boolean mask [T_q, T_k] or [B, 1, T_q, T_k] (True = may attend), or a
+# flex-attention BlockMask (uncached forwards)
+Attention = str | torch.Tensor | BlockMask
 
 
 class RMSNorm(nn.Module):
@@ -150,7 +153,7 @@ class GroupedQueryAttention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor | None,
+        mask: torch.Tensor | BlockMask | None,
         is_causal: bool,
         cache: CachedLayer | None = None,
     ) -> torch.Tensor:
@@ -161,7 +164,13 @@ class GroupedQueryAttention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.cache.store(cache.layer, cache.start, k, v, cache.end)
-        if length == 1 and self.n_kv_heads != self.n_heads and _same_for_every_head(mask):
+        if isinstance(mask, BlockMask):
+            # flex attention: a sparse block mask (block diffusion's two streams) that lets a GPU
+            # skip fully masked tiles and keep a fused kernel, where SDPA with a dense boolean
+            # mask falls back to a slower one
+            attend = compiled_flex_attention() if q.is_cuda else flex_attention
+            out = attend(q, k, v, block_mask=mask, enable_gqa=self.n_kv_heads != self.n_heads)
+        elif length == 1 and self.n_kv_heads != self.n_heads and _same_for_every_head(mask):
             out = self._single_query_gqa(q, k, v, mask)
         else:
             out = F.scaled_dot_product_attention(
@@ -189,6 +198,13 @@ class GroupedQueryAttention(nn.Module):
         grouped = q.view(batch, self.n_kv_heads, groups, head_dim)
         out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask)
         return out.view(batch, self.n_heads, 1, head_dim)
+
+
+@functools.cache
+def compiled_flex_attention():
+    """Flex attention compiled once per process: on a GPU its fused kernel exists only compiled
+    (eagerly it runs a dense reference implementation)."""
+    return torch.compile(flex_attention, dynamic=False)
 
 
 def _same_for_every_head(mask: torch.Tensor | None) -> bool:
@@ -232,7 +248,7 @@ class TransformerBlock(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor | None,
+        mask: torch.Tensor | BlockMask | None,
         is_causal: bool,
         cache: CachedLayer | None = None,
     ) -> torch.Tensor:
@@ -384,6 +400,8 @@ class Transformer(nn.Module):
         key_slots: torch.Tensor,
         key_valid: torch.Tensor | None,
     ) -> torch.Tensor:
+        if isinstance(attention, BlockMask):
+            return attention
         if isinstance(attention, torch.Tensor):
             return attention.to(query_slots.device)
         if attention not in ("causal", "bidirectional"):

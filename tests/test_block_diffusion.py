@@ -14,6 +14,7 @@ from dllm.block_objective import (
     BlockDiffusionObjective,
     block_causal_mask,
     stratified_block_times,
+    two_stream_block_mask,
     two_stream_mask,
 )
 from dllm.canvas import prompt_canvas
@@ -322,3 +323,38 @@ def test_train_smoke_sample_and_bad_block_size(tmp_path, capsys):
         )
     with pytest.raises(ConfigError, match="block_size=0"):
         cli.train_from_argv([*args, "--max-steps", "2", "--out", str(tmp_path / "y")])
+
+
+# ---- flex attention ----------------------------------------------------------------------------
+
+
+def test_the_flex_block_mask_is_the_two_stream_mask():
+    for length, block in ((8, 2), (12, 4), (16, 16)):
+        block_mask = two_stream_block_mask(length, block, torch.device("cpu"))
+        query = torch.arange(2 * length)[:, None]
+        key = torch.arange(2 * length)[None, :]
+        zero = torch.zeros((), dtype=torch.long)
+        elementwise = block_mask.mask_mod(zero, zero, query, key)
+        assert torch.equal(elementwise, two_stream_mask(length, block))
+
+
+def test_flex_and_sdpa_give_the_same_block_diffusion_logits():
+    torch.manual_seed(0)
+    config = ModelConfig(
+        vocab_size=40, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=64, max_seq_len=32
+    )
+    model = Transformer(config).eval()
+    objective = BlockDiffusionObjective(pad_id=0, block_size=4, mask_id=39)
+    tokens = torch.randint(1, 39, (3, 16))
+    noise = objective.sample_noise(3, 16, torch.Generator().manual_seed(1))
+    noised, _, _ = objective.noise_rows(tokens, noise, tokens != 0)
+    with torch.no_grad():
+        objective.flex = False
+        sdpa = objective.noisy_logits(model, noised, tokens)
+        objective.flex = True
+        flex = objective.noisy_logits(model, noised, tokens)
+        loss_flex = objective.loss(model, tokens, noise).nats
+        objective.flex = False
+        loss_sdpa = objective.loss(model, tokens, noise).nats
+    assert torch.allclose(flex, sdpa, atol=1e-5, rtol=1e-5)
+    assert torch.allclose(loss_flex, loss_sdpa, atol=1e-5, rtol=1e-5)

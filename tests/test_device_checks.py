@@ -39,3 +39,15 @@ def test_a_crashing_check_is_reported_as_failed(tmp_path, monkeypatch):
     result = json.loads((tmp_path / "checks.json").read_text())["checks"]["decode"]
     assert result["status"] == "FAIL" and "deliberately broken" in result["error"]
     assert cuda_checks.main(["--only", "nonsense", "--out", str(tmp_path)]) == 2
+
+
+def test_the_flex_and_peer_checks_run_in_quick_mode(tmp_path):
+    """On a CPU the quick flex check compares the eager flex path with SDPA on a tiny model; the
+    peer check runs the peer benchmark once (the GPU numbers come from a full run on CUDA)."""
+    code = cuda_checks.main(["--quick", "--out", str(tmp_path), "--only", "flex,peers"])
+    checks = json.loads((tmp_path / "checks.json").read_text())["checks"]
+    assert code == 0, checks
+    assert checks["flex"]["status"] == "PASS"
+    flex, sdpa = checks["flex"]["losses"]["flex"], checks["flex"]["losses"]["sdpa"]
+    assert abs(flex - sdpa) < 1e-4 * abs(sdpa)
+    assert checks["peers"]["status"] == "PASS" and "fp32" in checks["peers"]["results"]
