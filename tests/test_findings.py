@@ -151,6 +151,9 @@ def test_data_constrained_crossing_is_where_the_mdm_passes_the_ar_best():
     mdm = [{"loss": v, "epoch": i, "flops": i} for i, v in enumerate([6, 4.5, 3.6, 3.4])]
     assert data_constrained.crossing(ar, mdm)["epoch"] == 3
     assert data_constrained.crossing(ar, mdm[:3]) is None
+    assert data_constrained.curves_cross(ar, mdm)["epoch"] == 3
+    overfit = [{"loss": v, "epoch": i, "flops": i} for i, v in enumerate([5, 4, 4.5, 5])]
+    assert data_constrained.curves_cross(overfit, mdm)["epoch"] == 2  # below the AR, not its best
     with pytest.raises(ValueError, match="different steps"):
         data_constrained.mean_curve([curve([1, 2]), curve([1, 2, 3])])
 

@@ -129,6 +129,15 @@ def mean_curve(curves: list[list[dict[str, Any]]]) -> list[dict[str, float]]:
     ]
 
 
+def curves_cross(ar: list[dict[str, float]], mdm: list[dict[str, float]]) -> dict[str, Any] | None:
+    """The first validation (same step for both) at which the MDM's mean loss is below the
+    AR's mean loss at that step: where the two curves cross."""
+    for a, m in zip(ar, mdm):
+        if m["loss"] < a["loss"]:
+            return m
+    return None
+
+
 def crossing(ar: list[dict[str, float]], mdm: list[dict[str, float]]) -> dict[str, Any] | None:
     """The first validation at which the MDM's mean loss is below the AR's best mean loss."""
     ar_best = min(p["loss"] for p in ar)
@@ -187,6 +196,7 @@ def judge(
     peak = direction_verdict(best_epoch["ar"], best_epoch["mdm"])
     means = {o: mean_curve(curves[o]) for o in curves}
     cross = crossing(means["ar"], means["mdm"])
+    curves_meet = curves_cross(means["ar"], means["mdm"])
     rise = {
         o: [
             c[-1]["val_nats_per_token"] / best_point(c)["val_nats_per_token"] - 1 for c in curves[o]
@@ -219,8 +229,14 @@ def judge(
         else f"the MDM's mean curve goes below the AR's best at epoch {cross['epoch']:.1f} "
         f"({cross['flops']:.3g} FLOPs)"
     )
+    meet = (
+        "the curves do not cross"
+        if curves_meet is None
+        else f"the MDM's mean curve goes below the AR's at the same step from epoch "
+        f"{curves_meet['epoch']:.1f} ({curves_meet['flops']:.3g} FLOPs) on"
+    )
     notes.append(
-        f"Crossing: {where}. Second check (AR's best epoch before the MDM's): **{peak}** "
+        f"Crossing: {meet}; {where}. Second check (AR's best epoch before the MDM's): **{peak}** "
         f"(AR {best_epoch['ar'].text(3)}, MDM {best_epoch['mdm'].text(3)})."
     )
     notes.append(
@@ -243,6 +259,7 @@ def judge(
                 "best_epoch": {o: v.as_dict() for o, v in best_epoch.items()},
                 "peak_verdict": peak,
                 "crossing": cross,
+                "curves_cross": curves_meet,
                 "rise": rise,
                 "mean_curves": means,
                 "all_seeds_agree": agree,
