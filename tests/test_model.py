@@ -14,6 +14,7 @@ from shared.model import (
     RMSNorm,
     Transformer,
     apply_rope,
+    attention_fp32_on_cpu,
     attention_mask,
     flops_per_token,
     rope_cos_sin,
@@ -399,3 +400,20 @@ def test_bidirectional_block_recompute_in_cache_matches_full_forward():
     # which equal the full forward's, so the result is exact here (the tokens did not change).
     torch.testing.assert_close(block, full[:, 4:8], atol=1e-5, rtol=1e-5)
     assert cache.length == 12
+
+
+def test_bf16_attention_on_a_cpu_runs_in_fp32():
+    """The CPU flash kernel's bf16 backward is slow, so bf16 attention on a CPU is computed in
+    fp32 (and cast back): the same result as fp32 SDPA on the bf16 inputs, also under autocast,
+    with gradients reaching the bf16 inputs."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8).bfloat16().requires_grad_() for _ in range(3))
+    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = attention_fp32_on_cpu(q, k, v, None, True, enable_gqa=False)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, expected.bfloat16())
+    out.float().sum().backward()
+    assert q.grad is not None and q.grad.dtype == torch.bfloat16
+    fp32 = [t.detach().float() for t in (q, k, v)]
+    assert attention_fp32_on_cpu(*fp32, None, True, enable_gqa=False).dtype == torch.float32
