@@ -206,8 +206,9 @@ def attention_fp32_on_cpu(
 ) -> torch.Tensor:
     """SDPA, in float32 when bf16 inputs are on a CPU. The CPU flash kernel's bf16 backward is
     about 2.6x slower than its fp32 one (bench/profile_step.py, demo-d256 shape: 104 vs 39 ms
-    per step), so attention there runs in fp32 and casts back: faster, and more precise. A GPU
-    keeps bf16, where its kernels are fastest."""
+    per step), so attention there runs in fp32 and casts back: faster, and more precise. Forward
+    passes without a backward (validation under autocast) take the same path, so a model is
+    validated in the precision it trains in. A GPU keeps bf16, where its kernels are fastest."""
     if q.device.type == "cpu" and q.dtype == torch.bfloat16:
         with torch.autocast("cpu", enabled=False):
             out = F.scaled_dot_product_attention(

@@ -20,14 +20,20 @@ Z95 = 1.959964
 OVERFIT_TOLERANCE = 0.01  # final validation more than 1% above the best: say so
 
 
-def read_curve(run_dir: Path) -> list[dict[str, Any]]:
-    """The run's learning-curve records, one per step (a resumed run's last word wins)."""
-    by_step: dict[int, dict[str, Any]] = {}
+def eval_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's validation records in step order, one per step and kind (curve point or not,
+    rows validated on); a resumed run's last word wins."""
+    by_step: dict[tuple[int, bool, int], dict[str, Any]] = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
-        if record.get("kind") == "eval" and record.get("on_curve"):
-            by_step[record["step"]] = record
-    return [by_step[step] for step in sorted(by_step)]
+        if record.get("kind") == "eval":
+            by_step[record["step"], bool(record.get("on_curve")), record["val_tokens"]] = record
+    return [by_step[key] for key in sorted(by_step)]
+
+
+def read_curve(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's learning-curve records, one per step (a resumed run's last word wins)."""
+    return [record for record in eval_records(run_dir) if record.get("on_curve")]
 
 
 def points(curve: list[dict[str, Any]], band: float = 0.0) -> list[tuple[float, float]]:

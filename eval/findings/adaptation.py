@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from eval.curves import flops_to_reach
-from eval.experiments.compare_curves import Z95, points, read_curve
+from eval.experiments.compare_curves import points, read_curve
 from eval.experiments.stages import train_or_reuse
 from eval.findings.common import (
     Claim,
@@ -51,9 +51,8 @@ SETTINGS = {
 RUNS = ("ar", "mdm-scratch", "mdm-adapted")
 
 
-def run(scale: str, job: Job) -> FindingResult:
-    out, force = job.out, job.force
-    settings = SETTINGS[scale]
+def run(settings: AdaptSettings, job: Job) -> FindingResult:
+    out, force, scale = job.out, job.force, job.scale
     shared = settings.overrides | {"curve_points": settings.curve_points} | job.extra
     summaries = {
         "ar": train_or_reuse(
@@ -82,10 +81,9 @@ def run(scale: str, job: Job) -> FindingResult:
 
 
 def final_interval(curve: list[dict[str, Any]]) -> Interval:
-    last = curve[-1]
-    half = Z95 * last["val_nats_per_token_se"]
-    value = last["val_nats_per_token"]
-    return Interval(value, value - half, value + half)
+    """The last validation with its 95% band (``compare_curves.points``)."""
+    (_, low), (_, value), (_, high) = (points(curve[-1:], band)[0] for band in (-1, 0, 1))
+    return Interval(value, low, high)
 
 
 def compute_saving(
@@ -163,22 +161,19 @@ def judge(
         )
     return finish_report(
         report,
-        FindingResult(
-            name=FINDING.name,
-            claim=CLAIM,
-            measured=f"final NELBO adapted {adapted.text(4)} vs scratch {scratch.text(4)}; "
-            + saving_text,
-            verdict=verdict,
-            rule="adapted MDM's final NELBO below the from-scratch MDM's at equal MDM compute, "
-            "95% intervals separated",
-            scale=scale,
-            numbers={
-                "final": {"adapted": adapted.as_dict(), "scratch": scratch.as_dict()},
-                "saving": saving,
-                "ar_flops": ar_flops,
-                "first_points": first,
-            },
-        ),
+        FINDING,
+        scale,
+        measured=f"final NELBO adapted {adapted.text(4)} vs scratch {scratch.text(4)}; "
+        + saving_text,
+        verdict=verdict,
+        rule="adapted MDM's final NELBO below the from-scratch MDM's at equal MDM compute, "
+        "95% intervals separated",
+        numbers={
+            "final": {"adapted": adapted.as_dict(), "scratch": scratch.as_dict()},
+            "saving": saving,
+            "ar_flops": ar_flops,
+            "first_points": first,
+        },
     )
 
 

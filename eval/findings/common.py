@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -46,10 +45,11 @@ class FindingResult:
 
 @dataclass(frozen=True)
 class Job:
-    """Where and how a finding runs: its folder, whether to redo finished work, the stop request
-    of the command, and training settings that leave results unchanged (``cache_dir``,
-    ``num_threads``), added to every run."""
+    """Where and how a finding runs: its scale, its folder, whether to redo finished work, the
+    stop request of the command, and training settings that leave results unchanged
+    (``cache_dir``, ``num_threads``), added to every run."""
 
+    scale: str
     out: Path
     force: bool = False
     stop: StopRequest | None = None
@@ -63,7 +63,7 @@ class Finding:
     name: str
     claim: Claim
     settings: dict[str, Any]  # scale -> the settings object the runner takes
-    run: Callable[[str, Job], FindingResult]  # (scale, job)
+    run: Callable[[Any, Job], FindingResult]  # (settings of the job's scale, job)
     gpu_wall: str  # expected wall time of the gpu scale, as documented
 
 
@@ -76,22 +76,42 @@ def start_report(finding: Finding, scale: str, out: Path, settings: Any, rules: 
         seeds={"train": 0},
     )
     report.text(
-        f"**Published claim.** {finding.claim.statement} ({finding.claim.source})\n\n"
+        f"**Published claim.** {finding.claim.statement} ({finding.claim.source}) "
+        f"The `gpu` scale of this finding takes {finding.gpu_wall} (an estimate).\n\n"
         + "\n\n".join(rules)
     )
     return report
 
 
-def finish_report(report: Report, result: FindingResult) -> FindingResult:
-    """Write the verdict section and the report; fill in the result's report path."""
+def finish_report(
+    report: Report,
+    finding: Finding,
+    scale: str,
+    *,
+    measured: str,
+    verdict: str,
+    rule: str,
+    numbers: dict[str, Any] | None = None,
+    notes: list[str] | None = None,
+) -> FindingResult:
+    """Write the verdict section and the report; returns the finding's row for the index."""
+    result = FindingResult(
+        finding.name,
+        finding.claim,
+        measured,
+        verdict,
+        rule,
+        scale,
+        numbers=numbers or {},
+        notes=notes or [],
+    )
     report.text(
-        f"## Verdict: **{result.verdict}**\n\nMeasured: {result.measured}."
+        f"## Verdict: **{verdict}**\n\nMeasured: {measured}."
         + "".join(f"\n\n{note}" for note in result.notes)
     )
-    report.results.update({"verdict": result.verdict, "measured": result.measured})
+    report.results.update({"verdict": verdict, "measured": measured})
     report.results.setdefault("numbers", {}).update(result.numbers)
-    paths = report.write()
-    result.report = str(paths["markdown"])
+    result.report = str(report.write()["markdown"])
     return result
 
 
@@ -138,13 +158,6 @@ def write_index(out: Path, scale: str, results: list[FindingResult]) -> dict[str
     data = {"scale": scale, "provenance": prov, "findings": [_plain(r) for r in results]}
     write_atomic(paths["json"], json.dumps(data, indent=2, default=str))
     return paths
-
-
-def timed(run: Callable[[], FindingResult]) -> FindingResult:
-    started = time.perf_counter()
-    result = run()
-    result.wall_seconds = time.perf_counter() - started
-    return result
 
 
 def _plain(value: Any) -> Any:

@@ -81,9 +81,8 @@ def size_label(size: dict[str, int]) -> str:
     return "d{}".format(size["dim"]) + (f"-l{size['n_layers']}" if "n_layers" in size else "")
 
 
-def run(scale: str, job: Job) -> FindingResult:
-    out, force = job.out, job.force
-    settings = SETTINGS[scale]
+def run(settings: GapSettings, job: Job) -> FindingResult:
+    out, force, scale = job.out, job.force, job.scale
     stages = Stages(out, force, job.stop)
     measured = []
     for size in settings.sizes:
@@ -190,26 +189,21 @@ def judge(scale: str, settings: GapSettings, measured: list[dict], out: Path) ->
         )
     return finish_report(
         report,
-        FindingResult(
-            name=FINDING.name,
-            claim=CLAIM,
-            measured="multiplier "
-            + "; ".join(
-                f"{size_label(m['size'])}: "
-                + ("not measured" if v[2] is None else f"{v[2].text(3)}x")
-                for m, v in zip(measured, verdicts)
-            ),
-            verdict=magnitude if interval is not None else INCONCLUSIVE,
-            rule=f"published {PUBLISHED_MULTIPLIER:.0f}x inside the 95% interval at the largest "
-            "size",
-            scale=scale,
-            numbers={
-                "sizes": [{k: v for k, v in m.items() if k != "curves"} for m in measured],
-                "direction_verdicts": [v[0] for v in verdicts],
-                "magnitude_verdicts": [v[1] for v in verdicts],
-            },
-            notes=notes,
+        FINDING,
+        scale,
+        measured="multiplier "
+        + "; ".join(
+            f"{size_label(m['size'])}: " + ("not measured" if v[2] is None else f"{v[2].text(3)}x")
+            for m, v in zip(measured, verdicts)
         ),
+        verdict=magnitude if interval is not None else INCONCLUSIVE,
+        rule=f"published {PUBLISHED_MULTIPLIER:.0f}x inside the 95% interval at the largest size",
+        numbers={
+            "sizes": [{k: v for k, v in m.items() if k != "curves"} for m in measured],
+            "direction_verdicts": [v[0] for v in verdicts],
+            "magnitude_verdicts": [v[1] for v in verdicts],
+        },
+        notes=notes,
     )
 
 

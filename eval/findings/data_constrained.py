@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eval.experiments.compare_curves import eval_records
 from eval.experiments.stages import train_both
 from eval.findings.common import (
     Claim,
@@ -24,8 +25,7 @@ from eval.findings.common import (
 from eval.findings.verdicts import (
     INCONCLUSIVE,
     NOT_REPRODUCED,
-    REPRODUCED,
-    all_seeds_agree,
+    direction_in_every_seed,
     direction_verdict,
     seed_interval,
 )
@@ -60,9 +60,8 @@ SETTINGS = {
 }
 
 
-def run(scale: str, job: Job) -> FindingResult:
-    out, force = job.out, job.force
-    settings = SETTINGS[scale]
+def run(settings: DataSettings, job: Job) -> FindingResult:
+    out, force, scale = job.out, job.force, job.scale
     _, base = resolve_config(settings.preset, settings.overrides)
     rows = math.ceil(settings.unique_tokens / (base.seq_len - 1))
     steps_per_epoch = rows / base.batch_size
@@ -88,12 +87,7 @@ def run(scale: str, job: Job) -> FindingResult:
 def read_periodic(run_dir: Path, train_rows: int) -> list[dict[str, Any]]:
     """The run's periodic validations (the same fixed batches and noise each time), with the
     epoch each was taken at; the final whole-split validation is left out (other rows)."""
-    records = [
-        json.loads(line)
-        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-        if '"eval"' in line
-    ]
-    records = [r for r in records if r.get("kind") == "eval"]
+    records = eval_records(run_dir)
     size = Counter(r["val_tokens"] for r in records).most_common(1)[0][0]
     config = json.loads((run_dir / "config.json").read_text())["train_config"]
     by_step = {r["step"]: r for r in records if r["val_tokens"] == size}
@@ -177,15 +171,12 @@ def judge(
         for o in best
     }
     best_epoch = {o: seed_interval([b["epoch"] for b in best[o]]) for o in best}
-    headline = direction_verdict(best_loss["mdm"], best_loss["ar"])
-    agree = all_seeds_agree(
+    headline, agree, notes = direction_in_every_seed(
+        best_loss["mdm"],
+        best_loss["ar"],
         [b["val_nats_per_token"] for b in best["mdm"]],
         [b["val_nats_per_token"] for b in best["ar"]],
     )
-    notes = []
-    if headline == REPRODUCED and not agree:
-        headline = INCONCLUSIVE
-        notes.append("The intervals separate but not every seed agrees: inconclusive.")
     still_improving = all(still_falling(c) for c in curves["mdm"])
     if headline == NOT_REPRODUCED and still_improving:
         headline = INCONCLUSIVE
@@ -245,28 +236,25 @@ def judge(
     )
     return finish_report(
         report,
-        FindingResult(
-            name=FINDING.name,
-            claim=CLAIM,
-            measured=f"best loss MDM {best_loss['mdm'].text(4)} vs AR {best_loss['ar'].text(4)} "
-            f"nats/token; best epoch AR {best_epoch['ar'].value:.1f}, "
-            f"MDM {best_epoch['mdm'].value:.1f}",
-            verdict=headline,
-            rule="MDM's best validation loss below the AR's best, 95% intervals separated",
-            scale=scale,
-            numbers={
-                "best_loss": {o: v.as_dict() for o, v in best_loss.items()},
-                "best_epoch": {o: v.as_dict() for o, v in best_epoch.items()},
-                "peak_verdict": peak,
-                "crossing": cross,
-                "curves_cross": curves_meet,
-                "rise": rise,
-                "mean_curves": means,
-                "all_seeds_agree": agree,
-                "mdm_still_improving": still_improving,
-            },
-            notes=notes,
-        ),
+        FINDING,
+        scale,
+        measured=f"best loss MDM {best_loss['mdm'].text(4)} vs AR {best_loss['ar'].text(4)} "
+        f"nats/token; best epoch AR {best_epoch['ar'].value:.1f}, "
+        f"MDM {best_epoch['mdm'].value:.1f}",
+        verdict=headline,
+        rule="MDM's best validation loss below the AR's best, 95% intervals separated",
+        numbers={
+            "best_loss": {o: v.as_dict() for o, v in best_loss.items()},
+            "best_epoch": {o: v.as_dict() for o, v in best_epoch.items()},
+            "peak_verdict": peak,
+            "crossing": cross,
+            "curves_cross": curves_meet,
+            "rise": rise,
+            "mean_curves": means,
+            "all_seeds_agree": agree,
+            "mdm_still_improving": still_improving,
+        },
+        notes=notes,
     )
 
 

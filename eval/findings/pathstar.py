@@ -19,12 +19,10 @@ from eval.findings.common import (
     start_report,
 )
 from eval.findings.verdicts import (
-    INCONCLUSIVE,
-    NOT_REPRODUCED,
-    REPRODUCED,
     Interval,
+    combine,
     direction_verdict,
-    wilson_interval,
+    pooled_accuracy,
 )
 from eval.pathstar_probe import pathstar_probe
 from eval.report import Table
@@ -111,9 +109,8 @@ def spec_for(settings: PathStarSettings, degree: int, arm: int, seed: int) -> st
     )
 
 
-def run(scale: str, job: Job) -> FindingResult:
-    out, force = job.out, job.force
-    settings = SETTINGS[scale]
+def run(settings: PathStarSettings, job: Job) -> FindingResult:
+    out, force, scale = job.out, job.force, job.scale
     stages = Stages(out, force, job.stop)
     measured: dict[str, list[dict[str, Any]]] = {}
     for degree, arm in settings.graphs:
@@ -153,8 +150,9 @@ def probe_both(folder: Path, spec: str, test: int, seed: int) -> dict[str, Any]:
 
 
 def pooled(results: list[dict[str, Any]], objective: str, key: str) -> Interval:
-    hits = sum(round(r[objective][key] * r[objective]["n"]) for r in results)
-    return wilson_interval(hits, sum(r[objective]["n"] for r in results))
+    return pooled_accuracy(
+        [r[objective][key] for r in results], [r[objective]["n"] for r in results]
+    )
 
 
 def judge(
@@ -197,26 +195,17 @@ def judge(
             f"{settings.strings} training graphs per seed.",
         )
     )
-    values = list(verdicts.values())
-    if all(v == REPRODUCED for v in values):
-        verdict = REPRODUCED
-    elif NOT_REPRODUCED in values:
-        verdict = NOT_REPRODUCED
-    else:
-        verdict = INCONCLUSIVE
+    verdict = combine(list(verdicts.values()))
     return finish_report(
         report,
-        FindingResult(
-            name=FINDING.name,
-            claim=CLAIM,
-            measured="; ".join(summary),
-            verdict=verdict,
-            rule="MDM exact-match accuracy above the AR's, 95% intervals separated, in every "
-            "graph setting",
-            scale=scale,
-            numbers={"per_setting": measured, "verdicts": verdicts},
-            notes=[f"Per setting: {', '.join(f'{k} {v}' for k, v in verdicts.items())}."],
-        ),
+        FINDING,
+        scale,
+        measured="; ".join(summary),
+        verdict=verdict,
+        rule="MDM exact-match accuracy above the AR's, 95% intervals separated, in every "
+        "graph setting",
+        numbers={"per_setting": measured, "verdicts": verdicts},
+        notes=[f"Per setting: {', '.join(f'{k} {v}' for k, v in verdicts.items())}."],
     )
 
 

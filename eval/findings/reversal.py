@@ -18,7 +18,7 @@ from eval.findings.common import (
     rule_text,
     start_report,
 )
-from eval.findings.verdicts import all_seeds_agree, direction_verdict, wilson_interval
+from eval.findings.verdicts import direction_in_every_seed, pooled_accuracy
 from eval.report import Table
 from eval.synthetic_probes import reversal_probe
 from shared.data.synthetic.specs import build_language
@@ -87,9 +87,8 @@ def facts_spec(settings: ReversalSettings, seed: int) -> str:
     return f"synthetic:facts?pairs={settings.pairs}&seed={seed}&n={settings.strings}&n_val={n_val}"
 
 
-def run(scale: str, job: Job) -> FindingResult:
-    out, force = job.out, job.force
-    settings = SETTINGS[scale]
+def run(settings: ReversalSettings, job: Job) -> FindingResult:
+    out, force, scale = job.out, job.force, job.scale
     stages = Stages(out, force, job.stop)
     per_seed = []
     for seed in settings.seeds:
@@ -116,8 +115,7 @@ def probe_both(folder: Path, spec: str) -> dict[str, Any]:
 
 def pooled(per_seed: list[dict[str, Any]], objective: str, key: str, pairs: int):
     """The Wilson interval of an accuracy pooled over every seed's ``pairs`` facts."""
-    hits = sum(round(seed[objective][key] * pairs) for seed in per_seed)
-    return wilson_interval(hits, pairs * len(per_seed))
+    return pooled_accuracy([seed[objective][key] for seed in per_seed], [pairs] * len(per_seed))
 
 
 def judge(
@@ -164,15 +162,12 @@ def judge(
     )
     ar = intervals[("ar", "reverse_prompted_accuracy")]
     mdm = intervals[("mdm", "reverse_accuracy")]
-    verdict = direction_verdict(ar, mdm)
-    agree = all_seeds_agree(
+    verdict, agree, notes = direction_in_every_seed(
+        ar,
+        mdm,
         [s["ar"]["reverse_prompted_accuracy"] for s in per_seed],
         [s["mdm"]["reverse_accuracy"] for s in per_seed],
     )
-    notes = []
-    if verdict == "reproduced" and not agree:
-        verdict = "inconclusive"
-        notes.append("The pooled intervals separate but not every seed agrees: inconclusive.")
     learned = min(
         intervals[("ar", "forward_accuracy")].value, intervals[("mdm", "forward_accuracy")].value
     )
@@ -181,13 +176,13 @@ def judge(
             f"Caution: a model's forward accuracy is {learned:.2f} (< 0.9): the facts are not "
             "fully learned at this budget."
         )
-    result = FindingResult(
-        name=finding.name,
-        claim=CLAIM,
+    return finish_report(
+        report,
+        finding,
+        scale,
         measured=f"reverse accuracy AR {ar.text()} vs MDM {mdm.text()} (chance {1 / pairs:.3f})",
         verdict=verdict,
         rule=RULE_SUMMARY,
-        scale=scale,
         numbers={
             "per_seed": per_seed,
             "intervals": {f"{o}/{k}": v.as_dict() for (o, k), v in intervals.items()},
@@ -195,7 +190,6 @@ def judge(
         },
         notes=notes,
     )
-    return finish_report(report, result)
 
 
 RULE_SUMMARY = "AR reverse accuracy's 95% interval below the MDM's, and in every seed"

@@ -28,10 +28,10 @@ from eval.findings.common import (
 )
 from eval.findings.verdicts import (
     INCONCLUSIVE,
-    NOT_REPRODUCED,
     REPRODUCED,
     Z95,
     Interval,
+    combine,
     direction_verdict,
 )
 from eval.quality import diversity_report, load_judge
@@ -75,9 +75,8 @@ SETTINGS = {
 }
 
 
-def run(scale: str, job: Job) -> FindingResult:
-    out, force = job.out, job.force
-    settings = SETTINGS[scale]
+def run(settings: QualitySettings, job: Job) -> FindingResult:
+    out, force, scale = job.out, job.force, job.scale
     summaries = train_all(
         settings.preset,
         out,
@@ -160,12 +159,6 @@ def ordered(better: dict[str, Any], worse: dict[str, Any]) -> str:
     return INCONCLUSIVE if verdict == REPRODUCED and cheap else verdict
 
 
-def combine(verdicts: list[str]) -> str:
-    if all(v == REPRODUCED for v in verdicts):
-        return REPRODUCED
-    return NOT_REPRODUCED if NOT_REPRODUCED in verdicts else INCONCLUSIVE
-
-
 def judge(scale: str, settings: QualitySettings, judged: dict, out: Path) -> FindingResult:
     report = start_report(
         FINDING,
@@ -224,22 +217,19 @@ def judge(scale: str, settings: QualitySettings, judged: dict, out: Path) -> Fin
     )
     return finish_report(
         report,
-        FindingResult(
-            name=FINDING.name,
-            claim=CLAIM,
-            measured=f"judge ppl at full steps {measured} (intervals in the report); "
-            + "; ".join(f"{k}: {v}" for k, v in pairs.items()),
-            verdict=verdict,
-            rule="AR < BD < MDM in judge perplexity, both pairs' 95% intervals separated, "
-            "entropy within 5%",
-            scale=scale,
-            numbers={"pairs": pairs, "steps": steps_verdicts, "sets": sets},
-            notes=[
-                "Fewer steps worse (full-step perplexity below the fewest-step one): "
-                + "; ".join(f"{m}: **{v}**" for m, v in steps_verdicts.items())
-                + "."
-            ],
-        ),
+        FINDING,
+        scale,
+        measured=f"judge ppl at full steps {measured} (intervals in the report); "
+        + "; ".join(f"{k}: {v}" for k, v in pairs.items()),
+        verdict=verdict,
+        rule="AR < BD < MDM in judge perplexity, both pairs' 95% intervals separated, "
+        "entropy within 5%",
+        numbers={"pairs": pairs, "steps": steps_verdicts, "sets": sets},
+        notes=[
+            "Fewer steps worse (full-step perplexity below the fewest-step one): "
+            + "; ".join(f"{m}: **{v}**" for m, v in steps_verdicts.items())
+            + "."
+        ],
     )
 
 

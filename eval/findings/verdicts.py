@@ -114,6 +114,37 @@ def magnitude_verdict(published: float, measured: Interval | None) -> str:
     return INCONCLUSIVE
 
 
+def pooled_accuracy(fractions: Sequence[float], trials: Sequence[int]) -> Interval:
+    """The Wilson interval of an accuracy pooled over groups (seeds, settings) that each scored
+    ``fractions[i]`` of ``trials[i]`` examples."""
+    hits = sum(round(f * n) for f, n in zip(fractions, trials, strict=True))
+    return wilson_interval(hits, sum(trials))
+
+
+def combine(verdicts: Sequence[str]) -> str:
+    """A claim made of parts: reproduced when every part is, not reproduced when any part is
+    (its direction reversed, separated), inconclusive otherwise."""
+    if all(v == REPRODUCED for v in verdicts):
+        return REPRODUCED
+    return NOT_REPRODUCED if NOT_REPRODUCED in verdicts else INCONCLUSIVE
+
+
+def direction_in_every_seed(
+    lower: Interval, higher: Interval, lower_seeds: Sequence[float], higher_seeds: Sequence[float]
+) -> tuple[str, bool, list[str]]:
+    """The direction verdict of "lower < higher" over seeds pooled, where "reproduced" also needs
+    the direction in every seed: (verdict, whether every seed agrees, the note to report)."""
+    verdict = direction_verdict(lower, higher)
+    agree = all_seeds_agree(lower_seeds, higher_seeds)
+    if verdict == REPRODUCED and not agree:
+        return (
+            INCONCLUSIVE,
+            agree,
+            ["The intervals separate but not every seed agrees: inconclusive."],
+        )
+    return verdict, agree, []
+
+
 def all_seeds_agree(lower: Sequence[float], higher: Sequence[float]) -> bool:
     """Whether ``lower[i] < higher[i]`` for every seed i (a finding's per-seed sanity check)."""
     if len(lower) != len(higher) or not lower:

@@ -4,6 +4,7 @@ changes to the fields that define the experiment."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from shared.config import ModelConfig
@@ -13,12 +14,17 @@ from shared.training.presets import split_overrides
 
 
 def config_differences(
-    saved: dict[str, Any], current: dict[str, Any], fields: tuple[str, ...]
+    saved: dict[str, Any],
+    current: dict[str, Any],
+    fields: tuple[str, ...],
+    describe: Callable[[str, Any, Any], str] = lambda name, saved, now: (
+        f"{name}: checkpoint {saved!r} vs now {now!r}"
+    ),
 ) -> list[str]:
-    """Lines naming each of ``fields`` that differs; a field the checkpoint predates (absent from
-    its config) is not compared."""
+    """Lines (``describe(name, saved, now)``) naming each of ``fields`` that differs; a field the
+    checkpoint predates (absent from its config) is not compared."""
     return [
-        f"{name}: checkpoint {saved[name]!r} vs now {current.get(name)!r}"
+        describe(name, saved[name], current.get(name))
         for name in fields
         if name in saved and saved[name] != current.get(name)
     ]

@@ -32,6 +32,7 @@ from shared.config import ModelConfig
 from shared.errors import CheckpointError, ConfigError
 from shared.objective import objective_class
 from shared.training.config import TrainConfig
+from shared.training.resume import config_differences
 from shared.training.setup import training_flops_per_token
 
 # The tensors with one row per vocabulary id (the [MASK] row, if any, is the last).
@@ -70,20 +71,17 @@ def check_compatible(
 ) -> None:
     """Refuse a source whose backbone shape (every field but the vocabulary, which the
     tokenizer and objective decide) or tokenizer setting differs, naming every difference."""
-    source_model = ModelConfig.from_dict(state["model_config"])
-    differences = [
-        (field.name, getattr(source_model, field.name), getattr(model_cfg, field.name))
-        for field in dataclasses.fields(ModelConfig)
-        if field.name != "vocab_size"
-    ]
-    source_train = state["train_config"]
-    token_fields = ["tokenizer"] + (["tokenizer_vocab_size"] if cfg.tokenizer == "bpe" else [])
-    differences += [(name, source_train.get(name), getattr(cfg, name)) for name in token_fields]
-    wrong = [
-        f"{name}={source!r} in the source, {ours!r} in this run"
-        for name, source, ours in differences
-        if source != ours
-    ]
+    source = ModelConfig.from_dict(state["model_config"]).to_dict() | state["train_config"]
+    shape = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "vocab_size")
+    tokens = ("tokenizer",) + (("tokenizer_vocab_size",) if cfg.tokenizer == "bpe" else ())
+    wrong = config_differences(
+        source,
+        model_cfg.to_dict() | dataclasses.asdict(cfg),
+        shape + tokens,
+        describe=lambda name, theirs, ours: (
+            f"{name}={theirs!r} in the source, {ours!r} in this run"
+        ),
+    )
     if wrong:
         raise ConfigError(f"{where}: " + "; ".join(wrong))
 
