@@ -27,7 +27,9 @@ def eval_records(run_dir: Path) -> list[dict[str, Any]]:
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
         if record.get("kind") == "eval":
-            by_step[record["step"], bool(record.get("on_curve")), record["val_tokens"]] = record
+            by_step[record["step"], bool(record.get("on_curve")), record.get("val_tokens", 0)] = (
+                record
+            )
     return [by_step[key] for key in sorted(by_step)]
 
 
