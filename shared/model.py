@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from shared.config import ModelConfig
+from shared.ops import RotaryFunction, rms_norm, rotate_pairs
 
 # "causal", "bidirectional", a boolean mask [T_q, T_k] or [B, 1, T_q, T_k] (True = may attend), or a
 # flex-attention BlockMask (uncached forwards)
@@ -33,11 +34,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 even under bf16 autocast: a bf16 mean of squares loses precision.
-        # F.rms_norm: x * rsqrt(mean(x^2) + eps) as one call, a fused kernel on GPUs (on a CPU
-        # it measures the same as the explicit form).
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return self.weight * normed.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_frequencies(head_dim: int, theta: float) -> torch.Tensor:
@@ -52,15 +49,13 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[
     return angles.cos().float(), angles.sin().float()
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat([-second, first], dim=-1)
-
-
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate channel pairs (i, i + head_dim/2) of x [B, H, T, head_dim] by per-position angles."""
+    """Rotate channel pairs (i, i + head_dim/2) of x [B, H, T, head_dim] by per-position angles
+    (cos and sin tables [T, head_dim] or [B, 1, T, head_dim] from ``rope_cos_sin``)."""
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return x * cos + rotate_half(x) * sin
+    if torch.is_grad_enabled() and x.requires_grad:
+        return RotaryFunction.apply(x, cos, sin)
+    return rotate_pairs(x, cos, sin, direction=1.0)
 
 
 def attention_mask(
@@ -375,7 +370,10 @@ class Transformer(nn.Module):
             x = layer(x, cos, sin, mask, is_causal, layer_kv)
         x = self.norm(x)
         if output_mask is not None:
-            x = x[output_mask]
+            # Every position selected (an AR batch without padding) is a reshape, not a gather
+            # whose backward scatters into a zeroed copy. Boolean indexing syncs with the device
+            # anyway, so the check costs no extra sync.
+            x = x.flatten(0, 1) if bool(output_mask.all()) else x[output_mask]
         return self.output(x)
 
     def _cached_mask(

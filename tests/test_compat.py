@@ -4,6 +4,7 @@ and the typed training API runs the same training as the command line."""
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -17,11 +18,13 @@ FIXTURE = Path(__file__).resolve().parent / "fixtures" / "tiny_mdm_run"
 
 
 def test_a_checkpoint_written_by_the_earlier_layout_scores_and_samples_as_before():
-    # Numbers recorded with the code that wrote the fixture (tiny MDM, step 12).
+    # Numbers recorded with the code that wrote the fixture (tiny MDM, step 12). The likelihood
+    # may move in the last bits when a kernel's summation order changes (RMSNorm's reduction),
+    # not more: a layout or loading mistake moves it in the first digits.
     results = evaluate_checkpoint(str(FIXTURE), samples=2, max_rows=16, batch_size=8)
     nelbo = results["estimates"]["nelbo"]
     assert nelbo["tokens"] == 496
-    assert nelbo["nats_per_token"] == 4.490383885241076
+    assert nelbo["nats_per_token"] == pytest.approx(4.490383885241076, rel=1e-9, abs=0)
     generated = DiffusionGenerator.from_checkpoint(FIXTURE).generate(
         ["In the"], 16, SamplerConfig(Ancestral(8)), seed=3
     )

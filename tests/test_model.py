@@ -17,6 +17,7 @@ from shared.model import (
     attention_fp32_on_cpu,
     attention_mask,
     flops_per_token,
+    rms_norm,
     rope_cos_sin,
 )
 from shared.training.presets import PRESETS, get_preset
@@ -417,3 +418,66 @@ def test_bf16_attention_on_a_cpu_runs_in_fp32():
     assert q.grad is not None and q.grad.dtype == torch.bfloat16
     fp32 = [t.detach().float() for t in (q, k, v)]
     assert attention_fp32_on_cpu(*fp32, None, True, enable_gqa=False).dtype == torch.float32
+
+
+def test_rmsnorm_backward_matches_autograd_of_the_formula():
+    # float64 oracle: torch.autograd.gradcheck against finite differences, and the gradients
+    # of the plain formula w * x / sqrt(mean(x^2) + eps) through autograd
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, w: rms_norm(a, w, 1e-5), (x, weight))
+    grad = torch.randn(3, 5, 8, dtype=torch.float64)
+    ours = torch.autograd.grad(rms_norm(x, weight, 1e-5), (x, weight), grad)
+    formula = weight * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+    expected = torch.autograd.grad(formula, (x, weight), grad)
+    for a, b in zip(ours, expected):
+        torch.testing.assert_close(a.double(), b)
+
+
+def test_rmsnorm_in_bf16_autocast_normalises_in_float32():
+    torch.manual_seed(0)
+    x = torch.randn(4, 16, requires_grad=True)
+    norm = RMSNorm(16, eps=1e-6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = norm(x)
+    assert out.dtype == torch.float32
+    out.sum().backward()
+    plain = x.detach().clone().requires_grad_()
+    (plain / torch.sqrt(plain.pow(2).mean(-1, keepdim=True) + 1e-6)).sum().backward()
+    torch.testing.assert_close(x.grad, plain.grad)
+    # frozen norm weights: no weight gradient is computed, the input's still is
+    norm.weight.requires_grad_(False)
+    x.grad = None
+    norm(x).sum().backward()
+    torch.testing.assert_close(x.grad, plain.grad)
+
+
+def test_rope_backward_is_the_inverse_rotation():
+    torch.manual_seed(0)
+    cos, sin = rope_cos_sin(torch.arange(5), 8, 100.0)
+    x = torch.randn(2, 3, 5, 8, dtype=torch.float64, requires_grad=True)
+    cos64, sin64 = cos.double(), sin.double()
+    assert torch.autograd.gradcheck(lambda a: apply_rope(a, cos64, sin64), (x,))
+    half = 4
+
+    def rotate_half_formula(a):  # the Hugging Face Llama form
+        return a * cos64 + torch.cat([-a[..., half:], a[..., :half]], dim=-1) * sin64
+
+    grad = torch.randn_like(x)
+    ours = torch.autograd.grad(apply_rope(x, cos64, sin64), x, grad)[0]
+    torch.testing.assert_close(ours, torch.autograd.grad(rotate_half_formula(x), x, grad)[0])
+    with torch.no_grad():  # the forward without autograd is the same rotation
+        torch.testing.assert_close(apply_rope(x, cos64, sin64), rotate_half_formula(x))
+
+
+def test_output_mask_selecting_every_position_equals_no_mask():
+    torch.manual_seed(0)
+    model = Transformer(TINY)
+    tokens = torch.randint(0, TINY.vocab_size, (2, 7))
+    every = torch.ones(2, 7, dtype=torch.bool)
+    some = every.clone()
+    some[0, 3] = False
+    full = model(tokens, "causal")
+    torch.testing.assert_close(model(tokens, "causal", output_mask=every), full.flatten(0, 1))
+    torch.testing.assert_close(model(tokens, "causal", output_mask=some), full[some])
