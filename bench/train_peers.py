@@ -1,7 +1,7 @@
 """Our training step against other implementations of the same model, measured in one process.
 
     python bench/train_peers.py [--preset demo-d256] [--precision fp32|bf16|both] [--rounds 12]
-                                [--warmup 2] [--threads 2] [--only ar,mdm,hf,litgpt]
+                                [--warmup 2] [--threads 2] [--only ar,mdm,bd,hf,litgpt]
                                 [--json runs/train-peers.json]
 
 Configurations, all on the same batch of real rows of the preset's corpus (its first
@@ -10,6 +10,9 @@ Configurations, all on the same batch of real rows of the preset's corpus (its f
 - ``ar``, ``mdm``: our backbone under each objective, stepped as ``shared/training/loop.py``
   does (loss normalised by the batch's loss tokens, backward, gradient clipping, AdamW and the
   learning-rate schedule with the preset's settings, ``shared.training.setup``);
+- ``bd`` (opt-in, ``--only ...,bd``): block diffusion with the preset's block size (16 when it
+  sets none); each data row runs as a noisy and a clean stream, so its tokens/s is about half
+  and its FLOPs per token twice the AR's: compare MFU, or the ``bd/ar`` ratio with that in mind;
 - ``hf``: ``transformers.LlamaForCausalLM`` at our config (``arlm.export``'s mapping), SDPA
   attention, its own causal-LM loss through ``labels=``;
 - ``litgpt``: litgpt's ``GPT`` at the closest config, its ``chunked_cross_entropy`` loss;
@@ -67,11 +70,14 @@ from shared.training.config import TrainConfig
 from shared.training.schedule import batch_generator
 from shared.training.setup import build_optimizer, build_scheduler, training_flops_per_token
 
-NAMES = ("ar", "mdm", "hf", "litgpt")
+NAMES = ("ar", "mdm", "bd", "hf", "litgpt")
+DEFAULT = ("ar", "mdm", "hf", "litgpt")  # block diffusion is opt-in: its step costs two rows
 OURS, PEERS = ("ar", "mdm"), ("hf", "litgpt")
+BD_BLOCK_SIZE = 16  # when the preset sets none
 LABELS = {
     "ar": "ours, AR objective",
     "mdm": "ours, MDM objective",
+    "bd": "ours, block diffusion (noisy + clean stream)",
     "hf": "transformers LlamaForCausalLM (sdpa)",
     "litgpt": "litgpt GPT",
 }
@@ -142,6 +148,9 @@ def build_runners(
     runners: dict[str, Runner] = {"ar": ar}
     if "mdm" in only:
         runners["mdm"] = our_runner("mdm", train_cfg, preset["model"], tokenizer, batch)
+    if "bd" in only:
+        bd_cfg = dataclasses.replace(train_cfg, block_size=train_cfg.block_size or BD_BLOCK_SIZE)
+        runners["bd"] = our_runner("bd", bd_cfg, preset["model"], tokenizer, batch)
     skipped: dict[str, str] = {}
     ar_loss = fp32_loss(ar, batch)
     guard: dict[str, Any] = {"ar_loss_fp32": ar_loss, "tolerance": LOSS_TOLERANCE}
@@ -232,7 +241,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--only", default=",".join(NAMES), help="comma-separated subset")
+    parser.add_argument(
+        "--only",
+        default=",".join(DEFAULT),
+        help=f"comma-separated subset of {','.join(NAMES)} (bd is opt-in)",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
     args.only = [n.strip() for n in args.only.split(",") if n.strip()]
@@ -321,8 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in runners
         }
         pairs = [(o, p) for o in OURS for p in PEERS if o in speeds and p in speeds]
-        if "ar" in speeds and "mdm" in speeds:
-            pairs.append(("mdm", "ar"))
+        pairs += [(ours, "ar") for ours in ("mdm", "bd") if ours in speeds and "ar" in speeds]
         results["ratios"][precision] = {
             f"{a}/{b}": paired_ratios(speeds[a], speeds[b]) for a, b in pairs
         }

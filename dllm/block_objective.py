@@ -35,6 +35,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 from dllm.objective import MaskRow, check_time_range, diffusion_options
 from dllm.schedules import get_schedule
+from shared.attention import use_flex_attention
 from shared.errors import ConfigError
 from shared.objective import (
     LossOutput,
@@ -100,12 +101,6 @@ def two_stream_block_mask(length: int, block_size: int, device: torch.device) ->
         return noisy_to_noisy | noisy_to_clean | clean_to_clean
 
     return create_block_mask(allowed, None, None, 2 * length, 2 * length, device=device)
-
-
-def use_flex_attention(device: torch.device) -> bool:
-    """Flex attention where it pays: on CUDA (fused, tile-skipping kernels). On a CPU its eager
-    path is a reference implementation, slower than SDPA with the boolean mask."""
-    return device.type == "cuda"
 
 
 def stratified_block_times(

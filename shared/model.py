@@ -10,7 +10,6 @@ Module names follow the Llama reference so checkpoints map one-to-one onto Huggi
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -19,6 +18,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
+from shared.attention import (
+    attention_fp32_on_cpu,
+    attention_mask,
+    compiled_flex_attention,
+    same_for_every_head,
+    sliding_window_block_mask,
+    use_flex_attention,
+)
 from shared.config import ModelConfig
 from shared.ops import RotaryFunction, rms_norm, rotate_pairs
 
@@ -56,32 +63,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     if torch.is_grad_enabled() and x.requires_grad:
         return RotaryFunction.apply(x, cos, sin)
     return rotate_pairs(x, cos, sin, direction=1.0)
-
-
-def attention_mask(
-    query_slots: torch.Tensor,
-    key_slots: torch.Tensor,
-    *,
-    causal: bool,
-    window: int = 0,
-    key_valid: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Boolean mask (True = may attend) from slot indices: [T_q, T_k], or [B, 1, T_q, T_k] when
-    ``key_valid`` [B, T_k] marks which keys are real tokens (False for padding).
-
-    Slots are positions in the sequence (or in a KV cache). A query always sees its own slot, so
-    a padding query never has every key masked: SDPA would return NaN there, and the NaN would
-    reach real tokens through the next layer's keys and values even though they are masked.
-    """
-    distance = query_slots[:, None] - key_slots[None, :]
-    allowed = torch.ones_like(distance, dtype=torch.bool)
-    if causal:
-        allowed &= distance >= 0
-    if window:
-        allowed &= distance.abs() < window
-    if key_valid is None:
-        return allowed
-    return (allowed & key_valid[:, None, None, :]) | (distance == 0)
 
 
 class KVCache:
@@ -161,12 +142,12 @@ class GroupedQueryAttention(nn.Module):
         if cache is not None:
             k, v = cache.cache.store(cache.layer, cache.start, k, v, cache.end)
         if isinstance(mask, BlockMask):
-            # flex attention: a sparse block mask (block diffusion's two streams) that lets a GPU
-            # skip fully masked tiles and keep a fused kernel, where SDPA with a dense boolean
-            # mask falls back to a slower one
+            # flex attention: a sparse block mask (block diffusion's two streams, a sliding
+            # window) that lets a GPU skip fully masked tiles and keep a fused kernel, where SDPA
+            # with a dense boolean mask falls back to a slower one
             attend = compiled_flex_attention() if q.is_cuda else flex_attention
             out = attend(q, k, v, block_mask=mask, enable_gqa=self.n_kv_heads != self.n_heads)
-        elif length == 1 and self.n_kv_heads != self.n_heads and _same_for_every_head(mask):
+        elif length == 1 and self.n_kv_heads != self.n_heads and same_for_every_head(mask):
             out = self._single_query_gqa(q, k, v, mask)
         else:
             out = attention_fp32_on_cpu(
@@ -189,47 +170,6 @@ class GroupedQueryAttention(nn.Module):
         grouped = q.view(batch, self.n_kv_heads, groups, head_dim)
         out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask)
         return out.view(batch, self.n_heads, 1, head_dim)
-
-
-def attention_fp32_on_cpu(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None,
-    is_causal: bool,
-    enable_gqa: bool,
-) -> torch.Tensor:
-    """SDPA, in float32 when bf16 inputs are on a CPU. The CPU flash kernel's bf16 backward is
-    about 2.6x slower than its fp32 one (bench/profile_step.py, demo-d256 shape: 104 vs 39 ms
-    per step), so attention there runs in fp32 and casts back: faster, and more precise. Forward
-    passes without a backward (validation under autocast) take the same path, so a model is
-    validated in the precision it trains in. A GPU keeps bf16, where its kernels are fastest."""
-    if q.device.type == "cpu" and q.dtype == torch.bfloat16:
-        with torch.autocast("cpu", enabled=False):
-            out = F.scaled_dot_product_attention(
-                q.float(),
-                k.float(),
-                v.float(),
-                attn_mask=mask,
-                is_causal=is_causal,
-                enable_gqa=enable_gqa,
-            )
-        return out.to(q.dtype)
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=enable_gqa
-    )
-
-
-@functools.cache
-def compiled_flex_attention():
-    """Flex attention compiled once per process: on a GPU its fused kernel exists only compiled
-    (eagerly it runs a dense reference implementation)."""
-    return torch.compile(flex_attention, dynamic=False)
-
-
-def _same_for_every_head(mask: torch.Tensor | None) -> bool:
-    """Whether a mask ([T_q, T_k] or [B, 1, T_q, T_k]) applies alike to every head."""
-    return mask is None or mask.dim() < 3 or mask.shape[-3] == 1
 
 
 @dataclass
@@ -289,6 +229,9 @@ class Transformer(nn.Module):
         cos, sin = rope_cos_sin(torch.arange(cfg.max_seq_len), cfg.head_dim, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        # Sliding windows through flex attention: None = where it pays and works (CUDA,
+        # shared.attention.use_flex_attention); True or False forces one path.
+        self.flex_attention: bool | None = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -363,7 +306,7 @@ class Transformer(nn.Module):
             end = cache.length
             layer_cache = [CachedLayer(cache, i, start, end) for i in range(len(self.layers))]
         else:
-            mask, is_causal = self._uncached_mask(attention, slots, key_valid)
+            mask, is_causal = self._uncached_mask(attention, slots, key_valid, flex=True)
 
         x = self.tok_embeddings(tokens)
         for layer, layer_kv in zip(self.layers, layer_cache):
@@ -441,15 +384,30 @@ class Transformer(nn.Module):
         )
 
     def _uncached_mask(
-        self, attention: Attention, slots: torch.Tensor, key_valid: torch.Tensor | None
-    ) -> tuple[torch.Tensor | None, bool]:
+        self,
+        attention: Attention,
+        slots: torch.Tensor,
+        key_valid: torch.Tensor | None,
+        flex: bool = False,
+    ) -> tuple[torch.Tensor | BlockMask | None, bool]:
         """The plain cases need no mask tensor: SDPA's is_causal (or nothing) lets it pick its
-        fused kernels. is_causal is only right here, where queries and keys are the same slots."""
+        fused kernels. is_causal is only right here, where queries and keys are the same slots.
+        A sliding window over unpadded rows becomes a flex ``BlockMask`` when ``flex`` allows it
+        and flex attention is in use (``self.flex_attention``); only uncached forwards ask,
+        as their length is fixed (compiled flex attention compiles once per length)."""
         window = self.config.sliding_window
-        plain = key_valid is None and not (window and window < len(slots))
+        windowed = bool(window and window < len(slots))
+        plain = key_valid is None and not windowed
         if plain and attention in ("causal", "bidirectional"):
             return None, attention == "causal"
+        if flex and windowed and key_valid is None and attention in ("causal", "bidirectional"):
+            if self._flex_in_use(slots.device):
+                causal = attention == "causal"
+                return sliding_window_block_mask(len(slots), window, causal, slots.device), False
         return self._mask(attention, slots, slots, key_valid), False
+
+    def _flex_in_use(self, device: torch.device) -> bool:
+        return use_flex_attention(device) if self.flex_attention is None else self.flex_attention
 
     def num_parameters(self, include_embeddings: bool = True) -> int:
         total = sum(p.numel() for p in self.parameters())  # tied weights are counted once

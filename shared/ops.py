@@ -18,12 +18,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     autograd turns into about fourteen passes over the activations forward and backward, so
     training there goes through ``RMSNormFunction``: three passes forward, six backward
     (``bench/profile_step.py``: RMSNorm was 7% of the demo-d256 fp32 step)."""
-    if x.device.type != "cpu":
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)
-        return weight * normed.to(x.dtype)
-    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-        return RMSNormFunction.apply(x, weight, eps)
-    return _rms_normalised(x, eps)[0].to(x.dtype) * weight
+    if x.device.type == "cpu" and torch.is_grad_enabled():
+        if x.requires_grad or weight.requires_grad:
+            return RMSNormFunction.apply(x, weight, eps)
+    if x.dtype == weight.dtype == torch.float32:  # one call: a decode step is dispatch-bound
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    normed = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)
+    return weight * normed.to(x.dtype)
 
 
 def at_least_float32(dtype: torch.dtype) -> torch.dtype:

@@ -42,12 +42,14 @@ def test_a_crashing_check_is_reported_as_failed(tmp_path, monkeypatch):
 
 
 def test_the_flex_and_peer_checks_run_in_quick_mode(tmp_path):
-    """On a CPU the quick flex check compares the eager flex path with SDPA on a tiny model; the
-    peer check runs the peer benchmark once (the GPU numbers come from a full run on CUDA)."""
+    """On a CPU the quick flex check compares the eager flex path with SDPA on a tiny model, for
+    block diffusion and for a sliding window; the peer check runs the peer benchmark once (the
+    GPU numbers come from a full run on CUDA)."""
     code = cuda_checks.main(["--quick", "--out", str(tmp_path), "--only", "flex,peers"])
     checks = json.loads((tmp_path / "checks.json").read_text())["checks"]
     assert code == 0, checks
     assert checks["flex"]["status"] == "PASS"
-    flex, sdpa = checks["flex"]["losses"]["flex"], checks["flex"]["losses"]["sdpa"]
-    assert abs(flex - sdpa) < 1e-4 * abs(sdpa)
+    for case in ("block_diffusion", "sliding_window"):
+        losses = checks["flex"][case]["losses"]
+        assert abs(losses["flex"] - losses["sdpa"]) < 1e-4 * abs(losses["sdpa"])
     assert checks["peers"]["status"] == "PASS" and "fp32" in checks["peers"]["results"]

@@ -6,6 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from shared.attention import (
+    flex_attention_problem,
+    sliding_window_block_mask,
+    use_flex_attention,
+)
 from shared.config import ModelConfig
 from shared.errors import ConfigError
 from shared.model import (
@@ -481,3 +486,48 @@ def test_output_mask_selecting_every_position_equals_no_mask():
     full = model(tokens, "causal")
     torch.testing.assert_close(model(tokens, "causal", output_mask=every), full.flatten(0, 1))
     torch.testing.assert_close(model(tokens, "causal", output_mask=some), full[some])
+
+
+# ---- flex attention for sliding windows ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_sliding_window_block_mask_is_the_boolean_mask(causal):
+    for length, window in ((16, 4), (20, 7), (8, 8)):
+        block_mask = sliding_window_block_mask(length, window, causal, torch.device("cpu"))
+        slots = torch.arange(length)
+        zero = torch.zeros((), dtype=torch.long)
+        elementwise = block_mask.mask_mod(zero, zero, slots[:, None], slots[None, :])
+        expected = attention_mask(slots, slots, causal=causal, window=window)
+        assert torch.equal(elementwise, expected)
+
+
+@pytest.mark.parametrize("attention", ["causal", "bidirectional"])
+def test_flex_and_sdpa_give_the_same_sliding_window_logits(attention):
+    torch.manual_seed(0)
+    model = Transformer(
+        ModelConfig(**{**vars(TINY), "sliding_window": 3})  # 4 heads over 2 KV heads
+    ).eval()
+    tokens = torch.randint(0, TINY.vocab_size, (2, 12))
+    with torch.no_grad():
+        model.flex_attention = False
+        sdpa = model(tokens, attention)
+        model.flex_attention = True
+        flex = model(tokens, attention)
+        # padded rows and cached forwards keep the boolean mask
+        padded = model(tokens, attention, key_valid=torch.ones(2, 12, dtype=torch.bool))
+    torch.testing.assert_close(flex, sdpa, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(padded, sdpa, atol=1e-5, rtol=1e-5)
+
+
+def test_flex_attention_unavailable_falls_back_to_sdpa_and_says_so_once(caplog):
+    assert not use_flex_attention(torch.device("cpu"))  # CPUs keep SDPA, without a probe
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA; the unavailable path is exercised on CPU-only ones")
+    # no CUDA here: the probe fails, which is what a GPU without a working flex looks like
+    flex_attention_problem.cache_clear()
+    with caplog.at_level("WARNING", logger="shared.attention"):
+        assert not use_flex_attention(torch.device("cuda"))
+        assert not use_flex_attention(torch.device("cuda"))
+    said = [r.getMessage() for r in caplog.records if "flex attention is unavailable" in r.message]
+    assert len(said) == 1 and "uses SDPA with a boolean mask" in said[0]

@@ -90,6 +90,19 @@ def test_benchmark_runs_end_to_end_and_writes_its_json(tmp_path, capsys):
     assert "guard hf:" in printed and "measured matmul" in printed
 
 
+def test_block_diffusion_is_timed_when_asked_with_two_streams_of_flops(tmp_path):
+    out = tmp_path / "peers.json"
+    args = ["--preset", "tiny", "--rounds", "1", "--warmup", "0", "--threads", "1"]
+    assert train_peers.main([*args, "--only", "ar,bd", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    configurations = report["configurations"]
+    assert set(configurations) == {"ar", "bd"}
+    assert configurations["bd"]["status"] == "measured"
+    # the noisy and the clean stream: twice the rows through the network, over twice the context
+    assert configurations["bd"]["flops_per_token"] > 2 * configurations["ar"]["flops_per_token"]
+    assert set(report["ratios"]["bf16"]) == {"bd/ar"}
+
+
 def test_litgpt_that_cannot_be_imported_is_skipped_with_the_reason(tmp_path, monkeypatch):
     monkeypatch.setattr(train_peers, "litgpt_modules", lambda: (None, "no litgpt here"))
     out = tmp_path / "peers.json"
