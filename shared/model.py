@@ -6,6 +6,9 @@ Hugging Face Llama), SwiGLU feed-forward, grouped-query attention through
 ``"causal"`` for next-token prediction, ``"bidirectional"`` for masked diffusion, or an explicit
 boolean mask (True = may attend) for anything in between, such as block-causal attention.
 Module names follow the Llama reference so checkpoints map one-to-one onto Hugging Face Llama.
+The masks and attention kernels (SDPA, flex attention on CUDA) are in ``shared/attention.py``;
+RMSNorm and RoPE with their gradients written out (fewer passes than autograd's) in
+``shared/ops.py``.
 """
 
 from __future__ import annotations
