@@ -140,7 +140,8 @@ def curves_section(report: Report, out: Path, unigram: float) -> dict[str, Any]:
             f"at {headline.ar_flops:.3g} training FLOPs (the largest AR budget below the unigram "
             f"floor whose loss the MDM's curve reaches) the MDM needs **{headline.value:.1f}x** "
             "the AR's compute to match its validation loss (95% interval from the MDM's band: "
-            f"[{low}, {high}])"
+            f"[{low}, {high}]; it covers validation rows and noise, not training randomness: "
+            "retrain with `--seed N` for that spread)"
         )
     overfit = [
         f"{name}'s validation rises {s['rise']:.1%} from its best (step {s['best_step']}) to its "
