@@ -9,6 +9,7 @@ import re
 import pytest
 
 from eval.experiments import block_sweep
+from eval.experiments.stages import training_seed
 
 
 def installed(distribution: str) -> bool:
@@ -59,6 +60,7 @@ def checkpoint_mtimes(out):
 def test_report_has_every_model_with_finite_numbers_and_both_plots(sweep):
     out, _ = sweep
     data = json.loads((out / "report.json").read_text())
+    assert data["provenance"]["seeds"] == {"train": training_seed(out / "ar"), "sampling": 0}
     results = data["results"]["sweep"]
     assert list(results) == NAMES
     assert [results[n]["block_size"] for n in NAMES] == [1, 4, 16, 64]

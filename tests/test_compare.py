@@ -104,11 +104,15 @@ def test_rerun_reuses_every_stage_and_force_redoes_them(smoke, capsys):
     assert checkpoint.stat().st_mtime_ns == before
     assert {p.name: p.stat().st_mtime_ns for p in (out / "stages").glob("*.json")} == stage_times
 
-    assert compare.main([*args, "--force", "--max-steps", "20", "--no-mauve"]) == 0
+    forced = [*args, "--force", "--max-steps", "20", "--no-mauve", "--seed", "5"]
+    assert compare.main(forced) == 0
     printed = capsys.readouterr().out
     assert "reusing" not in printed
     ar = json.loads((out / "ar" / "final.json").read_text())
     assert ar["step"] == 20
+    # the report records the training seed the runs used (train.py's --seed passes through)
+    report = json.loads((out / "report.json").read_text())
+    assert report["provenance"]["seeds"] == {"train": 5, "sampling": 0}
 
 
 def test_flops_budget_gives_the_mdm_the_ar_flops(tmp_path):

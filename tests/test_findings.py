@@ -296,6 +296,9 @@ def test_every_finding_runs_at_smoke_scale_and_writes_its_index(tmp_path):
         assert row["verdict"] in (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE)
         report = (out / row["name"] / "report.md").read_text()
         assert "**Rule" in report and "## Verdict" in report
+        seeds = json.loads((out / row["name"] / "report.json").read_text())["provenance"]["seeds"]
+        expected = getattr(FINDINGS[row["name"]].settings["smoke"], "seeds", (0,))
+        assert seeds == {"train": list(expected)}
     markdown = (out / "index.md").read_text()
     assert markdown.count("[report](") == len(FINDINGS)
     # a rerun reuses every trained run and measured stage

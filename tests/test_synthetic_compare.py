@@ -5,6 +5,7 @@ import math
 import re
 
 from eval.experiments import compare
+from eval.experiments.stages import training_seed
 
 
 def test_synthetic_smoke_report_has_exact_metrics_and_plots(tmp_path):
@@ -12,6 +13,10 @@ def test_synthetic_smoke_report_has_exact_metrics_and_plots(tmp_path):
     args = ["--preset", "synthetic-smoke", "--out", str(out), "--cache-dir", str(tmp_path / "c")]
     assert compare.main(args) == 0
     data = json.loads((out / "report.json").read_text())
+    assert data["provenance"]["seeds"] == {
+        "train": training_seed(out / "hmm" / "ar"),
+        "sampling": 0,
+    }
     languages = data["results"]["languages"]
     assert set(languages) == {"hmm", "pcfg", "facts"}
     for label, result in languages.items():

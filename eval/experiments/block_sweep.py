@@ -42,6 +42,7 @@ from eval.experiments.stages import (
     run_stoppable,
     train_or_reuse,
     training_overrides,
+    training_seed,
 )
 from eval.likelihood import evaluate_checkpoint
 from eval.quality import diversity_report, load_judge
@@ -261,7 +262,7 @@ def write_report(
             "settings": dataclasses.asdict(settings),
             "training": {k: v["data"] | {"steps": v["step"]} for k, v in summaries.items()},
         },
-        seeds={"train": summaries["ar"]["data"].get("seed", 0), "sampling": 0},
+        seeds={"train": training_seed(out / "ar"), "sampling": 0},
     )
     report.text(
         "Block diffusion with block size 1 is autoregressive and with one block per row it is "

@@ -10,6 +10,7 @@ from typing import Any
 
 from eval.experiments.compare_curves import curves_section, sampling_checkpoint
 from eval.experiments.compare_settings import CompareSettings
+from eval.experiments.stages import training_seed
 from eval.report import Report, Table, frontier_figure
 
 
@@ -47,6 +48,14 @@ def tuning_section(report: Report, tuning: dict[str, Any] | None) -> None:
     )
 
 
+def training_seeds(out: Path) -> dict[str, int]:
+    """{"train": seed} when both runs used one seed (the usual case), else one entry per run."""
+    seeds = {name: training_seed(out / name) for name in ("ar", "mdm")}
+    if seeds["ar"] == seeds["mdm"]:
+        return {"train": seeds["ar"]}
+    return {f"train_{name}": seed for name, seed in seeds.items()}
+
+
 def write_report(
     out: Path,
     preset: str,
@@ -69,7 +78,7 @@ def write_report(
             "settings": dataclasses.asdict(settings),
             "training": {k: v["data"] | {"steps": v["step"]} for k, v in summaries.items()},
         },
-        seeds={"train": summaries["ar"]["data"].get("seed", 0), "sampling": 0},
+        seeds=training_seeds(out) | {"sampling": 0},
     )
     ar_l = likelihood["ar"]["estimates"]["nll"]
     mdm_l = likelihood["mdm"]["estimates"]["nelbo"]

@@ -156,6 +156,11 @@ def train_or_reuse(
     return summary
 
 
+def training_seed(run_dir: Path) -> int:
+    """The seed the run in ``run_dir`` was trained with (its saved training config)."""
+    return json.loads((run_dir / "config.json").read_text())["train_config"]["seed"]
+
+
 def same_settings(run_dir: Path, overrides: dict[str, Any]) -> bool:
     """Whether the run in ``run_dir`` was trained with ``overrides`` (a budget, a shape...)."""
     saved = json.loads((run_dir / "config.json").read_text())

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eval.experiments.stages import Stages, train_both
+from eval.experiments.stages import Stages, train_both, training_seed
 from eval.report import Report, Table
 from eval.synthetic import synthetic_report
 from shared.errors import ConfigError
@@ -108,6 +108,7 @@ def run_synthetic(
             "max_seq_len": max(64, language.seq_len),
         }
         summaries = train_both(settings.preset, out / label, overrides | extra, "tokens", force)
+        seed = training_seed(out / label / "ar")  # one seed for every language's runs
         key = {
             "train": {k: v["step"] for k, v in summaries.items()},
             "settings": dataclasses.asdict(settings),
@@ -133,7 +134,7 @@ def run_synthetic(
         f"AR vs masked diffusion on synthetic languages: preset `{preset}`",
         out,
         config={"preset": preset, "settings": dataclasses.asdict(settings)},
-        seeds={"train": 0, "sampling": 0},
+        seeds={"train": seed, "sampling": 0},
     )
     report.text(
         "Every number below is measured against the *true* distribution of the language: the "

@@ -73,7 +73,7 @@ def start_report(finding: Finding, scale: str, out: Path, settings: Any, rules: 
         f"Finding: {finding.claim.title} (scale `{scale}`)",
         out,
         config={"finding": finding.name, "scale": scale, "settings": _plain(settings)},
-        seeds={"train": 0},
+        seeds={"train": list(getattr(settings, "seeds", (0,)))},
     )
     report.text(
         f"**Published claim.** {finding.claim.statement} ({finding.claim.source}) "
