@@ -21,8 +21,9 @@ on any device. Exit status 1 when a check fails.
 6. ``throughput``  ``bench/train_throughput.py``: AR and MDM training tokens/s, alternating.
 7. ``peers``       ``bench/train_peers.py``: our AR and MDM steps against Hugging Face Llama (and
                    litgpt when installed), tokens/s and MFU against the device's measured peak.
-8. ``flex``        the block-diffusion training step with flex attention (compiled, a sparse
-                   block mask) against SDPA with the dense boolean mask: equal losses, step times.
+8. ``flex``        flex attention (compiled, a sparse block mask) against SDPA with the dense
+                   boolean mask, for the block-diffusion step and an AR step under a sliding
+                   window: equal losses, step times.
 9. ``compile``     the AR training step with ``--compile on`` against eager: equal loss, times.
 """
 
@@ -33,6 +34,7 @@ import json
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -226,12 +228,13 @@ def check_throughput(device: str, quick: bool, out: Path) -> dict:
 
 
 def check_peers(device: str, quick: bool, out: Path) -> dict:
+    if quick:
+        settings = ["--preset", "tiny", "--rounds", "1", "--warmup", "0", "--precision", "fp32"]
+    else:
+        settings = ["--preset", "demo-d256", "--rounds", "8", "--warmup", "2", "--precision"]
+        settings += ["both", "--only", "ar,mdm,bd,hf,litgpt"]
     command = [sys.executable, "bench/train_peers.py", "--json", str(out / "peers.json")]
-    command += ["--preset", "tiny", "--rounds", "1", "--warmup", "0", "--precision", "fp32"]
-    if not quick:
-        command[-7:] = ["--preset", "demo-d256", "--rounds", "8", "--warmup", "2", "--precision"]
-        command += ["both", "--only", "ar,mdm,bd,hf,litgpt"]
-    run_command(command, out / "peers.log")
+    run_command(command + settings, out / "peers.log")
     result = json.loads((out / "peers.json").read_text())
     return {"results": result.get("ratios", result), "passed": True}
 
@@ -295,7 +298,7 @@ def flex_against_sdpa(device, objective, model, tokens, noise, use_flex) -> dict
             if device == "cuda":  # flex attention has no backward on a CPU (torch 2.13)
                 step = lambda: objective.loss(model, tokens, noise).nats  # noqa: E731
                 times[name] = timed_steps(step, device, 10)
-    median = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    median = {name: statistics.median(t) for name, t in times.items()}
     return {
         "losses": losses,
         "median_step_s": median or "forward only on a CPU",
@@ -320,8 +323,7 @@ def check_compile(device: str, quick: bool, out: Path) -> dict:
     for name, model in (("eager", eager), ("compiled", compiled)):
         losses[name] = float(objective.loss(model, tokens, noise).nats)
         step = lambda m=model: objective.loss(m, tokens, noise).nats  # noqa: E731
-        times = timed_steps(step, device, 2 if quick else 10)
-        median[name] = sorted(times)[len(times) // 2]
+        median[name] = statistics.median(timed_steps(step, device, 2 if quick else 10))
     return {
         "losses": losses,
         "median_step_s": median,

@@ -155,9 +155,11 @@ def build_runners(
     ar_loss = fp32_loss(ar, batch)
     guard: dict[str, Any] = {"ar_loss_fp32": ar_loss, "tolerance": LOSS_TOLERANCE}
     for name in (p for p in PEERS if p in only):
-        if name == "litgpt" and litgpt_modules()[0] is None:
-            skipped[name] = litgpt_modules()[1]
-            continue
+        if name == "litgpt":
+            module, why = litgpt_modules()
+            if module is None:
+                skipped[name] = why
+                continue
         try:
             runner = peer_runner(name, ar.model, tokenizer.pad_id, batch, train_cfg.seq_len)
         except (ImportError, ValueError) as error:  # no transformers; a shape it cannot hold

@@ -35,7 +35,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 from dllm.objective import MaskRow, check_time_range, diffusion_options
 from dllm.schedules import get_schedule
-from shared.attention import use_flex_attention
+from shared.attention import flex_chosen
 from shared.errors import ConfigError
 from shared.objective import (
     LossOutput,
@@ -176,7 +176,7 @@ class BlockDiffusionObjective(MaskRow):
         # block would see where its row ends and the NELBO would not bound -log p(x).
         self.pad_is_data = pad_is_data
         # The attention path of the two-stream forward: None picks flex attention on CUDA and
-        # SDPA with a boolean mask elsewhere (use_flex_attention); True/False force one.
+        # SDPA with a boolean mask elsewhere (shared.attention.flex_chosen); True/False force one.
         self.flex: bool | None = None
 
     @classmethod
@@ -275,7 +275,7 @@ class BlockDiffusionObjective(MaskRow):
         batch, length = noised.shape
         inputs = torch.cat([noised, clean], dim=1)
         positions = torch.arange(length, device=noised.device).repeat(2)
-        if self.flex if self.flex is not None else use_flex_attention(noised.device):
+        if flex_chosen(self.flex, noised.device):
             mask = two_stream_block_mask(length, self.block_size, noised.device)
         else:
             mask = cached_two_stream_mask(length, self.block_size, noised.device)

@@ -130,6 +130,12 @@ def use_flex_attention(device: torch.device) -> bool:
     return problem is None
 
 
+def flex_chosen(forced: bool | None, device: torch.device) -> bool:
+    """A component's choice of attention path: ``forced`` True/False, or None for the default
+    (``use_flex_attention``)."""
+    return use_flex_attention(device) if forced is None else forced
+
+
 @functools.cache
 def _say_once(message: str) -> None:
     log.warning(message)

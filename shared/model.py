@@ -25,9 +25,9 @@ from shared.attention import (
     attention_fp32_on_cpu,
     attention_mask,
     compiled_flex_attention,
+    flex_chosen,
     same_for_every_head,
     sliding_window_block_mask,
-    use_flex_attention,
 )
 from shared.config import ModelConfig
 from shared.ops import RotaryFunction, rms_norm, rotate_pairs
@@ -404,13 +404,10 @@ class Transformer(nn.Module):
         if plain and attention in ("causal", "bidirectional"):
             return None, attention == "causal"
         if flex and windowed and key_valid is None and attention in ("causal", "bidirectional"):
-            if self._flex_in_use(slots.device):
+            if flex_chosen(self.flex_attention, slots.device):
                 causal = attention == "causal"
                 return sliding_window_block_mask(len(slots), window, causal, slots.device), False
         return self._mask(attention, slots, slots, key_valid), False
-
-    def _flex_in_use(self, device: torch.device) -> bool:
-        return use_flex_attention(device) if self.flex_attention is None else self.flex_attention
 
     def num_parameters(self, include_embeddings: bool = True) -> int:
         total = sum(p.numel() for p in self.parameters())  # tied weights are counted once
