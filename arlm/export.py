@@ -22,7 +22,6 @@ config directly.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -33,13 +32,14 @@ from safetensors.torch import load_file
 from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as Backend
 
-from arlm.generate import check_ar_objective
 from shared.checkpoint import load_model_from_checkpoint
+from shared.cli_args import CommandParser
 from shared.config import ModelConfig
-from shared.errors import report_user_errors
+from shared.errors import ConfigError, report_user_errors
 from shared.model import Transformer
 from shared.tokenizer import EOS_TOKEN, PAD_TOKEN, Tokenizer, is_hf_kind
 from shared.tokenizer_backends import bytes_to_unicode
+from shared.training.run_folder import holder_if_locked, holds_run, move_aside
 
 TOKENIZER_DIR = "duolm_tokenizer"
 EXPORT_INFO = "duolm_export.json"
@@ -235,11 +235,39 @@ def llama_model(model: Transformer, tokenizer: Tokenizer | None = None, **config
     return hf
 
 
+def claim_export_folder(out: Path, overwrite: bool) -> str | None:
+    """Check that ``out`` may take an export: a new or empty folder, or with ``overwrite`` one
+    whose contents are moved aside (returns where). A training run's folder, a folder in use and
+    an earlier export are never written into."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} is a file; name a folder to export into")
+    if not out.is_dir() or not any(out.iterdir()):
+        return None
+    holder = holder_if_locked(out)
+    if holder:
+        raise ConfigError(f"{out} is in use by a run ({holder}); export into another folder")
+    what = "a training run" if holds_run(out) else "files"
+    if not overwrite:
+        raise ConfigError(
+            f"{out} already holds {what}; export into a new folder, or pass --overwrite to move "
+            "what is there aside (not deleted)"
+        )
+    return move_aside(out)
+
+
 def export_model(
-    model: Transformer, tokenizer: Tokenizer, out_dir: str | Path, info: dict | None = None
+    model: Transformer,
+    tokenizer: Tokenizer,
+    out_dir: str | Path,
+    info: dict | None = None,
+    overwrite: bool = False,
 ) -> Path:
-    """Write ``model`` and ``tokenizer`` as a Hugging Face Llama folder; returns its path."""
+    """Write ``model`` and ``tokenizer`` as a Hugging Face Llama folder; returns its path. The
+    folder must be new or empty (``overwrite`` moves what is there aside)."""
     _require_transformers()  # its missing-dependency message comes before any other complaint
+    aside = claim_export_folder(Path(out_dir), overwrite)
+    if aside:
+        print(f"moved what was in {out_dir} aside to {aside}")
     cfg = model.config
     if tokenizer.vocab_size != cfg.vocab_size:
         raise ValueError(
@@ -262,13 +290,17 @@ def export_model(
     return out
 
 
-def export_checkpoint(checkpoint: str | Path, out_dir: str | Path) -> Path:
+def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
     """Export an AR training checkpoint (or the newest valid one under a run directory)."""
 
     model, tokenizer, state = load_model_from_checkpoint(Path(checkpoint))
-    check_ar_objective(state)
+    if state.get("objective") != "ar":
+        raise ValueError(
+            f"{checkpoint} holds an {state.get('objective')!r} checkpoint; export writes a Hugging "
+            "Face LlamaForCausalLM folder, which only an 'ar' (autoregressive) checkpoint is"
+        )
     info = {"source_checkpoint": str(checkpoint), "step": state.get("step")}
-    return export_model(model, tokenizer, out_dir, info)
+    return export_model(model, tokenizer, out_dir, info, overwrite)
 
 
 # ---------------------------------------------------------------- load back
@@ -324,16 +356,23 @@ def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         description="Export an AR checkpoint as a Hugging Face LlamaForCausalLM folder."
     )
     parser.add_argument("checkpoint", help="checkpoint directory or run directory")
-    parser.add_argument("out", help="folder to write")
+    parser.add_argument("out", help="folder to write (new or empty)")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="export into a folder that holds files, moving them aside first (not deleted)",
+    )
     args = parser.parse_args(argv)
 
     # ImportError: transformers (the "hf" extra) is missing; the message says how to install it
     return report_user_errors(
-        lambda: print(f"exported to {export_checkpoint(args.checkpoint, args.out)}"),
+        lambda: print(
+            f"exported to {export_checkpoint(args.checkpoint, args.out, args.overwrite)}"
+        ),
         also=(ImportError,),
     )
 

@@ -20,6 +20,8 @@ import torch
 
 from arlm.generate import ARGenerator, GenerationConfig, GenerationResult
 from shared.cli_args import (
+    CommandParser,
+    DefaultsHelpFormatter,
     device_argument,
     fitting_length,
     positive_argument,
@@ -32,10 +34,10 @@ from shared.sampling import SamplingConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m arlm.sample",
         description="Generate text from an autoregressive checkpoint.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     parser.add_argument("checkpoint", help="checkpoint directory or run directory (newest)")
     parser.add_argument(

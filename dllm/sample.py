@@ -33,6 +33,8 @@ from dllm.generate import CACHES, SamplerConfig
 from dllm.generator import DiffusionGenerator, DiffusionResult
 from dllm.strategies import REMASKING, Ancestral, FixedCount, Threshold
 from shared.cli_args import (
+    CommandParser,
+    DefaultsHelpFormatter,
     device_argument,
     fitting_length,
     positive_argument,
@@ -53,10 +55,10 @@ OBJECTIVE_ONLY = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m dllm.sample",
         description="Sample from a diffusion checkpoint: masked (mdm) or block (bd) diffusion.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     parser.add_argument("checkpoint", help="checkpoint directory, or a run / checkpoints folder")
     parser.add_argument("--prompt", action="append", help="prompt text; repeat for a batch")
@@ -190,7 +192,7 @@ def sample_from_args(args: argparse.Namespace) -> tuple[str, SamplerConfig, Diff
     result = generator.fill(
         canvas, config, seed=args.seed, eos=args.eos, kv_cache=not args.no_kv_cache
     )
-    return generator.objective, config, result
+    return generator.objective, config, result, args.steps
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,13 +200,14 @@ def main(argv: list[str] | None = None) -> int:
     sampled, status = result_or_status(lambda: sample_from_args(args))
     if status:
         return status
-    objective, config, result = sampled
+    objective, config, result, steps_asked = sampled
     raw = result.raw
     stats = {
         "objective": objective,
         "sampler": config.strategy.name,
         "nfe": raw.nfe,
         "steps": raw.steps,
+        "steps_asked": steps_asked,
         "blocks": len(set(raw.block_of_step)),
         "revealed_per_step": raw.revealed.sum(-1).tolist(),
         "cache": raw.cache,
@@ -216,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     for text in result.texts:
         print(text)
     label = " APPROXIMATE cache" if raw.approximate else ""
+    if steps_asked is not None and raw.steps != steps_asked:
+        # more steps than positions: the loop ends once nothing is masked
+        label += f" (of {steps_asked} steps asked, {raw.steps} ran: nothing was left to reveal)"
     print(
         f"[{objective} {stats['sampler']}] nfe={raw.nfe} steps={raw.steps} "
         f"blocks={stats['blocks']} cache={raw.cache}{label}",

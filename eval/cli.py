@@ -4,7 +4,7 @@
     duolm compare --preset demo --out runs/demo                      # eval.experiments.compare
     duolm sample runs/demo/mdm --prompt "And God said"               # arlm or dllm .sample
     duolm likelihood runs/demo/mdm                                   # eval.likelihood
-    duolm export runs/demo/ar --out exported/                        # arlm.export
+    duolm export runs/demo/ar exported/                              # arlm.export
     duolm sweep --preset smoke --out runs/sweep                      # eval.experiments.block_sweep
     duolm side-by-side runs/demo/ar runs/demo/mdm                    # eval.experiments.side_by_side
     duolm findings --scale cpu --out runs/findings-cpu               # eval.findings
@@ -33,7 +33,15 @@ from shared.training import cli as train_cli
 def sample(argv: list[str]) -> int:
     """Sample from a checkpoint with the sampler of its objective (AR decoding, or the diffusion
     samplers for MDM and block diffusion)."""
-    paths = [a for a in argv if not a.startswith("-")]
+    unknown, paths = positional_arguments(
+        argv, [ar_sample.build_parser(), diffusion_sample.build_parser()]
+    )
+    if unknown:
+        print(
+            f"duolm sample: error: unrecognized flag {unknown} (see duolm sample --help)",
+            file=sys.stderr,
+        )
+        return 2
     if not paths:
         print(
             "usage: duolm sample CHECKPOINT [flags]\n"
@@ -47,6 +55,27 @@ def sample(argv: list[str]) -> int:
     if status:
         return status
     return (ar_sample.main if objective == "ar" else diffusion_sample.main)(argv)
+
+
+def positional_arguments(argv: list[str], parsers: list) -> tuple[str | None, list[str]]:
+    """(the first flag none of ``parsers`` knows, or None; the arguments that are neither flags
+    nor flag values), so that ``--prompt "And God said" CHECKPOINT`` finds CHECKPOINT."""
+    takes_value = {}
+    for parser in parsers:
+        for action in parser._actions:
+            for option in action.option_strings:
+                takes_value[option] = action.nargs != 0
+    positional, tokens = [], iter(argv)
+    for token in tokens:
+        if token.startswith("-") and len(token) > 1:
+            name = token.split("=", 1)[0]
+            if name not in takes_value:
+                return name, positional
+            if takes_value[name] and "=" not in token:
+                next(tokens, None)
+        else:
+            positional.append(token)
+    return None, positional
 
 
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
@@ -75,7 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in COMMANDS:
         print(f"error: unknown command {argv[0]!r}\n{usage()}", file=sys.stderr)
         return 2
-    return COMMANDS[argv[0]][0](argv[1:])
+    # Each subcommand's usage line names it: argparse takes its program name from argv[0].
+    program, sys.argv[0] = sys.argv[0], f"duolm {argv[0]}"
+    try:
+        return COMMANDS[argv[0]][0](argv[1:])
+    finally:
+        sys.argv[0] = program
 
 
 if __name__ == "__main__":

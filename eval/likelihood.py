@@ -20,7 +20,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from shared.checkpoint import load_model_from_checkpoint
-from shared.cli_args import writable_file
+from shared.cli_args import CommandParser, DefaultsHelpFormatter, writable_file
 from shared.data.corpus import load_corpus
 from shared.data.rows import protocol_record, tokenize_corpus
 from shared.errors import ConfigError, report_user_errors
@@ -322,10 +322,10 @@ def evaluate_checkpoint(
 
 def main(argv: list[str] | None = None) -> int:
 
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         description="Likelihood of a checkpoint: exact NLL (AR) or Monte-Carlo NELBO with its "
         "standard error (MDM), optionally the MDM's exact left-to-right chain-rule NLL.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     parser.add_argument("checkpoint", help="run or checkpoint directory")
     parser.add_argument(

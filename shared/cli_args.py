@@ -3,13 +3,50 @@
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
+import sys
 import tempfile
 from pathlib import Path
 
 import torch
 
 from shared.errors import ConfigError
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends ``(default: X)`` to a flag's help only where the help does not already say what
+    the default is, and not for flags without one (None) or switches (False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` as every command line here uses it: an unknown flag is named
+    even when its value would otherwise be taken for a missing positional argument
+    (``--bogus 3``), and under a launcher only the first process prints a usage error."""
+
+    def parse_args(self, args=None, namespace=None):
+        argv = sys.argv[1:] if args is None else list(args)
+        for token in argv:
+            if token == "--":
+                break
+            if token.startswith("-") and not re.match(r"^-\d", token):
+                name = token.split("=", 1)[0]
+                if not any(option.startswith(name) for option in self._option_string_actions):
+                    self.error(f"unrecognized flag {name} (see {self.prog} --help)")
+        return super().parse_args(argv, namespace)
+
+    def error(self, message: str):
+        if os.environ.get("RANK", "0") == "0":
+            self.print_usage(sys.stderr)
+            sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
 
 
 def utf8_argument(value: str, flag: str) -> str:

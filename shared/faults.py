@@ -6,7 +6,10 @@ it cannot recover. It is driven by one environment variable and does nothing whe
     DUOLM_FAULTS="nan_loss@5,6,7;kill_in_checkpoint@12"
 
 ``nan_loss@S`` turns the loss of step S into NaN; ``kill_in_checkpoint@S`` sends SIGKILL to the
-process half-way through writing the checkpoint of step S.
+process half-way through writing the checkpoint of step S; ``stall_in_step@S`` makes step S start
+with one kernel that runs for minutes without returning to Python (as a step over a huge row
+does), to test that a second signal still ends the process at once; ``oom_in_step@S`` makes
+step S fail as torch's CPU allocator does when memory runs out.
 """
 
 from __future__ import annotations
@@ -37,35 +40,110 @@ def kill_now_if(name: str, step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-class StopRequest:
-    """SIGTERM/SIGINT ask the training loop to save and exit at the next step boundary; a second
-    signal ends the process at once (with the default action of that signal).
+def stall_if(name: str, step: int) -> None:
+    if fault_active(name, step):
+        import torch  # only the fault needs it; this module stays importable without torch
 
+        # 2^30 by squaring: 30 products of 4096 x 4096 matrices inside one ATen call.
+        torch.linalg.matrix_power(torch.eye(4096), 2**30)
+
+
+def run_out_of_memory_if(name: str, step: int) -> None:
+    if fault_active(name, step):
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp] DefaultCPUAllocator: can't allocate memory"
+        )
+
+
+class StageInterrupted(BaseException):
+    """A signal left a stage that stores nothing until it is complete (a BaseException, so that
+    no ``except Exception`` inside the stage swallows it)."""
+
+
+class _Interrupting:
+    def __init__(self, request: StopRequest, stage: str):
+        self.request, self.stage = request, stage
+
+    def __enter__(self):
+        self.saved = (self.request.interrupt_stage, self.request.on_stop)
+        self.request.interrupt_stage = self.stage
+        self.request.on_stop = f"stopping the {self.stage} stage now (finished stages are kept)"
+        if self.request.requested:
+            raise StageInterrupted(self.request.signal_name)
+        return self
+
+    def __exit__(self, *exc):
+        self.request.interrupt_stage, self.request.on_stop = self.saved
+        return False
+
+
+class StopRequest:
+    """SIGTERM/SIGINT ask the running job to stop at its next safe point (training: save a
+    checkpoint at the end of the step; evaluation: after the current sample); a second signal
+    ends the process at once, with exit status 128 + the signal's number.
+
+    Python runs signal handlers only when the main thread returns to the interpreter, which a
+    long kernel (one training step over a huge row) may not do for minutes. So the handlers only
+    wake a watcher thread through ``signal.set_wakeup_fd``; the watcher counts the signals and can
+    end the process while the main thread is still inside the kernel (kernels release the GIL).
     Handlers are installed only in the main thread and restored by ``close``.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self) -> None:
+    def __init__(self, on_stop: str = "saving a checkpoint at the end of this step") -> None:
         self.signal_name: str | None = None
+        self.on_stop = on_stop
+        self.interrupt_stage: str | None = None
         self._previous: dict[int, object] = {}
+        self._pipe: tuple[int, int] | None = None
+        self._previous_wakeup = -1
         if threading.current_thread() is threading.main_thread():
+            read_end, write_end = os.pipe()
+            os.set_blocking(write_end, False)
+            self._pipe = (read_end, write_end)
+            self._previous_wakeup = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
             for sig in self.SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
+            threading.Thread(target=self._watch, args=(read_end,), daemon=True).start()
 
     @property
     def requested(self) -> bool:
         return self.signal_name is not None
 
     def _handle(self, signum: int, frame) -> None:
-        if self.requested:  # second signal: stop now
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
+        """The Python-level handler, in the main thread: the watcher thread counts the signals;
+        here a stage that keeps nothing half-done (``interrupt_stage``) is left at once."""
+        if self.interrupt_stage:
+            raise StageInterrupted(signal.Signals(signum).name)
+
+    def interrupting(self, stage: str):
+        """A context in which a signal leaves ``stage`` at the next Python bytecode (raising
+        ``StageInterrupted``) instead of at the next safe point: for stages whose result is
+        stored only when complete."""
+        return _Interrupting(self, stage)
+
+    def _watch(self, read_end: int) -> None:
+        while True:
+            try:
+                data = os.read(read_end, 64)  # waits without the GIL
+            except OSError:
+                return
+            if not data:  # close() closed the write end
+                os.close(read_end)
+                return
+            for signum in data:
+                if signum in self.SIGNALS:
+                    self.received(signum)
+
+    def received(self, signum: int) -> None:
+        """Act on one delivery of ``signum``: the first asks for a stop, the second exits."""
+        if self.requested:
+            print(f"\n{signal.Signals(signum).name} again: exiting now", file=sys.stderr)
+            os._exit(128 + signum)
         self.signal_name = signal.Signals(signum).name
         print(
-            f"\n{self.signal_name} received: saving a checkpoint at the end of this step "
-            "(send it again to exit immediately)",
+            f"\n{self.signal_name} received: {self.on_stop} (send it again to exit immediately)",
             file=sys.stderr,
             flush=True,
         )
@@ -74,3 +152,7 @@ class StopRequest:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+        if self._pipe is not None:
+            signal.set_wakeup_fd(self._previous_wakeup)
+            os.close(self._pipe[1])
+            self._pipe = None

@@ -133,10 +133,22 @@ def load_hf_backend(spec: str) -> HFTokenizer:
     if path.is_dir():
         path = path / BACKEND_FILE
     if path.is_file():
-        return HFTokenizer.from_file(str(path))
+        return read_backend_file(spec, path)
     if _looks_like_local(name):
         raise FileNotFoundError(f"tokenizer={spec!r}: no such tokenizer.json file: {path}")
     return _load_hub_backend(spec, name)
+
+
+def read_backend_file(spec: str, path: Path) -> HFTokenizer:
+    """A local tokenizer.json; a file that is not one (empty, plain text, other JSON) is a user
+    error naming the file."""
+    try:
+        return HFTokenizer.from_file(str(path))
+    except Exception as error:  # the tokenizers library raises a bare Exception
+        raise ValueError(
+            f"tokenizer={spec!r}: {path} is not a tokenizer.json file the tokenizers library can "
+            f"read ({str(error).splitlines()[0] if str(error) else type(error).__name__})"
+        ) from None
 
 
 def _hf_offline_error(spec: str, why: str) -> ResourceUnavailableError:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -74,15 +75,25 @@ class LossTotals:
     def bits_per_byte(self) -> float:
         return self.nats / math.log(2) / max(self.bytes, 1)
 
-    def as_dict(self, prefix: str) -> dict[str, float]:
+    def as_dict(self, prefix: str) -> dict[str, float | None]:
+        """The record a run logs; a standard error that cannot be measured (fewer than two
+        validation rows) is None, written as JSON null rather than NaN (not valid JSON)."""
+        stderr = self.stderr_per_token
         return {
             f"{prefix}_nats_per_token": self.nats_per_token,
             f"{prefix}_ppl": self.perplexity,
             f"{prefix}_bpb": self.bits_per_byte,
-            f"{prefix}_nats_per_token_se": self.stderr_per_token,
+            f"{prefix}_nats_per_token_se": None if math.isnan(stderr) else stderr,
             f"{prefix}_tokens": self.tokens,
             f"{prefix}_bytes": self.bytes,
         }
+
+
+def standard_error(record: dict[str, Any], prefix: str = "val") -> float:
+    """A logged record's standard error of nats/token; NaN where it was not measurable (the
+    record holds null)."""
+    value = record.get(f"{prefix}_nats_per_token_se")
+    return math.nan if value is None else float(value)
 
 
 @torch.no_grad()

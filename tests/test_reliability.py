@@ -114,17 +114,29 @@ def test_sigterm_saves_the_step_reached_and_exits_zero(tmp_path, cache_dir):
 
 def test_second_signal_exits_at_once(monkeypatch):
     request = faults.StopRequest()
-    kills = []
-    monkeypatch.setattr(faults.os, "kill", lambda pid, sig: kills.append(sig))
+    exits = []
+    monkeypatch.setattr(faults.os, "_exit", lambda status: exits.append(status))
     try:
-        request._handle(signal.SIGINT, None)
-        assert request.requested and request.signal_name == "SIGINT" and not kills
-        request._handle(signal.SIGINT, None)
-        assert kills == [signal.SIGINT]
-        assert signal.getsignal(signal.SIGINT) == signal.SIG_DFL
+        assert signal.getsignal(signal.SIGINT) == request._handle
+        request.received(signal.SIGINT)
+        assert request.requested and request.signal_name == "SIGINT" and not exits
+        request.received(signal.SIGINT)
+        assert exits == [128 + signal.SIGINT]
     finally:
         request.close()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_signal_is_noted_by_the_watcher_thread():
+    request = faults.StopRequest()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.time() + 10
+        while not request.requested and time.time() < deadline:
+            time.sleep(0.01)
+        assert request.signal_name == "SIGTERM"
+    finally:
+        request.close()
 
 
 @pytest.mark.parametrize("damage", ["truncate", "bitflip", "manifest"])

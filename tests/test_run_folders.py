@@ -145,8 +145,9 @@ def test_resuming_to_a_budget_already_passed_refuses_and_keeps_the_records(tmp_p
     with pytest.raises(ConfigError, match="step 8.*budget of 4 steps"):
         cli.train_from_argv(["--resume", str(out), "--max-steps", "4"])
     assert (out / "final.json").read_text() == final
-    again = cli.train_from_argv(["--resume", str(out)])  # the same budget: records stay true
-    assert again["step"] == 8 and again["finished"]
+    with pytest.raises(ConfigError, match="already finished its budget of 8 steps"):
+        cli.train_from_argv(["--resume", str(out)])  # the same budget: nothing to do
+    assert (out / "final.json").read_text() == final
 
 
 def test_a_resumed_run_has_one_metric_record_per_step(tmp_path, cache_dir):

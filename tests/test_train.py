@@ -292,3 +292,21 @@ def test_data_constrained_budget_repeats_a_fixed_set_of_rows(tmp_path, cache_dir
     assert summary["peak_memory_bytes"] > 0 and summary["peak_memory_source"]
     code = cli.main(tiny_args(tmp_path / "x", cache_dir, "--epochs", "2", "--max-tokens", "99"))
     assert code == 2
+
+
+@pytest.mark.parametrize(
+    "amx, avx512_bf16, chosen",
+    [(True, True, True), (False, True, False), (False, False, False)],
+    ids=["AMX (Sapphire Rapids)", "AVX512-BF16 without AMX (Zen 4)", "no bf16 instructions"],
+)
+def test_precision_auto_takes_bf16_only_where_it_was_measured_faster(
+    monkeypatch, amx, avx512_bf16, chosen
+):
+    from shared import hardware
+
+    monkeypatch.setattr(hardware.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(hardware.torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    monkeypatch.setattr(
+        hardware.torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False
+    )
+    assert hardware.bf16_is_fast() is chosen

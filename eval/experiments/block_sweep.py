@@ -38,6 +38,7 @@ from eval.experiments.stages import (
     Stages,
     check_equal_budgets,
     load,
+    locked_job,
     reference_texts,
     run_stoppable,
     train_or_reuse,
@@ -49,6 +50,7 @@ from eval.quality import diversity_report, load_judge
 from eval.report import Report, Table, frontier_figure
 from shared.faults import StopRequest
 from shared.sampling import SamplingConfig
+from shared.training import resolve_config
 
 
 @dataclass(frozen=True)
@@ -71,8 +73,13 @@ SWEEP_PRESETS = {
 }
 
 
-def sweep_settings_for(preset: str) -> SweepSettings:
-    return SWEEP_PRESETS.get(preset, SWEEP_PRESETS["demo"])
+def sweep_settings_for(preset: str, max_seq_len: int | None = None) -> SweepSettings:
+    """The sweep's settings for a training preset (the demo's by default); with
+    ``max_seq_len``, samples shrink so that BOS and the generated tokens fit the model."""
+    settings = SWEEP_PRESETS.get(preset, SWEEP_PRESETS["demo"])
+    if max_seq_len is None or settings.gen_length < max_seq_len:
+        return settings
+    return dataclasses.replace(settings, gen_length=max_seq_len - 1)
 
 
 def run_names(block_sizes: tuple[int, ...]) -> list[str]:
@@ -388,18 +395,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--judge", default=None, help="judge model (default: smollm2 wheel)")
     args, extra = parser.parse_known_args(argv)
     out = Path(args.out or f"runs/sweep-{args.preset}")
-    settings = sweep_settings_for(args.preset)
     started = time.perf_counter()
 
     def job(stop: StopRequest) -> None:
-        nonlocal settings
+        overrides = training_overrides(extra)
+        max_seq_len = resolve_config(args.preset, overrides)[0].max_seq_len
+        settings = sweep_settings_for(args.preset, max_seq_len)
         if args.block_sizes:
             settings = dataclasses.replace(
                 settings, block_sizes=parse_block_sizes(args.block_sizes)
             )
         if args.judge:
             settings = dataclasses.replace(settings, judge=args.judge)
-        overrides = training_overrides(extra)
         summaries = train_all(args.preset, out, overrides, settings.block_sizes, args.force)
         names = run_names(settings.block_sizes)
         check_equal_budgets(summaries, "tokens")
@@ -430,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(f"report: {paths['markdown']} ({(time.perf_counter() - started) / 60:.1f} min)")
 
-    return run_stoppable(job)
+    return run_stoppable(locked_job(out, args.force, job))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from eval.experiments.stages import (
     Stages,
     check_equal_budgets,
     load,
+    locked_job,
     reference_texts,
     run_stoppable,
     train_both,
@@ -58,6 +59,7 @@ from shared.config import ModelConfig
 from shared.faults import StopRequest
 from shared.model import flops_per_token
 from shared.sampling import SamplingConfig, sample_categorical
+from shared.training import resolve_config
 
 
 def likelihood_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
@@ -355,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
             paths = run_synthetic(args.preset, out, overrides, args.force, stop)
             print(f"report: {paths['markdown']}")
             return
-        settings = settings_for(args.preset)
+        settings = settings_for(args.preset, resolve_config(args.preset, overrides)[0].max_seq_len)
         if args.no_mauve or args.judge:
             settings = dataclasses.replace(
                 settings,
@@ -380,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"report: {paths['markdown']} ({(time.perf_counter() - started) / 60:.1f} min)")
 
-    return run_stoppable(job)
+    return run_stoppable(locked_job(out, args.force, job))
 
 
 if __name__ == "__main__":

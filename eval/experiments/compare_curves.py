@@ -12,6 +12,7 @@ from typing import Any
 from eval.curves import Headline, compute_multipliers, fit_power_law, headline_multiplier
 from eval.report import Report, Table
 from shared.checkpoint import checkpoint_name, read_best
+from shared.validation import standard_error
 
 # Nie et al. 2024 ("Scaling up Masked Diffusion Models on Text", SMDM): an MDM needs about 16x
 # the compute of an AR model to reach the same validation loss.
@@ -40,10 +41,7 @@ def read_curve(run_dir: Path) -> list[dict[str, Any]]:
 
 def points(curve: list[dict[str, Any]], band: float = 0.0) -> list[tuple[float, float]]:
     """(FLOPs, nats/token + band x its 95% half-width) of each record."""
-    return [
-        (r["flops"], r["val_nats_per_token"] + band * Z95 * r["val_nats_per_token_se"])
-        for r in curve
-    ]
+    return [(r["flops"], r["val_nats_per_token"] + band * Z95 * standard_error(r)) for r in curve]
 
 
 def best_and_final(curve: list[dict[str, Any]]) -> dict[str, Any]:
@@ -170,7 +168,7 @@ def curves_section(report: Report, out: Path, unigram: float) -> dict[str, Any]:
     report.plot("learning_curves", curve_figure(ar, mdm, unigram), "Validation loss vs FLOPs")
     rows = []
     for a, m in zip(ar, mdm):
-        half = Z95 * m["val_nats_per_token_se"]
+        half = Z95 * standard_error(m)
         rows.append(
             [
                 a["step"],

@@ -92,8 +92,8 @@ def write_report(
         f"{mdm_l['bits_per_byte']:.4f} (NELBO, 95% interval of the per-token value "
         f"[{mdm_l['nats_per_token_ci95'][0]:.4f}, {mdm_l['nats_per_token_ci95'][1]:.4f}] nats): "
         f"an MDM/AR perplexity ratio of at most **{ratio:.2f}** after "
-        f"{summaries['ar']['tokens_seen']:,} training tokens each (published: about 1.2-1.3 at "
-        "large compute, larger at small compute).\n\n"
+        f"{summaries['ar']['tokens_seen']:,} training tokens each{schedule_note(summaries)} "
+        "(published: about 1.2-1.3 at large compute, larger at small compute).\n\n"
         f"**Samples.** The judge ({quality['judge']}) gives AR samples at temperature 1 a "
         f"perplexity of {ar_best:.1f}; held-out text scores "
         f"{quality['reference']['judge_ppl']:.1f}. The frontier below shows what each diffusion "
@@ -280,3 +280,21 @@ def write_report(
         }
     )
     return report.write()
+
+
+def schedule_note(summaries: dict[str, dict[str, Any]]) -> str:
+    """Empty for runs trained under one schedule; for a run continued to a larger budget, how
+    its learning-rate schedule changed on the way (it is not a run scheduled for that budget)."""
+    notes = []
+    for name, summary in summaries.items():
+        history = summary.get("schedule_history") or []
+        if len(history) > 1:
+            legs = [
+                ("from step 0" if i == 0 else f"then from step {leg['from_step']}")
+                + f" under a {leg['total_steps']}-step schedule"
+                for i, leg in enumerate(history)
+            ]
+            notes.append(f"{name.upper()} trained {', '.join(legs)}")
+    if not notes:
+        return ""
+    return " (continued runs, not runs scheduled for this budget: " + "; ".join(notes) + ")"

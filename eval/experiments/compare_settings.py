@@ -3,7 +3,7 @@ step counts, temperatures, Monte-Carlo draws, the judge."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -59,12 +59,24 @@ COMPARE_PRESETS = {
 }
 
 
-def settings_for(preset: str) -> CompareSettings:
+def settings_for(preset: str, max_seq_len: int | None = None) -> CompareSettings:
     """The evaluation settings of a training preset: its own, the GPU ones for the *-small
-    presets, and the demo's otherwise."""
+    presets, and the demo's otherwise; with ``max_seq_len``, lengths shrink to fit the model
+    (BOS, a prompt and the generated tokens in its context)."""
     if preset in COMPARE_PRESETS:
-        return COMPARE_PRESETS[preset]
-    return COMPARE_PRESETS["small" if preset.endswith("small") else "demo"]
+        settings = COMPARE_PRESETS[preset]
+    else:
+        settings = COMPARE_PRESETS["small" if preset.endswith("small") else "demo"]
+    return settings if max_seq_len is None else fit_to_context(settings, max_seq_len)
+
+
+def fit_to_context(settings: CompareSettings, max_seq_len: int) -> CompareSettings:
+    """``settings`` with the prompt and generation lengths (and step counts, which cannot exceed
+    the tokens generated) cut so that BOS + prompt + generation fit ``max_seq_len``."""
+    prompt = min(settings.prompt_tokens, max(1, max_seq_len // 4))
+    length = min(settings.gen_length, max_seq_len - 1 - prompt)
+    steps = tuple(sorted({min(s, length) for s in settings.diffusion_steps}))
+    return replace(settings, prompt_tokens=prompt, gen_length=length, diffusion_steps=steps)
 
 
 # ---------------------------------------------------------------- evaluation stages

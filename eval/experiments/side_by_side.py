@@ -25,7 +25,7 @@ from arlm.generate import ARGenerator, GenerationConfig
 from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.strategies import Ancestral, FixedCount, Threshold
-from shared.cli_args import set_threads, utf8_argument
+from shared.cli_args import CommandParser, set_threads, utf8_argument
 from shared.errors import CheckpointError, result_or_status
 from shared.sampling import SamplingConfig
 
@@ -92,7 +92,7 @@ def columns(left: str, right: str, width: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("ar_checkpoint")

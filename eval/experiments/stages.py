@@ -3,10 +3,10 @@ when finished and resumed when interrupted, and loading a run's checkpoint and v
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,10 +18,11 @@ from shared.checkpoint import load_model_from_checkpoint
 from shared.data.corpus import load_corpus
 from shared.data.rows import tokenize_corpus
 from shared.errors import ConfigError, report_user_errors
-from shared.faults import StopRequest
+from shared.faults import StageInterrupted, StopRequest
 from shared.tokenizer import Tokenizer
 from shared.training import new_run, resume_run, train
 from shared.training.cli import parse_args
+from shared.training.run_folder import LOCK_FILE, RunFolderLock, move_aside
 
 OBJECTIVES = ("ar", "mdm")
 
@@ -86,7 +87,14 @@ class Stages:
         if self.stop is not None:
             stop_requested_between_stages(self.stop)
         start = time.perf_counter()
-        result = compute()
+        try:
+            with self.stop.interrupting(name) if self.stop else contextlib.nullcontext():
+                result = compute()
+        except StageInterrupted as signal_name:
+            raise JobStopped(
+                f"stopped by {signal_name} during the {name} stage (the stages before it are "
+                "stored); rerun the same command to continue"
+            ) from None
         elapsed = time.perf_counter() - start
         tmp = path.with_suffix(".tmp")
         tmp.write_text(
@@ -101,7 +109,9 @@ def run_stoppable(job: Callable[[StopRequest], None]) -> int:
     """Run an experiment's command-line job: 0 when it ends or is stopped by SIGTERM/SIGINT (the
     running training saves a checkpoint, finished stages are stored; a rerun continues), 2 with
     one line on a user error."""
-    stop = StopRequest()
+    stop = StopRequest(
+        on_stop="stopping at the end of the current stage (finished stages are kept)"
+    )
 
     def guarded() -> None:
         try:
@@ -113,6 +123,34 @@ def run_stoppable(job: Callable[[StopRequest], None]) -> int:
         return report_user_errors(guarded)
     finally:
         stop.close()
+
+
+def claim_job_folder(out: Path, force: bool) -> RunFolderLock:
+    """Lock an experiment's folder for the whole job (a second job on it exits at once, naming
+    the first); with ``force``, move what an earlier job left there aside (nothing is deleted),
+    so the job starts over and a rerun without ``--force`` resumes it."""
+    lock = RunFolderLock(out).acquire()
+    if force and any(entry.name != LOCK_FILE for entry in out.iterdir()):
+        print(f"--force: moved the earlier job in {out} aside to {move_aside(out)}")
+    return lock
+
+
+def locked_job(out: Path, force: bool, job: Callable[[StopRequest], None]):
+    """``job`` run under ``claim_job_folder``; a stop says to rerun without ``--force``, which
+    would set the job aside again."""
+
+    def run(stop: StopRequest) -> None:
+        lock = claim_job_folder(out, force)
+        try:
+            job(stop)
+        except JobStopped as stopped:
+            if not force:
+                raise
+            raise JobStopped(f"{stopped} (without --force, which starts the job over)") from None
+        finally:
+            lock.release()
+
+    return run
 
 
 def training_overrides(flags: list[str]) -> dict[str, Any]:
@@ -139,13 +177,19 @@ def train_or_reuse(
             print(f"[train {label}] reusing the finished run in {run_dir}")
             summary["reused"] = True
             return summary
-    if force and run_dir.exists():
-        shutil.rmtree(run_dir)
-    if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir()):
-        summary = train(resume_run(run_dir, preset=preset, **overrides))
+    if (
+        not force
+        and (run_dir / "checkpoints").is_dir()
+        and any((run_dir / "checkpoints").iterdir())
+    ):
+        try:
+            summary = train(resume_run(run_dir, preset=preset, **overrides))
+        except ConfigError as refused:
+            raise ConfigError(continue_refused(run_dir, refused)) from None
     else:
         # A folder without a checkpoint holds nothing to resume (a run stopped before its
-        # first save): start over it.
+        # first save), and a forced one is retrained: start over it (the old files are moved
+        # aside).
         summary = train(new_run(preset, run_dir, overwrite=True, **start, **overrides))
     if summary["stopped_by"]:
         raise JobStopped(
@@ -154,6 +198,23 @@ def train_or_reuse(
             "command to resume"
         )
     return summary
+
+
+def continue_refused(run_dir: Path, refused: ConfigError) -> str:
+    """What to do when the run an experiment would continue refuses these settings (another
+    seed or shape, a smaller budget): the experiment has neither --allow-config-change nor
+    --resume, so name the ways it has."""
+    why = str(refused)
+    for hint in (
+        " (pass --allow-config-change to accept)",
+        " (raise the budget, e.g. --max-steps, to continue it)",
+    ):
+        why = why.replace(hint, "")
+    return (
+        f"the run in {run_dir} cannot continue under this command's settings: {why}\n"
+        "use another --out for these settings, or --force to set the earlier job aside (moved, "
+        "not deleted) and start over"
+    )
 
 
 def training_seed(run_dir: Path) -> int:

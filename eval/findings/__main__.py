@@ -22,12 +22,13 @@ from pathlib import Path
 from eval.experiments.stages import run_stoppable
 from eval.findings.common import SCALES, FindingResult, Job, write_index
 from eval.findings.registry import FINDINGS
+from shared.cli_args import CommandParser
 from shared.errors import ConfigError
 from shared.faults import StopRequest
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--scale", choices=SCALES, default="cpu")

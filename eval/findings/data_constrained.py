@@ -31,6 +31,7 @@ from eval.findings.verdicts import (
 )
 from eval.report import Report, Table
 from shared.training import resolve_config
+from shared.validation import standard_error
 
 CLAIM = Claim(
     "Data-constrained crossover",
@@ -166,7 +167,7 @@ def judge(
     best_loss = {
         o: seed_interval(
             [b["val_nats_per_token"] for b in best[o]],
-            [b["val_nats_per_token_se"] for b in best[o]],
+            [standard_error(b) for b in best[o]],
         )
         for o in best
     }

@@ -8,6 +8,7 @@ import dataclasses
 import sys
 from typing import Any
 
+from shared.cli_args import CommandParser
 from shared.config import FIELD_TYPES, ModelConfig
 from shared.errors import ConfigError, report_user_errors
 from shared.training.config import TrainConfig, TrainingDiverged
@@ -69,7 +70,7 @@ FLAG_GROUPS: dict[str, dict[str, str]] = {
         "beta1": "AdamW beta1, in [0, 1)",
         "beta2": "AdamW beta2, in [0, 1)",
         "grad_clip": "gradient norm clip; 0 = off",
-        "precision": "auto (bf16 where fast) | fp32 | bf16",
+        "precision": "auto (bf16 on CUDA and on CPUs with AMX, else fp32) | fp32 | bf16",
         "compile": "torch.compile the model: off | on (refuse where the compiler does not work) "
         "| auto (compile where it works, else eager, said once)",
         "seed": "seed of the weights, the data order and the noise",
@@ -114,7 +115,7 @@ def _parse_bool(text: str) -> bool:
 
 
 def build_parser(preset: dict[str, dict[str, Any]] | None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         description="Train the shared backbone under an objective (ar, mdm or bd).",
     )
     parser.add_argument(
@@ -176,6 +177,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, An
 def spec_from_argv(argv: list[str] | None) -> RunSpec:
     args, overrides = parse_args(argv)
     if args.resume:
+        if args.overwrite:
+            raise ConfigError(
+                "--resume and --overwrite do not go together: --resume continues a run, "
+                "--overwrite starts a new one over it (drop one of them)"
+            )
         return resume_run(
             args.resume,
             args.out,

@@ -135,6 +135,8 @@ class TrainConfig:
             "peak_tflops",
             "weight_decay",
             "grad_clip",
+            "seed",
+            "eval_seed",
         )
         for name in non_negative:
             if getattr(self, name) < 0:

@@ -17,7 +17,6 @@ import math
 import time
 from typing import Any
 
-import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
@@ -25,16 +24,25 @@ from tqdm.auto import tqdm
 
 from shared import checkpoint as ckpt
 from shared.data.rows import EpochSampler
-from shared.errors import ConfigError
-from shared.faults import StopRequest, fault_active
-from shared.hardware import peak_flops, peak_memory
+from shared.errors import ConfigError, ResourceUnavailableError
+from shared.faults import StopRequest, fault_active, run_out_of_memory_if, stall_if
+from shared.hardware import peak_flops, peak_memory, total_memory
 from shared.model import Transformer
 from shared.objective import annealing_noise, loss_positions, objective_for_run, slice_noise
 from shared.training.checkpoints import CheckpointKeeper
 from shared.training.config import TrainingDiverged
+from shared.training.guards import (
+    check_budget_left,
+    check_step_memory,
+    forget_unstarted_run,
+    is_out_of_memory,
+    schedule_history,
+    steady_rate,
+    warn_if_slow,
+)
 from shared.training.metrics import Metrics
 from shared.training.run import RunSpec
-from shared.training.run_folder import RunFolderLock, claim_run_folder
+from shared.training.run_folder import RunFolderLock, check_resume_point, claim_run_folder
 from shared.training.schedule import batch_generator, curve_steps, total_steps_for
 from shared.training.setup import (
     answer_scorer,
@@ -62,10 +70,29 @@ def train(spec: RunSpec) -> dict[str, Any]:
     micro_batch = micro_batch_size(spec.train, layout, accelerator.num_processes)
     source = check_start(spec.model, spec.train, spec.out, resuming=spec.resume_from is not None)
     lock = claim_folder(spec, accelerator)
+    # Signals are taken from here on: one during setup stops the run after its first step.
+    stop = StopRequest(on_stop="stopping after the first step, with a checkpoint (setting up)")
     try:
-        return run_locked(spec, accelerator, layout, micro_batch, source)
+        return run_locked(spec, accelerator, layout, micro_batch, source, stop)
+    except (MemoryError, RuntimeError, ValueError) as error:
+        user_error = isinstance(error, ValueError) or is_out_of_memory(error)
+        if user_error and spec.resume_from is None and accelerator.is_main_process:
+            forget_unstarted_run(spec.out)  # so the same command can run again as it is
+        if not is_out_of_memory(error):
+            raise
+        raise ResourceUnavailableError(
+            f"out of memory: a step of {spec.train.batch_size} rows x {spec.train.seq_len} "
+            "tokens does not fit on this machine; lower --batch-size or --seq-len, or raise "
+            "--grad-accum (each process then holds batch_size / grad_accum rows at a time)"
+        ) from None
     finally:
+        stop.close()
         lock.release()
+
+
+def precision_name(mixed_precision: str) -> str:
+    """What a run computes in, as the --precision flag names it ("no" is accelerate's fp32)."""
+    return "fp32" if mixed_precision == "no" else mixed_precision
 
 
 def claim_folder(spec: RunSpec, accelerator: Accelerator) -> RunFolderLock:
@@ -79,6 +106,8 @@ def claim_folder(spec: RunSpec, accelerator: Accelerator) -> RunFolderLock:
         try:
             lock.acquire()
             aside = claim_run_folder(spec.out, resuming=resuming, overwrite=spec.overwrite)
+            if resuming:
+                check_resume_point(spec.out, spec.resume_from)
         except ConfigError as refused:
             lock.release()
             error = refused
@@ -100,6 +129,7 @@ def run_locked(
     layout: str,
     micro_batch: int,
     source: InitSource | None,
+    stop: StopRequest,
 ) -> dict[str, Any]:
     model_cfg, cfg, out = spec.model, spec.train, spec.out
     saved = ckpt.read_state(spec.resume_from) if spec.resume_from is not None else None
@@ -111,6 +141,17 @@ def run_locked(
     data = load_data(cfg, accelerator, tokenizer_from, saved, spec.allow_config_change)
     tokenizer, train_rows = data.tokenizer, data.train_rows
     scored = answer_scorer(cfg, tokenizer, {"training": train_rows, "validation": data.val_rows})
+    kept = len(train_rows) * (cfg.seq_len - 1)
+    if cfg.unique_tokens and kept != cfg.unique_tokens:
+        log(
+            f"note: unique_tokens={cfg.unique_tokens} keeps {len(train_rows)} whole row(s) of "
+            f"{cfg.seq_len - 1} training tokens: {kept} unique tokens"
+        )
+    if len(data.val_rows) < 2:
+        log(
+            f"warning: the validation split has {len(data.val_rows)} row(s): its loss has no "
+            "measurable standard error (recorded as null); give validation more text for one"
+        )
 
     run_config = dataclasses.asdict(cfg)
     objective = objective_for_run(cfg.objective, run_config, tokenizer, full_noise_range=False)
@@ -123,12 +164,11 @@ def run_locked(
     tokens_per_step = cfg.batch_size * cfg.seq_len
     flops_token = training_flops_per_token(objective, model_cfg, cfg.seq_len)
     total_steps = total_steps_for(cfg, flops_token * tokens_per_step, len(train_rows))
-    if saved is not None and saved["step"] > total_steps:
-        raise ConfigError(
-            f"the checkpoint {spec.resume_from} is at step {saved['step']}, past this run's "
-            f"budget of {total_steps} steps: nothing to train and the run's records stay as "
-            "they are (raise the budget, e.g. --max-steps, to continue it)"
-        )
+    check_step_memory(
+        micro_batch, cfg.seq_len, model_cfg.vocab_size, *total_memory(accelerator.device)
+    )
+    if saved is not None:
+        check_budget_left(saved["step"], total_steps, spec)
     optimizer = build_optimizer(model, cfg)
     scheduler = build_scheduler(optimizer, cfg, total_steps)
 
@@ -172,9 +212,17 @@ def run_locked(
         f"{len(train_rows)} train rows x {cfg.seq_len}, {total_steps} steps, "
         f"{world} process(es) ({layout}), "
         f"micro-batch {micro_batch} x {cfg.grad_accum} accumulation, "
-        f"precision {accelerator.mixed_precision}, peak {peak / 1e12:.3g} TFLOP/s ({peak_source})"
+        f"precision {precision_name(accelerator.mixed_precision)}, "
+        f"peak {peak / 1e12:.3g} TFLOP/s ({peak_source})"
     )
 
+    warn_if_slow(flops_token * tokens_per_step / world, peak, total_steps - start_step, log)
+    schedules = schedule_history(saved, start_step, total_steps)
+    if len(schedules) > 1 and schedules[-1]["from_step"] == start_step and start_step:
+        log(
+            f"continuing past step {start_step} under a {total_steps}-step schedule (the run so "
+            f"far followed a {schedules[-2]['total_steps']}-step one; final.json records both)"
+        )
     token_bytes = tokenizer.token_bytes()
     sampler = EpochSampler(len(train_rows), cfg.seed)
     keeper = CheckpointKeeper(
@@ -187,6 +235,7 @@ def run_locked(
             "objective": objective.name,
             "data": data.record,
             "total_steps": total_steps,
+            "schedule_history": schedules,
             "init_from": init_record,
         },
         keep_last=cfg.keep_checkpoints,
@@ -238,11 +287,16 @@ def run_locked(
         if accelerator.is_main_process:
             progress.write(message)
 
-    window_tokens, window_start = 0, time.perf_counter()
+    # Throughput counts training steps only: each step's time is added to the window, so the
+    # validations and checkpoints between steps never enter tokens/s or MFU.
+    window_tokens, window_seconds = 0, 0.0
     throughput: list[float] = []
-    stop = StopRequest()
+    stop.on_stop = "saving a checkpoint at the end of this step"
     bad_streak, skipped_steps, stopped_by = 0, 0, None
     for step in progress:
+        step_start = time.perf_counter()
+        stall_if("stall_in_step", step + 1)
+        run_out_of_memory_if("oom_in_step", step + 1)
         rows = torch.as_tensor(
             train_rows[sampler.indices(step * cfg.batch_size, cfg.batch_size)], dtype=torch.long
         )
@@ -304,17 +358,16 @@ def run_locked(
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         if bad_streak >= cfg.max_bad_steps:
-            stop.close()
             raise TrainingDiverged(
                 f"stopping at step {done}: {bad_streak} consecutive steps with a non-finite loss "
                 f"or gradient (last loss {loss}, gradient norm {float(grad_norm)}); the last good "
                 f"checkpoint is {keeper.last_good or 'none (no checkpoint was written yet)'}"
             )
 
+        window_seconds += time.perf_counter() - step_start
         window_tokens += tokens_per_step
         if done % cfg.log_every == 0 or done == end_step:
-            elapsed = time.perf_counter() - window_start
-            tokens_per_s = window_tokens / elapsed
+            tokens_per_s = window_tokens / window_seconds
             throughput.append(tokens_per_s)
             mfu = tokens_per_s * flops_token / peak
             metrics.log(
@@ -325,6 +378,8 @@ def run_locked(
                     "lr": scheduler.get_last_lr()[0],
                     "tokens_per_s": tokens_per_s,
                     "mfu": mfu,
+                    "window_tokens": window_tokens,
+                    "window_seconds": window_seconds,
                     "tokens": done * tokens_per_step,
                     "grad_norm": float(grad_norm),
                     "skipped_steps": skipped_steps,
@@ -333,7 +388,7 @@ def run_locked(
             progress.set_postfix(
                 loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:,.0f}", mfu=f"{mfu:.1%}", refresh=False
             )
-            window_tokens, window_start = 0, time.perf_counter()
+            window_tokens, window_seconds = 0, 0.0
         evaluated = None
         periodic = done % cfg.eval_every == 0 and done != total_steps
         if periodic or done in on_curve:
@@ -346,7 +401,6 @@ def run_locked(
                 f"{evaluated['val_nats_per_token']:.4f} "
                 f"nats/token, {evaluated['val_bpb']:.4f} bits/byte"
             )
-            window_start = time.perf_counter()  # keep evaluation time out of tokens/s
         if float(shared_state[1]) > 0:
             stopped_by = stop.signal_name or "a signal to another process"
             end_step = done
@@ -360,12 +414,11 @@ def run_locked(
                 healthy=bad_streak == 0,
                 announce=say,
             )
-            window_start = time.perf_counter()
         if stopped_by:
             say(f"stopped by {stopped_by} at step {done}; resume with --resume {out}")
             break
     progress.close()
-    stop.close()
+    stop.on_stop = "the steps are done and saved; finishing the final validation"
 
     finished = end_step == total_steps
     summary: dict[str, Any] = {
@@ -373,6 +426,7 @@ def run_locked(
         "metric": objective.metric,
         "step": end_step,
         "total_steps": total_steps,
+        "schedule_history": schedules,
         "finished": finished,
         "stopped_by": stopped_by,
         "skipped_steps": skipped_steps,
@@ -380,15 +434,12 @@ def run_locked(
         "parameters": n_parameters,
         "tokens_seen": end_step * tokens_per_step,
         "flops_per_token": flops_token,
-        # the first logging window includes start-up work; report the steady state after it
-        "train_tokens_per_s": (
-            float(np.median(throughput[1:] or throughput)) if throughput else None
-        ),
+        "train_tokens_per_s": steady_rate(throughput or metrics.train_rates()),
         "peak_flops": peak,
         "peak_flops_source": peak_source,
         "processes": world,
         "parallel_layout": layout,
-        "precision": accelerator.mixed_precision,
+        "precision": precision_name(accelerator.mixed_precision),
         "compiled": compiled,
         **peak_memory(device),
         "train_rows": len(train_rows),

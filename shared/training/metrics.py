@@ -26,6 +26,14 @@ class Metrics:
             write_atomic(self.path, "".join(line + "\n" for line in kept))
         return len(lines) - len(kept)
 
+    def train_rates(self) -> list[float]:
+        """tokens/s of the training records already on disk (a run resumed at its budget trains
+        no step, so its summary reports the throughput its earlier invocations measured)."""
+        if not self.path.is_file():
+            return []
+        records = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return [r["tokens_per_s"] for r in records if r.get("kind") == "train"]
+
     def log(self, record: dict[str, Any]) -> None:
         if self.accelerator.is_main_process:
             with open(self.path, "a") as handle:

@@ -9,9 +9,11 @@ from typing import Any
 
 from shared.checkpoint import read_state, resolve_checkpoint
 from shared.config import ModelConfig
+from shared.errors import CheckpointError, ConfigError
 from shared.training.config import TrainConfig
 from shared.training.presets import resolve_config
 from shared.training.resume import resumed_config
+from shared.training.run_folder import holder_if_locked
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,28 @@ def resume_run(
 ) -> RunSpec:
     """The continuation of the newest valid checkpoint under ``path`` (a run or checkpoint
     folder), with ``overrides`` applied to its saved config (see ``resumed_config``)."""
-    checkpoint = resolve_checkpoint(Path(path))
+    checkpoint = resumable_checkpoint(Path(path))
     saved = read_state(checkpoint)
     model_cfg, train_cfg = resumed_config(saved, overrides, allow_config_change)
     folder = Path(out) if out else checkpoint.parent.parent
     return RunSpec(model_cfg, train_cfg, folder, preset, checkpoint, allow_config_change)
+
+
+def resumable_checkpoint(path: Path) -> Path:
+    """The checkpoint ``--resume path`` continues from. A run folder in use by a live run is
+    reported as such (its checkpoints may still be being written); one with no checkpoint says
+    how to start over it."""
+    holder = holder_if_locked(path)
+    if holder:
+        raise ConfigError(
+            f"the run folder {path} is in use by another run ({holder}); wait for it to end"
+        )
+    try:
+        return resolve_checkpoint(path)
+    except CheckpointError as error:
+        if path.is_dir() and not (path / "state.json").exists():
+            raise CheckpointError(
+                f"{error}: nothing to resume (the run stopped before its first checkpoint); "
+                f"start a new run there with --out {path} --overwrite"
+            ) from None
+        raise

@@ -16,7 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from shared.errors import ConfigError
+from shared.checkpoint import list_checkpoints, verify_checkpoint
+from shared.errors import CheckpointError, ConfigError
 from shared.files import current_umask
 
 LOCK_FILE = ".lock"
@@ -87,6 +88,20 @@ class RunFolderLock:
         self._handle = None
 
 
+def holder_if_locked(folder: Path) -> str | None:
+    """Who holds ``folder``'s lock right now (None when nobody does), without taking it."""
+    path = Path(folder) / LOCK_FILE
+    if not path.is_file():
+        return None
+    with open(path) as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _describe(_read_holder(handle))
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None
+
+
 def _read_holder(handle) -> dict:
     handle.seek(0)
     try:
@@ -102,10 +117,22 @@ def claim_run_folder(folder: Path, *, resuming: bool, overwrite: bool) -> str | 
     if resuming or not holds_run(folder):
         return None
     if not overwrite:
+        if not list_checkpoints(folder / "checkpoints"):
+            raise ConfigError(
+                f"{folder} holds a run that stopped before its first checkpoint, so there is "
+                "nothing to resume; start a new run over it with --overwrite (the old files are "
+                "moved aside, not deleted) or choose another --out"
+            )
         raise ConfigError(
             f"{folder} already holds a run; continue it with --resume {folder}, or start a new "
             "one over it with --overwrite (the old run is moved aside, not deleted)"
         )
+    return move_aside(folder)
+
+
+def move_aside(folder: Path) -> str:
+    """Move everything in ``folder`` but its lock into a new sibling folder
+    ``<name>.replaced-<time>-<unique>``; returns its path. Nothing is deleted."""
     # mkdtemp picks a name no other folder has, atomically; then give it the usual mode.
     stamp = time.strftime("%Y%m%d-%H%M%S")
     aside = Path(tempfile.mkdtemp(prefix=f"{folder.name}.replaced-{stamp}-", dir=folder.parent))
@@ -114,3 +141,25 @@ def claim_run_folder(folder: Path, *, resuming: bool, overwrite: bool) -> str | 
         if entry.name != LOCK_FILE:
             entry.rename(aside / entry.name)
     return str(aside)
+
+
+def check_resume_point(folder: Path, checkpoint: Path) -> None:
+    """Resuming into the run's own folder from ``checkpoint`` continues the run; a valid later
+    checkpoint there means the run went on past it, and resuming would write over that branch:
+    refuse and name the safe ways (a new folder, or the newest checkpoint)."""
+    step = int(checkpoint.name.rsplit("_", 1)[-1])
+    later = []
+    for candidate in list_checkpoints(Path(folder) / "checkpoints"):
+        if int(candidate.name.rsplit("_", 1)[-1]) > step:
+            try:
+                verify_checkpoint(candidate)
+                later.append(candidate.name)
+            except CheckpointError:
+                pass  # an incomplete later checkpoint is what resuming from here recovers from
+    if later:
+        raise ConfigError(
+            f"{checkpoint} is not the newest checkpoint of the run in {folder} (it also has "
+            f"{', '.join(later)}); resuming there would overwrite them. Branch from it into a "
+            f"new folder with --out NEW_FOLDER, or continue the run from its newest checkpoint "
+            f"with --resume {folder}"
+        )

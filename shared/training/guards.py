@@ -1,0 +1,110 @@
+"""Checks around a training run that keep its records true and its folder usable: a resume with
+nothing left to do refuses, a run that failed before its first checkpoint leaves nothing that
+blocks its rerun, a step that cannot be fast is announced, an out-of-memory error is named."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shared import checkpoint as ckpt
+from shared.errors import ConfigError
+from shared.training.run import RunSpec
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """numpy's and Python's MemoryError, torch's CPU allocator and CUDA out-of-memory errors."""
+    if isinstance(error, MemoryError):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(
+        phrase in text for phrase in ("can't allocate memory", "out of memory")
+    )
+
+
+def forget_unstarted_run(out: Path) -> None:
+    """Remove what a new run wrote before failing, when it never saved a checkpoint: its
+    config.json and metrics would otherwise make the folder refuse the same command."""
+    if ckpt.list_checkpoints(out / "checkpoints"):
+        return
+    for name in ("config.json", "metrics.jsonl", "final.json"):
+        (out / name).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        (out / "checkpoints").rmdir()
+
+
+def check_step_memory(
+    rows: int, seq_len: int, vocab_size: int, memory_bytes: int, where: str
+) -> None:
+    """Refuse a step that cannot fit before anything is written: the float32 logits of the
+    ``rows`` a process holds at once and their gradient alone take 8 x rows x seq_len x vocab
+    bytes, a lower bound on the step's memory."""
+    needed = 8 * rows * seq_len * vocab_size
+    if needed > memory_bytes:
+        raise ConfigError(
+            f"a step of {rows} rows x {seq_len} tokens needs at least {needed / 2**30:,.0f} GiB "
+            f"(its logits and their gradient alone) and {where} has {memory_bytes / 2**30:,.0f} "
+            "GiB: lower --batch-size or --seq-len, or raise --grad-accum (each process holds "
+            "batch_size / grad_accum rows at a time); out of memory otherwise"
+        )
+
+
+def warn_if_slow(flops_per_step: float, peak: float, steps: int, log) -> None:
+    """Say before the first step when one step cannot take less than a minute here: the FLOPs a
+    process does per step over its peak FLOP/s is a lower bound on the step's time."""
+    seconds = flops_per_step / peak
+    if seconds > 60:
+        log(
+            f"warning: one training step needs at least {seconds / 60:.0f} min on this machine "
+            f"({flops_per_step:.3g} FLOPs at a peak of {peak / 1e12:.3g} TFLOP/s), so "
+            f"{steps} steps need at least {seconds * steps / 3600:.1f} h; Ctrl-C or SIGTERM "
+            "twice stops it at once"
+        )
+
+
+def steady_rate(rates: list[float]) -> float | None:
+    """The median tokens/s of the logging windows after the first (which includes start-up
+    work); None when nothing was measured."""
+    return float(np.median(rates[1:] or rates)) if rates else None
+
+
+def check_budget_left(step: int, total_steps: int, spec: RunSpec) -> None:
+    """Refuse a resume with nothing to do: a checkpoint past the budget, or a run that already
+    finished at it (its final.json says so). A run killed between its last checkpoint and its
+    final validation may resume at the budget: it then only validates."""
+    where = f"the checkpoint {spec.resume_from} is at step {step}"
+    keep = "nothing to train, and the run's records stay as they are"
+    if step > total_steps:
+        raise ConfigError(
+            f"{where}, past this run's budget of {total_steps} steps: {keep} (raise the budget, "
+            "e.g. --max-steps, to continue it)"
+        )
+    final = spec.out / "final.json"
+    if step == total_steps and final.is_file():
+        summary = json.loads(final.read_text())
+        if summary.get("finished") and summary.get("step") == step:
+            raise ConfigError(
+                f"{where}, and the run in {spec.out} already finished its budget of "
+                f"{total_steps} steps there: {keep} (raise the budget, e.g. --max-steps, to "
+                "continue it)"
+            )
+
+
+def schedule_history(
+    saved: dict[str, Any] | None, start_step: int, total_steps: int
+) -> list[dict[str, int]]:
+    """The learning-rate schedules a run followed, as ``{"from_step", "total_steps"}`` segments:
+    one for a run trained under one budget; a run continued to a larger budget (whose schedule
+    was stretched at the step it was continued from) has one more per change."""
+    if saved is None:
+        return [{"from_step": 0, "total_steps": total_steps}]
+    history = saved.get("schedule_history") or [
+        {"from_step": 0, "total_steps": saved.get("total_steps", total_steps)}
+    ]
+    if history[-1]["total_steps"] != total_steps:
+        history = [*history, {"from_step": start_step, "total_steps": total_steps}]
+    return history
