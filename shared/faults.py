@@ -20,6 +20,8 @@ import sys
 import threading
 from functools import cache
 
+import torch
+
 
 @cache
 def _faults() -> dict[str, frozenset[int]]:
@@ -42,8 +44,6 @@ def kill_now_if(name: str, step: int) -> None:
 
 def stall_if(name: str, step: int) -> None:
     if fault_active(name, step):
-        import torch  # only the fault needs it; this module stays importable without torch
-
         # 2^30 by squaring: 30 products of 4096 x 4096 matrices inside one ATen call.
         torch.linalg.matrix_power(torch.eye(4096), 2**30)
 
