@@ -14,6 +14,7 @@ step S fail as torch's CPU allocator does when memory runs out.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -60,23 +61,6 @@ class StageInterrupted(BaseException):
     no ``except Exception`` inside the stage swallows it)."""
 
 
-class _Interrupting:
-    def __init__(self, request: StopRequest, stage: str):
-        self.request, self.stage = request, stage
-
-    def __enter__(self):
-        self.saved = (self.request.interrupt_stage, self.request.on_stop)
-        self.request.interrupt_stage = self.stage
-        self.request.on_stop = f"stopping the {self.stage} stage now (finished stages are kept)"
-        if self.request.requested:
-            raise StageInterrupted(self.request.signal_name)
-        return self
-
-    def __exit__(self, *exc):
-        self.request.interrupt_stage, self.request.on_stop = self.saved
-        return False
-
-
 class StopRequest:
     """SIGTERM/SIGINT ask the running job to stop at its next safe point (training: save a
     checkpoint at the end of the step; evaluation: after the current sample); a second signal
@@ -117,11 +101,20 @@ class StopRequest:
         if self.interrupt_stage:
             raise StageInterrupted(signal.Signals(signum).name)
 
+    @contextlib.contextmanager
     def interrupting(self, stage: str):
         """A context in which a signal leaves ``stage`` at the next Python bytecode (raising
         ``StageInterrupted``) instead of at the next safe point: for stages whose result is
         stored only when complete."""
-        return _Interrupting(self, stage)
+        saved = (self.interrupt_stage, self.on_stop)
+        self.interrupt_stage = stage
+        self.on_stop = f"stopping the {stage} stage now (finished stages are kept)"
+        try:
+            if self.requested:
+                raise StageInterrupted(self.signal_name)
+            yield
+        finally:
+            self.interrupt_stage, self.on_stop = saved
 
     def _watch(self, read_end: int) -> None:
         while True:

@@ -75,10 +75,11 @@ def train(spec: RunSpec) -> dict[str, Any]:
     try:
         return run_locked(spec, accelerator, layout, micro_batch, source, stop)
     except (MemoryError, RuntimeError, ValueError) as error:
-        user_error = isinstance(error, ValueError) or is_out_of_memory(error)
+        out_of_memory = is_out_of_memory(error)
+        user_error = out_of_memory or isinstance(error, ValueError)
         if user_error and spec.resume_from is None and accelerator.is_main_process:
             forget_unstarted_run(spec.out)  # so the same command can run again as it is
-        if not is_out_of_memory(error):
+        if not out_of_memory:
             raise
         raise ResourceUnavailableError(
             f"out of memory: a step of {spec.train.batch_size} rows x {spec.train.seq_len} "
