@@ -36,9 +36,12 @@ class TrainConfig:
     batch_size: int = 32  # global rows per optimizer step
     grad_accum: int = 1
     lr: float = 1e-3
-    lr_schedule: str = "cosine"
+    lr_schedule: str = "cosine"  # cosine | constant | wsd (warmup-stable-decay)
     warmup_steps: int = 100
     min_lr_ratio: float = 0.1
+    # wsd: the last fraction of the steps decays linearly to min_lr_ratio (at least one step);
+    # before it the rate is constant, so shorter budgets branch off a longer run's checkpoints
+    cooldown_fraction: float = 0.2
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -96,7 +99,7 @@ class TrainConfig:
         choices = {
             "objective": objective_names(),
             "protocol": ["packed", "padded"],
-            "lr_schedule": ["cosine", "constant"],
+            "lr_schedule": ["cosine", "constant", "wsd"],
             "precision": ["auto", "fp32", "bf16"],
             "compile": ["off", "on", "auto"],
             "schedule": ["linear", "cosine"],
@@ -150,6 +153,11 @@ class TrainConfig:
             raise ConfigError(f"seq_len={self.seq_len} must be >= 4")
         if not self.lr > 0:
             raise ConfigError(f"lr={self.lr!r} must be > 0")
+        if not 0 < self.cooldown_fraction <= 1:
+            raise ConfigError(
+                f"cooldown_fraction={self.cooldown_fraction!r} must be in (0, 1] (the share of "
+                "a wsd run's steps that decay)"
+            )
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"min_lr_ratio={self.min_lr_ratio!r} must be in [0, 1]")
         for name in ("beta1", "beta2"):

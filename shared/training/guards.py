@@ -95,16 +95,21 @@ def check_budget_left(step: int, total_steps: int, spec: RunSpec) -> None:
 
 
 def schedule_history(
-    saved: dict[str, Any] | None, start_step: int, total_steps: int
+    saved: dict[str, Any] | None, start_step: int, total_steps: int, agrees: bool = False
 ) -> list[dict[str, int]]:
     """The learning-rate schedules a run followed, as ``{"from_step", "total_steps"}`` segments:
     one for a run trained under one budget; a run continued to a larger budget (whose schedule
-    was stretched at the step it was continued from) has one more per change."""
+    was stretched at the step it was continued from) has one more per change. ``agrees``: the
+    new budget's schedule takes the same rates as the old one at every step before
+    ``start_step`` (a WSD branch before its cooldown), so the run is the one scheduled for the new
+    budget from the start and keeps one segment."""
     if saved is None:
         return [{"from_step": 0, "total_steps": total_steps}]
     history = saved.get("schedule_history") or [
         {"from_step": 0, "total_steps": saved.get("total_steps", total_steps)}
     ]
     if history[-1]["total_steps"] != total_steps:
+        if agrees and len(history) == 1:
+            return [{"from_step": 0, "total_steps": total_steps}]
         history = [*history, {"from_step": start_step, "total_steps": total_steps}]
     return history

@@ -256,5 +256,18 @@ def build_scheduler(
             total_steps=total_steps,
             schedule=cfg.lr_schedule,
             min_lr_ratio=cfg.min_lr_ratio,
+            cooldown_fraction=cfg.cooldown_fraction,
         ),
     )
+
+
+def follow_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
+    """Set the optimizer's rates to this run's schedule at the scheduler's step. A checkpoint
+    stores the rate its own run set for the next update; a run continued under another budget (a
+    WSD cooldown branch, a longer run) must take its own schedule's rate from the first update
+    on. The product is the one ``LambdaLR`` computes, so a plain resume is unchanged."""
+    step = scheduler.last_epoch
+    rates = [base * rule(step) for rule, base in zip(scheduler.lr_lambdas, scheduler.base_lrs)]
+    for group, rate in zip(scheduler.optimizer.param_groups, rates, strict=True):
+        group["lr"] = rate
+    scheduler._last_lr = rates
