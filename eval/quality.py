@@ -18,7 +18,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from shared.errors import ResourceUnavailableError
 
 DEFAULT_JUDGE = "smollm2"
 _WORD = re.compile(r"\w+|[^\w\s]")
+Z95 = 1.959964  # the two-sided 95% normal quantile
 
 
 # ---------------------------------------------------------------- diversity statistics
@@ -103,10 +104,28 @@ class JudgeScore:
     nats: float
     tokens: int
     per_sample_nats_per_token: list[float]
+    per_sample_tokens: list[int] = field(default_factory=list)
 
     @property
     def perplexity(self) -> float:
         return math.exp(self.nats / max(self.tokens, 1))
+
+    def perplexity_interval(self) -> tuple[float, float] | None:
+        """95% interval of the perplexity over the samples: the per-token NLL is a ratio (summed
+        nats over summed tokens) whose standard error is the delta method's over samples; None
+        with fewer than two scored samples."""
+        rows = [
+            (rate * count, count)
+            for rate, count in zip(self.per_sample_nats_per_token, self.per_sample_tokens)
+            if count
+        ]
+        if len(rows) < 2:
+            return None
+        ratio = self.nats / self.tokens
+        mean_tokens = self.tokens / len(rows)
+        residual = sum((nats - ratio * count) ** 2 for nats, count in rows)
+        se = math.sqrt(residual / (len(rows) * (len(rows) - 1))) / mean_tokens
+        return math.exp(ratio - Z95 * se), math.exp(ratio + Z95 * se)
 
 
 class Judge:
@@ -142,7 +161,7 @@ class Judge:
         """Summed NLL of every text's judge tokens (each text scored from a BOS token, or from
         its first token when the judge has no BOS)."""
         bos = self.tokenizer.bos_token_id
-        total_nats, total_tokens, per_sample = 0.0, 0, []
+        total_nats, total_tokens, per_sample, sample_tokens = 0.0, 0, [], []
         encoded = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
         encoded = [([bos] if bos is not None else []) + ids for ids in encoded]
         encoded = [ids[:max_length] for ids in encoded]
@@ -164,9 +183,10 @@ class Judge:
             counts = valid.sum(1).cpu()
             for n, c in zip(nats.tolist(), counts.tolist()):
                 per_sample.append(n / c if c else float("nan"))
+                sample_tokens.append(int(c))
             total_nats += float(nats.sum())
             total_tokens += int(counts.sum())
-        return JudgeScore(total_nats, total_tokens, per_sample)
+        return JudgeScore(total_nats, total_tokens, per_sample, sample_tokens)
 
 
 @cache

@@ -65,25 +65,33 @@ def test_smoke_report_has_every_section_with_finite_numbers(smoke):
     assert data["provenance"]["versions"]["torch"]
 
 
-def test_smoke_report_has_learning_curves_a_multiplier_and_the_floors(smoke):
+def test_smoke_report_has_budget_points_the_attention_line_and_the_floors(smoke):
     out, _ = smoke
     data = json.loads((out / "report.json").read_text())
-    curves = data["results"]["learning_curves"]
-    assert curves["measured"] and len(curves["ar"]) == len(curves["mdm"]) >= 8
-    assert [r["step"] for r in curves["ar"]] == [r["step"] for r in curves["mdm"]]
-    assert 0 < curves["unigram_entropy"] < math.log(512)
-    assert len(curves["multipliers"]) == len(curves["ar"])
+    budgets = data["results"]["budgets"]
+    points = budgets["points"]["0"]
+    # smoke: the main budget of 150 steps and branches at 1/4 and 1/2 of it, per objective
+    for name in ("ar", "mdm"):
+        assert [p["steps"] for p in points[name]] == [38, 75, 150]
+        assert all(math.isfinite(p["loss"]) and p["flops"] > 0 for p in points[name])
+        branch = json.loads((out / "seed-0" / "budgets" / f"{name}-75" / "final.json").read_text())
+        assert branch["schedule_history"] == [{"from_step": 0, "total_steps": 75}]
+        assert branch["branched_from"].endswith("step_000060")
+    assert budgets["attention"] == {"ar": "causal, full", "mdm": "bidirectional, full"}
+    assert budgets["published_comparable"]
     markdown = (out / "report.md").read_text()
-    assert "learning_curves.png" in markdown and (out / "learning_curves.png").stat().st_size > 1000
-    assert "### Compute multiplier" in markdown and "Nie et al. 2024" in markdown
-    assert "Floor: the unigram model of the training split scores" in markdown
+    first_line = markdown.split("\n\n")[1]
+    assert first_line.startswith("**Attention.** AR: causal, full; MDM: bidirectional, full.")
+    for figure in ("budget_frontiers.png", "multiplier_curve.png"):
+        assert figure in markdown and (out / figure).stat().st_size > 1000
+    assert "### Budget points" in markdown and "Rule, fixed before the run" in markdown
     assert "unigram model" in data["results"]["quality"]["sets"]
 
 
 def test_matched_budget_both_models_saw_the_same_tokens(smoke):
     out, _ = smoke
-    ar = json.loads((out / "ar" / "final.json").read_text())
-    mdm = json.loads((out / "mdm" / "final.json").read_text())
+    ar = json.loads((out / "seed-0" / "ar" / "final.json").read_text())
+    mdm = json.loads((out / "seed-0" / "mdm" / "final.json").read_text())
     assert ar["tokens_seen"] == mdm["tokens_seen"] > 0
     assert ar["data"]["corpus_fingerprint"] == mdm["data"]["corpus_fingerprint"]
     assert ar["data"]["tokenizer"] == mdm["data"]["tokenizer"]
@@ -94,25 +102,26 @@ def test_matched_budget_both_models_saw_the_same_tokens(smoke):
 
 def test_rerun_reuses_every_stage_and_force_redoes_them(smoke, capsys):
     out, args = smoke
-    checkpoint = sorted((out / "ar" / "checkpoints").glob("step_*"))[-1]
+    checkpoint = sorted((out / "seed-0" / "ar" / "checkpoints").glob("step_*"))[-1]
     before = checkpoint.stat().st_mtime_ns
     stage_times = {p.name: p.stat().st_mtime_ns for p in (out / "stages").glob("*.json")}
     assert compare.main(args) == 0
     printed = capsys.readouterr().out
     assert printed.count("reusing the finished run") == 2
+    assert printed.count("reusing the finished branch") == 4
     assert printed.count("reusing the stored result") == len(stage_times)
     assert checkpoint.stat().st_mtime_ns == before
     assert {p.name: p.stat().st_mtime_ns for p in (out / "stages").glob("*.json")} == stage_times
 
-    forced = [*args, "--force", "--max-steps", "20", "--no-mauve", "--seed", "5"]
+    forced = [*args, "--force", "--max-steps", "60", "--no-mauve", "--seed", "5"]
     assert compare.main(forced) == 0
     printed = capsys.readouterr().out
     assert "reusing" not in printed
-    ar = json.loads((out / "ar" / "final.json").read_text())
-    assert ar["step"] == 20
+    ar = json.loads((out / "seed-5" / "ar" / "final.json").read_text())
+    assert ar["step"] == 60 and ar["total_steps"] == 60
     # the report records the training seed the runs used (train.py's --seed passes through)
     report = json.loads((out / "report.json").read_text())
-    assert report["provenance"]["seeds"] == {"train": 5, "sampling": 0}
+    assert report["provenance"]["seeds"] == {"train": 5, "sampling": 0, "budget_seeds": [5]}
 
 
 def test_flops_budget_gives_the_mdm_the_ar_flops(tmp_path):

@@ -47,7 +47,7 @@ def test_force_sets_the_earlier_job_aside_and_a_stopped_forced_job_resumes_witho
         stderr=subprocess.PIPE,
         text=True,
     )
-    metrics = out / "ar" / "metrics.jsonl"
+    metrics = out / "seed-0" / "ar" / "metrics.jsonl"
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
         moved = any(p.name.startswith("job.replaced-") for p in tmp_path.iterdir())
@@ -62,17 +62,17 @@ def test_force_sets_the_earlier_job_aside_and_a_stopped_forced_job_resumes_witho
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("job.replaced-")]
     assert len(aside) == 1 and (aside[0] / "report.md").read_text() == earlier_report
     assert not (out / "report.md").exists() and not (out / "stages").exists()
-    stopped = json.loads((out / "ar" / "final.json").read_text())
+    stopped = json.loads((out / "seed-0" / "ar" / "final.json").read_text())
     assert stopped["stopped_by"] == "SIGTERM"
 
     # Without --force the job resumes where the forced one stopped (its training, here).
     resumed = stages.train_or_reuse(
-        "ar", out / "ar", "smoke", {"objective": "ar"}, {"max_steps": 300}, False
+        "ar", out / "seed-0" / "ar", "smoke", {"objective": "ar"}, {"max_steps": 300}, False
     )
     assert resumed["finished"] and resumed["step"] == 300
     metric_steps = [
         r["step"]
-        for r in map(json.loads, (out / "ar" / "metrics.jsonl").read_text().splitlines())
+        for r in map(json.loads, (out / "seed-0" / "ar" / "metrics.jsonl").read_text().splitlines())
         if r["kind"] == "train"
     ]
     assert metric_steps == list(range(1, 301))  # resumed, not retrained from step 0
@@ -86,7 +86,7 @@ def test_a_second_job_on_a_folder_in_use_exits_at_once_naming_the_first(tmp_path
     finally:
         lock.release()
     assert f"PID {os.getpid()}" in capsys.readouterr().err
-    assert not (out / "ar").exists()
+    assert not (out / "seed-0" / "ar").exists()
 
 
 def test_a_continued_run_is_said_to_be_continued(tmp_path):

@@ -29,7 +29,7 @@ def test_sigterm_during_training_stops_the_job_and_the_rerun_reports_true_budget
         stderr=subprocess.PIPE,
         text=True,
     )
-    metrics = out / "mdm" / "metrics.jsonl"
+    metrics = out / "seed-0" / "mdm" / "metrics.jsonl"
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
         if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
@@ -40,7 +40,7 @@ def test_sigterm_during_training_stops_the_job_and_the_rerun_reports_true_budget
     assert proc.returncode == 0, stderr[-2000:]
     assert "stopped by SIGTERM while training mdm" in stdout
     assert not (out / "report.md").exists() and not (out / "stages" / "likelihood.json").exists()
-    stopped = json.loads((out / "mdm" / "final.json").read_text())
+    stopped = json.loads((out / "seed-0" / "mdm" / "final.json").read_text())
     assert stopped["stopped_by"] == "SIGTERM" and not stopped["finished"]
 
     assert compare.main(flags) == 0  # the rerun resumes the MDM where it stopped

@@ -159,18 +159,17 @@ def test_data_constrained_crossing_is_where_the_mdm_passes_the_ar_best():
 
 
 def gap_size(interval: Interval | None) -> dict:
-    dummy = [
-        {"flops": 1e9 * (i + 1), "val_nats_per_token": 5.0 - i, "val_nats_per_token_se": 0.01}
+    points = [
+        {"flops": 1e9 * (i + 1), "loss": 5.0 - i, "steps": 10 * (i + 1), "epochs": 0.1}
         for i in range(2)
     ]
     return {
         "size": {"dim": 64},
         "parameters": 1000,
         "unigram": 5.2,
-        "ar_points": 8,
-        "learned_points": 5,
+        "past_plateau": {0: {"ar": 2, "mdm": 1}},
         "interval": None if interval is None else interval.as_dict(),
-        "curves": {"ar": dummy, "mdm": dummy},
+        "points": {0: {"points": {"ar": points, "mdm": points}}},
     }
 
 

@@ -6,7 +6,13 @@ import random
 
 import pytest
 
-from eval.quality import distinct_n, diversity_report, repetition_rate, unigram_entropy
+from eval.quality import (
+    JudgeScore,
+    distinct_n,
+    diversity_report,
+    repetition_rate,
+    unigram_entropy,
+)
 
 
 def test_diversity_statistics_by_hand():
@@ -79,3 +85,16 @@ def test_mauve_is_one_for_the_same_set_and_low_for_unrelated_text():
     assert mauve_score(noise, verses) < 0.1
     with pytest.raises(ValueError, match="at least 2 texts"):
         mauve_score(["one"], verses)
+
+
+def test_judge_perplexity_interval_is_the_delta_method_over_samples():
+    # three samples: (10 nats, 5 tokens), (12, 4), (6, 3); ratio 28/12 = 7/3 nats/token
+    score = JudgeScore(28.0, 12, [10 / 5, 12 / 4, 6 / 3], [5, 4, 3])
+    residuals = [10 - 7 / 3 * 5, 12 - 7 / 3 * 4, 6 - 7 / 3 * 3]
+    se = math.sqrt(sum(r * r for r in residuals) / (3 * 2)) / 4  # mean tokens 4
+    low, high = score.perplexity_interval()
+    assert score.perplexity == pytest.approx(math.exp(7 / 3))
+    assert (low, high) == pytest.approx(
+        (math.exp(7 / 3 - 1.959964 * se), math.exp(7 / 3 + 1.959964 * se))
+    )
+    assert JudgeScore(10.0, 5, [2.0], [5]).perplexity_interval() is None

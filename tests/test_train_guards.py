@@ -165,6 +165,32 @@ def test_a_second_sigterm_ends_a_step_that_never_returns_to_python(tmp_path, cac
     assert "SIGTERM received" in err and "again: exiting now" in err
 
 
+def test_a_signal_during_start_up_is_said_not_silent(tmp_path, cache_dir):
+    """SIGTERM while train.py is still importing (or checking its flags) exits 143 with a line
+    saying no step was interrupted; if it lands once the run holds the signals, the run stops
+    at its first step instead. Either way the process says what happened."""
+    proc = start_train(*tiny(tmp_path / "run", cache_dir, "--max-steps", "5"))
+    time.sleep(0.5)  # the handler is installed before the seconds-long imports
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    if proc.returncode == 128 + signal.SIGTERM:
+        assert "stopped by SIGTERM outside the training steps" in err
+    else:
+        assert proc.returncode == 0 and "stopped by SIGTERM" in out + err
+
+
+def test_the_start_up_handler_exits_with_the_signal_code(capsys):
+    sys.path.insert(0, str(ROOT))
+    try:
+        import train as entry
+    finally:
+        sys.path.remove(str(ROOT))
+    with pytest.raises(SystemExit) as stopped:
+        entry.stop_outside_training(signal.SIGINT, None)
+    assert stopped.value.code == 128 + signal.SIGINT
+    assert "stopped by SIGINT outside the training steps" in capsys.readouterr().err
+
+
 def test_a_step_far_beyond_the_machine_is_announced(tmp_path, cache_dir, capsys):
     from shared.training.guards import warn_if_slow
 

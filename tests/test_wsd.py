@@ -1,6 +1,7 @@
 """The warmup-stable-decay schedule and its cooldown branches: hand-computed rates, and a branch
 off a longer run's checkpoint that is bit for bit the run scheduled for its budget."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from shared.errors import ConfigError
 from shared.training import new_run, resume_run, train
 from shared.training.config import TrainConfig
 from shared.training.schedule import (
+    branch_points,
     check_cooldown,
     cooldown_start,
     lr_multiplier,
@@ -76,8 +78,12 @@ def test_a_cooldown_branch_is_the_run_scheduled_for_its_budget(objective, tmp_pa
     cache = str(tmp_path / "cache")
     common = dict(objective=objective, cache_dir=cache, **SCHEDULE)
     straight = train(new_run("tiny", tmp_path / "straight", max_steps=24, **common))
-    # A 48-step trunk saves every 6 steps; a 24-step run cools down from step 18.
-    train(new_run("tiny", tmp_path / "trunk", max_steps=48, checkpoint_every=6, **common))
+    # A 48-step trunk keeps a checkpoint where a 24-step run's cooldown starts (step 18), however
+    # few checkpoints it keeps otherwise.
+    trunk = new_run("tiny", tmp_path / "trunk", max_steps=48, branch_budgets="12,24", **common)
+    train(dataclasses.replace(trunk, train=dataclasses.replace(trunk.train, keep_checkpoints=1)))
+    kept = [p.name for p in list_checkpoints(tmp_path / "trunk" / "checkpoints")]
+    assert kept == ["step_000009", "step_000018", "step_000048"]
     point = tmp_path / "trunk" / "checkpoints" / checkpoint_name(cooldown_start(24, 0.25))
     branch = train(resume_run(point, tmp_path / "branch", max_steps=24))
     assert branch["finished"] and branch["step"] == 24
@@ -111,3 +117,19 @@ def test_a_branch_from_inside_a_cooldown_records_two_schedules(tmp_path):
         {"from_step": 0, "total_steps": 24},
         {"from_step": 20, "total_steps": 48},
     ]
+
+
+def test_branch_budgets_are_checked():
+    with pytest.raises(ConfigError, match="needs lr_schedule='wsd'"):
+        TrainConfig(branch_budgets="10,20").validate()
+    with pytest.raises(ConfigError, match="must be below this run's 20 steps"):
+        TrainConfig(lr_schedule="wsd", max_steps=20, branch_budgets="10,20").validate()
+    with pytest.raises(ConfigError, match="positive and strictly increasing"):
+        TrainConfig(lr_schedule="wsd", branch_budgets="20,10").validate()
+    with pytest.raises(ConfigError, match="step counts separated by commas"):
+        TrainConfig(lr_schedule="wsd", branch_budgets="10;20").validate()
+    # a branch budget whose own cooldown would start inside the warmup
+    cfg = TrainConfig(lr_schedule="wsd", warmup_steps=30, max_steps=400, branch_budgets="30,200")
+    with pytest.raises(ConfigError, match="inside its warmup of 30"):
+        branch_points(cfg.validate(), 400)
+    assert branch_points(dataclasses.replace(cfg, branch_budgets="50,200"), 400) == {40, 160}

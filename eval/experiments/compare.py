@@ -35,17 +35,16 @@ from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.strategies import Ancestral, FixedCount, Threshold
 from eval.curves import entropy_of_counts
+from eval.experiments.compare_budgets import seed_folder, train_budget_points
 from eval.experiments.compare_curves import sampling_checkpoint
 from eval.experiments.compare_report import write_report
-from eval.experiments.compare_settings import CompareSettings, settings_for
+from eval.experiments.compare_settings import CompareSettings, headline_sets, settings_for
 from eval.experiments.stages import (
     Stages,
-    check_equal_budgets,
     load,
     locked_job,
     reference_texts,
     run_stoppable,
-    train_both,
     training_overrides,
     training_rows,
     validation_rows,
@@ -56,6 +55,7 @@ from eval.likelihood import evaluate_checkpoint
 from eval.quality import diversity_report, load_judge, mauve_score
 from shared.checkpoint import load_model_from_checkpoint
 from shared.config import ModelConfig
+from shared.errors import ConfigError
 from shared.faults import StopRequest
 from shared.model import flops_per_token
 from shared.sampling import SamplingConfig, sample_categorical
@@ -132,10 +132,12 @@ def generation_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
             stop_on_eos=False,
             sampling=SamplingConfig(temperature=temperature),
         )
+        name = f"ar T={temperature:g}"
+        count = sample_count(name, settings)
         start = time.perf_counter()
-        result = engine.generate([[tokenizer.eos_id]] * settings.samples, config, seed=0)
+        result = engine.generate([[tokenizer.eos_id]] * count, config, seed=0)
         elapsed = time.perf_counter() - start
-        sets[f"ar T={temperature:g}"] = {
+        sets[name] = {
             "objective": "ar",
             "sampler": "kv-cached ancestral",
             "temperature": temperature,
@@ -149,7 +151,6 @@ def generation_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
         }
 
     mdm = DiffusionGenerator(*load_for_sampling(out, "mdm"))
-    canvas = mdm.prompt_canvas([[]] * settings.samples, length)
     mdm_flops = forward_flops_per_token(mdm.state["model_config"], 1 + length)
     configs: list[tuple[str, SamplerConfig, float]] = []
     for steps in settings.diffusion_steps:
@@ -175,6 +176,7 @@ def generation_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
                 )
             )
     for name, config, temperature in tqdm(configs, desc="diffusion samplers", leave=False):
+        canvas = mdm.prompt_canvas([[]] * sample_count(name, settings), length)
         start = time.perf_counter()
         result = mdm.fill(canvas, config, seed=0, eos="stop")
         elapsed = time.perf_counter() - start
@@ -193,14 +195,24 @@ def generation_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
         }
     sets["unigram model"] = unigram_samples(out, settings)
     for entry in sets.values():
-        entry["tokens_per_s"] = settings.samples * length / entry["seconds"]
+        entry["samples"] = len(entry["texts"])
+        entry["tokens_per_s"] = entry["samples"] * length / entry["seconds"]
         entry["nfe_per_token"] = entry["nfe"] / length
     return sets
 
 
+def sample_count(name: str, settings: CompareSettings) -> int:
+    """How many samples a generation setting draws: ``headline_samples`` for the headline sets
+    (enough for a judge-perplexity interval of about +-10%), ``samples`` for the others."""
+    if name in headline_sets(settings):
+        return max(settings.samples, settings.headline_samples)
+    return settings.samples
+
+
 def quality_stage(out: Path, sets: dict[str, Any], settings: CompareSettings) -> dict[str, Any]:
     judge = load_judge(settings.judge)
-    references = reference_texts(out, max(settings.samples, 2), settings.gen_length)
+    count = max(settings.samples, settings.headline_samples, 2)
+    references = reference_texts(out, count, settings.gen_length)
     scores: dict[str, Any] = {"judge": judge.identity, "sets": {}}
     reference_score = judge.score(references)
     scores["reference"] = {
@@ -210,8 +222,13 @@ def quality_stage(out: Path, sets: dict[str, Any], settings: CompareSettings) ->
     for name, entry in tqdm(sets.items(), desc="judging samples", leave=False):
         texts = [t if t.strip() else " " for t in entry["texts"]]
         judged = judge.score(texts)
-        row = {"judge_ppl": judged.perplexity, **diversity_report(texts, entry["ids"])}
-        main_set = name in ("ar T=1", f"mdm ancestral {settings.diffusion_steps[-1]} steps")
+        row = {
+            "judge_ppl": judged.perplexity,
+            "judge_ppl_ci95": judged.perplexity_interval(),
+            "samples": len(texts),
+            **diversity_report(texts, entry["ids"]),
+        }
+        main_set = name in headline_sets(settings)
         if settings.mauve and main_set:
             row["mauve"] = mauve_score(texts, references)
         scores["sets"][name] = row
@@ -292,39 +309,63 @@ def run_comparison(
     likelihood results and the report's paths. ``tune_lr`` first sweeps each objective's
     learning rate and trains each with its own choice."""
     started = time.perf_counter()
-    overrides = {"curve_points": settings.curve_points} | overrides
     tuning, own = None, None
     if tune_lr:
         tuning = tune_learning_rates(
             preset, out, overrides, settings.lr_factors, settings.tune_fraction, force
         )
         own = {objective: {"lr": tuning[objective]["chosen"]} for objective in ("ar", "mdm")}
-    summaries = train_both(preset, out, overrides, budget, force, own)
-    check_equal_budgets(summaries, budget)
+    runs = train_budget_points(preset, out, overrides, settings, budget, force, own)
+    # The evaluation stages look at the first seed's main-budget runs.
+    main = seed_folder(out, settings.seeds[0])
+    summaries = runs[settings.seeds[0]]["summaries"]
     stages = Stages(out, force, stop)
     key = {
         "train": {k: (v["step"], v.get("val_nats_per_token")) for k, v in summaries.items()},
         "settings": dataclasses.asdict(settings),
     }
-    likelihood = stages.run("likelihood", key, lambda: likelihood_stage(out, settings))
-    sets = stages.run("generate", key, lambda: generation_stage(out, settings))
-    quality = stages.run("quality", key, lambda: quality_stage(out, sets, settings))
-    examples = stages.run("examples", key, lambda: examples_stage(out, settings))
+    likelihood = stages.run("likelihood", key, lambda: likelihood_stage(main, settings))
+    sets = stages.run("generate", key, lambda: generation_stage(main, settings))
+    quality = stages.run("quality", key, lambda: quality_stage(main, sets, settings))
+    examples = stages.run("examples", key, lambda: examples_stage(main, settings))
+    reused = [
+        f"train seed {seed} {name}"
+        for seed, run in runs.items()
+        for name, summary in run["summaries"].items()
+        if summary.get("reused")
+    ]
     paths = write_report(
         out,
         preset,
-        summaries,
+        runs,
         likelihood,
         sets,
         quality,
         examples,
         settings,
         time.perf_counter() - started,
-        [f"train {k}" for k, v in summaries.items() if v.get("reused")] + stages.reused,
-        entropy_of_counts(token_frequencies(*load(out, "ar")[1:])),
+        reused + stages.reused,
+        entropy_of_counts(token_frequencies(*load(main, "ar")[1:])),
         tuning,
     )
     return likelihood, paths
+
+
+def seeds_asked(seeds: str | None, seed: int | None) -> tuple[int, ...] | None:
+    """The seeds ``--seeds 0,1,2`` (or train.py's ``--seed N``) asks for; None: the preset's."""
+    if seeds is not None and seed is not None:
+        raise ConfigError("give the training seeds once: --seeds 0,1,2 or --seed N, not both")
+    if seed is not None:
+        return (seed,)
+    if seeds is None:
+        return None
+    try:
+        values = tuple(int(part) for part in seeds.split(","))
+    except ValueError:
+        raise ConfigError(f"--seeds {seeds!r} must be integers separated by commas") from None
+    if len(set(values)) != len(values) or any(v < 0 for v in values):
+        raise ConfigError(f"--seeds {seeds!r} must be distinct integers >= 0")
+    return values
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -347,6 +388,12 @@ def main(argv: list[str] | None = None) -> int:
         help="sweep each objective's learning rate (short runs, reused when present) first",
     )
     parser.add_argument("--judge", default=None, help="judge model (default: smollm2 wheel)")
+    parser.add_argument(
+        "--seeds",
+        default=None,
+        help="training seeds, comma-separated (default: the preset's; --seed N is --seeds N); "
+        "each trains every budget point of both objectives",
+    )
     args, extra = parser.parse_known_args(argv)
     out = Path(args.out or f"runs/{args.preset}")
     started = time.perf_counter()
@@ -364,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
                 mauve=settings.mauve and not args.no_mauve,
                 judge=args.judge or settings.judge,
             )
+        seeds = seeds_asked(args.seeds, overrides.pop("seed", None))
+        if seeds:
+            settings = dataclasses.replace(settings, seeds=seeds)
         likelihood, paths = run_comparison(
             args.preset,
             out,

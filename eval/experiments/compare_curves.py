@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from eval.curves import Headline, compute_multipliers, fit_power_law, headline_multiplier
+from eval.curves import Headline, headline_multiplier
 from eval.report import Report, Table
 from shared.checkpoint import checkpoint_name, read_best
 from shared.validation import standard_error
@@ -110,133 +110,177 @@ def floor_headline(
     return learned, headline_multiplier(learned, points(mdm), points(mdm, -1), points(mdm, +1))
 
 
-def curves_section(report: Report, out: Path, unigram: float) -> dict[str, Any]:
-    """Add the curves, the multiplier and the floors to ``report``; returns their numbers."""
-    ar, mdm = read_curve(out / "ar"), read_curve(out / "mdm")
-    if len(ar) < 2 or len(mdm) < 2:
-        report.text(
-            "**Learning curves.** Not measured: fewer than 2 curve points per run "
-            "(train with `--curve-points N`, N >= 2)."
-        )
-        return {"measured": False}
-    multipliers = compute_multipliers(points(ar), points(mdm))
-    learned, headline = floor_headline(ar, mdm, unigram)
-    fits = {name: fit_power_law(points(curve)) for name, curve in (("AR", ar), ("MDM", mdm))}
-    shape = {"AR": best_and_final(ar), "MDM": best_and_final(mdm)}
-
-    if not learned:
-        summary = "no AR point is below the unigram floor yet, so no multiplier is reported"
-    elif headline is None:
+def budgets_section(
+    report: Report,
+    runs: dict[int, dict[str, Any]],
+    analysis: dict[str, Any],
+    unigram: float,
+    windowed: bool,
+) -> dict[str, Any]:
+    """Add the budget frontiers, M(L), the headline multiplier with its interval over seeds and
+    the exponents to ``report``; returns what report.json keeps of them."""
+    seeds = list(runs)
+    headline = analysis["multiplier"]
+    published = (
+        "not comparable (windowed attention)"
+        if windowed
+        else f"{PUBLISHED_MULTIPLIER:.0f}x (Nie et al. 2024, SMDM; full attention)"
+    )
+    counts = {
+        seed: f"AR {s['past_plateau']['ar']}, MDM {s['past_plateau']['mdm']}"
+        for seed, s in analysis["seeds"].items()
+    }
+    if headline is None:
         summary = (
-            "the MDM does not reach the AR's validation loss at any AR point below the unigram "
-            "floor on this budget: no multiplier"
+            "**not measured**: in no seed do both frontiers, past the plateau, cover the "
+            "headline loss"
         )
     else:
-        high = "not reached" if headline.high is None else f"{headline.high:.1f}x"
-        low = "-" if headline.low is None else f"{headline.low:.1f}x"
-        summary = (
-            f"at {headline.ar_flops:.3g} training FLOPs (the largest AR budget below the unigram "
-            f"floor whose loss the MDM's curve reaches) the MDM needs **{headline.value:.1f}x** "
-            "the AR's compute to match its validation loss (95% interval from the MDM's band: "
-            f"[{low}, {high}]; it covers validation rows and noise, not training randomness: "
-            "retrain with `--seed N` for that spread)"
+        summary = f"**{headline['text']}x** (geometric mean over {len(headline['values'])} seed(s)"
+        summary += (
+            ", 95% t-interval over seeds)" if headline["low"] is not None else "; no interval)"
         )
-    overfit = [
-        f"{name}'s validation rises {s['rise']:.1%} from its best (step {s['best_step']}) to its "
-        f"final point (step {s['final_step']})"
-        for name, s in shape.items()
-        if s["overfits"]
-    ]
-    beyond = [
-        name
-        for name, curve in (("AR", ar), ("MDM", mdm))
-        if min(r["val_nats_per_token"] for r in curve) > unigram - 0.05
-    ]
+        summary += "; per seed " + ", ".join(
+            f"{seed}: {s['multiplier']:.3g}x at {s['headline_loss']:.3f} nats"
+            for seed, s in analysis["seeds"].items()
+            if s["multiplier"] is not None
+        )
+    if analysis["unmeasured_seeds"]:
+        summary += f"; not measured at seed(s) {analysis['unmeasured_seeds']}"
+    exponents = analysis["exponents"]
     report.text(
-        "**Learning curves.** Both models are validated at the same training-FLOP budgets on the "
-        "same rows with fixed noise; "
-        + summary
-        + f". Published reference: Nie et al. 2024 (SMDM) found about {PUBLISHED_MULTIPLIER:.0f}x."
-        + (" " + "; ".join(overfit) + "." if overfit else "")
-        + f" Floor: the unigram model of the training split scores {unigram:.3f} nats/token"
-        + (
-            f"; {' and '.join(beyond)} did not get clearly below it (still on the unigram plateau)."
-            if beyond
-            else "; both models got below it."
-        )
+        "**Compute multiplier over budgets.** Each objective is trained at several budgets, each "
+        "a run scheduled for its own length (warmup-stable-decay; the shorter budgets are "
+        "cooldown branches of the longest run), and validated on the whole split at its end. "
+        f"M(L) = C_MDM(L) / C_AR(L) is read where both frontiers cover L, using only points more "
+        f"than {analysis['plateau_margin']:g} nats below the unigram entropy ({unigram:.3f}); "
+        f"points past the plateau per seed: {counts}. Rule, fixed before the run: the headline "
+        f"is M at {analysis['rule']}. Headline: " + summary + f". Published: {published}. "
+        "Log-log exponents (L ~ C^-alpha over the points past the plateau): AR "
+        + spread_text(exponents["ar"])
+        + ", MDM "
+        + spread_text(exponents["mdm"])
+        + "; paired MDM - AR difference "
+        + spread_text(analysis["exponent_difference"])
+        + " (0 is parallel scaling, a constant multiplier)."
     )
-    report.plot("learning_curves", curve_figure(ar, mdm, unigram), "Validation loss vs FLOPs")
-    rows = []
-    for a, m in zip(ar, mdm):
-        half = Z95 * standard_error(m)
-        rows.append(
-            [
-                a["step"],
-                a["flops"],
-                a["val_nats_per_token"],
-                m["val_nats_per_token"],
-                f"[{m['val_nats_per_token'] - half:.4f}, {m['val_nats_per_token'] + half:.4f}]",
-                a["val_bpb"],
-                m["val_bpb"],
-            ]
-        )
+    report.plot(
+        "budget_frontiers",
+        frontier_figure(runs, unigram),
+        "Validation loss at each budget (one run per budget), per seed",
+    )
+    report.plot("multiplier_curve", multiplier_figure(analysis, windowed), "M(L) per seed")
     report.table(
         Table(
-            "Learning curves (validation subset, fixed noise)",
-            [
-                "step",
-                "AR FLOPs",
-                "AR nats/token",
-                "MDM nats/token",
-                "MDM 95%",
-                "AR bits/byte",
-                "MDM bits/byte",
-            ],
-            rows,
-            note=f"Floor: unigram entropy {unigram:.4f} nats/token. The MDM interval is over the "
-            "validation rows and their noise draws (a ratio estimate's standard error).",
-        )
-    )
-    report.table(
-        Table(
-            "Compute multiplier: MDM FLOPs to reach each AR point's loss",
-            ["AR FLOPs", "AR nats/token", "MDM FLOPs", "multiplier"],
+            "Budget points (final validation of each budget's run, whole split)",
+            ["seed", "model", "steps", "FLOPs", "nats/token", "95%", "bits/byte", "past plateau"],
             [
                 [
-                    m.ar_flops,
-                    m.ar_loss,
-                    m.mdm_flops or "not reached",
-                    "not reached" if m.value is None else m.value,
+                    seed,
+                    name.upper(),
+                    p["steps"],
+                    p["flops"],
+                    p["loss"],
+                    interval_text(p),
+                    p["bpb"],
+                    "yes" if p["loss"] < unigram - analysis["plateau_margin"] else "no",
                 ]
-                for m in multipliers
+                for seed in seeds
+                for name in ("ar", "mdm")
+                for p in runs[seed]["points"][name]
             ],
-            note="Interpolated linearly in log-FLOPs vs log-loss between the MDM's points. "
-            f"Published: about {PUBLISHED_MULTIPLIER:.0f}x (Nie et al. 2024, SMDM).",
+            note="MDM: NELBO with the run's fixed validation noise (an upper bound); AR: exact "
+            "NLL. The interval is over validation rows (and noise), within one training run.",
         )
     )
+    grid = sorted({round(loss, 3) for s in analysis["seeds"].values() for loss, _ in s["curve"]})
     report.table(
         Table(
-            "Power-law fits L(C) = E + A (C / C0)^-alpha",
-            ["model", "E", "A", "alpha", "C0", "rms residual", "best (step)", "final (step)"],
-            [
-                [name]
-                + ([f.E, f.A, f.alpha, f.scale, f.rms] if f else ["too few points"] + ["-"] * 4)
-                + [
-                    f"{shape[name]['best']:.4f} ({shape[name]['best_step']})",
-                    f"{shape[name]['final']:.4f} ({shape[name]['final_step']})",
-                ]
-                for name, f in fits.items()
-            ],
+            "M(L) per seed at evenly spaced losses of each seed's shared range",
+            ["seed", "loss (nats/token)", "M"],
+            [[seed, loss, m] for seed, s in analysis["seeds"].items() for loss, m in s["curve"]],
+            note=f"{len(grid)} loss levels in all; interpolated in log-log between budget "
+            "points, never extrapolated.",
         )
     )
     return {
-        "measured": True,
-        "ar": ar,
-        "mdm": mdm,
-        "unigram_entropy": unigram,
-        "multipliers": [m.__dict__ | {"value": m.value} for m in multipliers],
-        "headline": None if headline is None else headline.__dict__,
-        "published_multiplier": PUBLISHED_MULTIPLIER,
-        "fits": {k: (None if f is None else f.__dict__) for k, f in fits.items()},
-        "best_and_final": shape,
+        "points": {seed: run["points"] for seed, run in runs.items()},
+        "analysis": analysis,
+        "published_multiplier": None if windowed else PUBLISHED_MULTIPLIER,
+        "published_comparable": not windowed,
     }
+
+
+def spread_text(spread: dict[str, Any] | None) -> str:
+    return (
+        "not measured (fewer than 4 points past the plateau)" if spread is None else spread["text"]
+    )
+
+
+def interval_text(point: dict[str, Any]) -> str:
+    if point.get("loss_se") is None:
+        return "-"
+    half = Z95 * point["loss_se"]
+    return f"[{point['loss'] - half:.4f}, {point['loss'] + half:.4f}]"
+
+
+def frontier_figure(runs: dict[int, dict[str, Any]], unigram: float):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 4))
+    colours = {"ar": "tab:blue", "mdm": "tab:orange"}
+    for index, run in enumerate(runs.values()):
+        for name, colour in colours.items():
+            points = run["points"][name]
+            axis.plot(
+                [p["flops"] for p in points],
+                [p["loss"] for p in points],
+                marker="o",
+                color=colour,
+                alpha=0.9 if index == 0 else 0.35,
+                label=f"{name.upper()} (exact NLL)"
+                if name == "ar" and index == 0
+                else ("MDM (NELBO)" if index == 0 else None),
+            )
+    axis.axhline(unigram, color="gray", linestyle="--", label="unigram entropy (plateau)")
+    axis.set_xscale("log")
+    axis.set_yscale("log")
+    axis.set_xlabel("training FLOPs (one run per budget)")
+    axis.set_ylabel("validation nats/token")
+    axis.set_title(f"Budget frontiers, {len(runs)} seed(s) (first seed solid)")
+    axis.grid(alpha=0.3, which="both")
+    axis.legend(fontsize=8)
+    return figure
+
+
+def multiplier_figure(analysis: dict[str, Any], windowed: bool):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for index, s in enumerate(analysis["seeds"].values()):
+        if s["curve"]:
+            axis.plot(
+                [loss for loss, _ in s["curve"]],
+                [m for _, m in s["curve"]],
+                color="tab:purple",
+                alpha=0.9 if index == 0 else 0.35,
+                label="M(L), one line per seed" if index == 0 else None,
+            )
+        if s["multiplier"] is not None:
+            axis.plot([s["headline_loss"]], [s["multiplier"]], "k*", markersize=9)
+    if not windowed:
+        axis.axhline(PUBLISHED_MULTIPLIER, color="gray", linestyle="--", label="published (SMDM)")
+    axis.set_yscale("log")
+    axis.invert_xaxis()
+    axis.set_xlabel("validation loss L (nats/token; better to the right)")
+    axis.set_ylabel("C_MDM(L) / C_AR(L)")
+    axis.set_title("Compute multiplier vs loss (stars: the headline level)")
+    axis.grid(alpha=0.3, which="both")
+    axis.legend(fontsize=8)
+    return figure

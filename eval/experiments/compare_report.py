@@ -4,12 +4,18 @@ quality table, the frontier plots and the examples, as ``report.md``/``report.js
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 from typing import Any
 
-from eval.experiments.compare_curves import curves_section, sampling_checkpoint
-from eval.experiments.compare_settings import CompareSettings
+from eval.experiments.compare_budgets import (
+    attention_pattern,
+    multiplier_analysis,
+    seed_folder,
+)
+from eval.experiments.compare_curves import budgets_section, sampling_checkpoint
+from eval.experiments.compare_settings import CompareSettings, headline_sets
 from eval.experiments.stages import training_seed
 from eval.report import Report, Table, frontier_figure
 
@@ -48,6 +54,10 @@ def tuning_section(report: Report, tuning: dict[str, Any] | None) -> None:
     )
 
 
+def model_config(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "config.json").read_text())["model_config"]
+
+
 def training_seeds(out: Path) -> dict[str, int]:
     """{"train": seed} when both runs used one seed (the usual case), else one entry per run."""
     seeds = {name: training_seed(out / name) for name in ("ar", "mdm")}
@@ -59,7 +69,7 @@ def training_seeds(out: Path) -> dict[str, int]:
 def write_report(
     out: Path,
     preset: str,
-    summaries: dict[str, Any],
+    runs: dict[int, dict[str, Any]],
     likelihood: dict[str, Any],
     sets: dict[str, Any],
     quality: dict[str, Any],
@@ -70,6 +80,15 @@ def write_report(
     unigram: float,
     tuning: dict[str, Any] | None = None,
 ) -> dict[str, Path]:
+    main = seed_folder(out, settings.seeds[0])
+    summaries = runs[settings.seeds[0]]["summaries"]
+    attention = {
+        name: attention_pattern(
+            summary["objective"], model_config(main / name).get("sliding_window", 0)
+        )
+        for name, summary in summaries.items()
+    }
+    windowed = any(model_config(main / name).get("sliding_window", 0) for name in summaries)
     report = Report(
         f"AR vs masked diffusion: preset `{preset}`",
         out,
@@ -78,24 +97,40 @@ def write_report(
             "settings": dataclasses.asdict(settings),
             "training": {k: v["data"] | {"steps": v["step"]} for k, v in summaries.items()},
         },
-        seeds=training_seeds(out) | {"sampling": 0},
+        seeds=training_seeds(main) | {"sampling": 0, "budget_seeds": list(settings.seeds)},
     )
+    report.text(
+        f"**Attention.** AR: {attention['ar']}; MDM: {attention['mdm']}."
+        + (
+            " Windowed attention changes the backbone for both objectives: the multiplier is "
+            "not comparable with published full-attention values."
+            if windowed
+            else ""
+        )
+    )
+    analysis = multiplier_analysis(runs, unigram, settings)
     ar_l = likelihood["ar"]["estimates"]["nll"]
     mdm_l = likelihood["mdm"]["estimates"]["nelbo"]
     ratio = math.exp(mdm_l["nats_per_token"] - ar_l["nats_per_token"])
     exact_bytes = likelihood["ar"]["protocol"]["tokenizer"].get("bytes_exact", True)
     byte_note = "" if exact_bytes else " (approximate: the tokenizer normalizes text)"
-    ar_best = quality["sets"]["ar T=1"]["judge_ppl"]
+    ar_set, mdm_set = headline_sets(settings)
+    judged = {name: judge_text(quality["sets"][name]) for name in (ar_set, mdm_set)}
+    gap = analysis["final_gap"]
     report.text(
-        f"**Likelihood.** On the same {ar_l['tokens']:,} validation tokens the AR model scores "
+        f"**Likelihood.** On the same {ar_l['tokens']:,} validation tokens the AR model of seed "
+        f"{settings.seeds[0]} scores "
         f"{ar_l['bits_per_byte']:.4f} bits/byte{byte_note} (exact NLL) and the MDM at most "
         f"{mdm_l['bits_per_byte']:.4f} (NELBO, 95% interval of the per-token value "
         f"[{mdm_l['nats_per_token_ci95'][0]:.4f}, {mdm_l['nats_per_token_ci95'][1]:.4f}] nats): "
         f"an MDM/AR perplexity ratio of at most **{ratio:.2f}** after "
         f"{summaries['ar']['tokens_seen']:,} training tokens each{schedule_note(summaries)} "
-        "(published: about 1.2-1.3 at large compute, larger at small compute).\n\n"
+        "(published: about 1.2-1.3 at large compute, larger at small compute). Over "
+        f"{len(settings.seeds)} training seed(s) the paired MDM - AR difference at the main "
+        f"budget is {gap['text']} nats/token (one fixed noise draw per row).\n\n"
         f"**Samples.** The judge ({quality['judge']}) gives AR samples at temperature 1 a "
-        f"perplexity of {ar_best:.1f}; held-out text scores "
+        f"perplexity of {judged[ar_set]} and the MDM's ({mdm_set}) {judged[mdm_set]} (95% "
+        "intervals over the samples, of the first seed's models); held-out text scores "
         f"{quality['reference']['judge_ppl']:.1f}. The frontier below shows what each diffusion "
         "sampler buys per network evaluation. Wall time of this invocation: "
         f"{wall_seconds / 60:.1f} min"
@@ -105,9 +140,10 @@ def write_report(
             else ", every stage computed."
         )
     )
-    curves = curves_section(report, out, unigram)
+    curves = budgets_section(report, runs, analysis, unigram, windowed)
+    curves["attention"] = attention
     tuning_section(report, tuning)
-    sources = {name: sampling_checkpoint(out / name)[1] for name in ("ar", "mdm")}
+    sources = {name: sampling_checkpoint(main / name)[1] for name in ("ar", "mdm")}
     if any(label != "final checkpoint" for label in sources.values()):
         report.text(
             "**Samples come from:** "
@@ -160,7 +196,7 @@ def write_report(
                 entry["nfe_per_token"],
                 entry["flops_per_token"],
                 entry["tokens_per_s"],
-                entry["seconds"] / settings.samples,
+                entry["seconds"] / entry["samples"],
                 q["judge_ppl"],
                 q["unigram_entropy"],
                 q["distinct_2"],
@@ -185,7 +221,9 @@ def write_report(
     )
     report.table(
         Table(
-            f"Generation: {settings.samples} unconditional samples x {settings.gen_length} tokens",
+            f"Generation: unconditional samples x {settings.gen_length} tokens "
+            f"({settings.samples} per setting, {max(settings.samples, settings.headline_samples)} "
+            "for the headline settings)",
             [
                 "setting",
                 "NFE",
@@ -274,12 +312,24 @@ def write_report(
             "examples": examples,
             "training": summaries,
             "mdm_ar_perplexity_ratio": ratio,
-            "learning_curves": curves,
+            "budgets": curves,
             "tuning": tuning,
             "wall_seconds": wall_seconds,
         }
     )
     return report.write()
+
+
+def judge_text(row: dict[str, Any]) -> str:
+    """A judge perplexity with its interval over samples and its relative half-width."""
+    interval = row.get("judge_ppl_ci95")
+    if not interval:
+        return f"{row['judge_ppl']:.1f} ({row.get('samples', '?')} samples, no interval)"
+    half = (interval[1] - interval[0]) / 2 / row["judge_ppl"]
+    return (
+        f"{row['judge_ppl']:.1f} [{interval[0]:.1f}, {interval[1]:.1f}] "
+        f"({row['samples']} samples, +-{half:.0%})"
+    )
 
 
 def schedule_note(summaries: dict[str, dict[str, Any]]) -> str:

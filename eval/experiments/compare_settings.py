@@ -11,6 +11,9 @@ class CompareSettings:
     """What the evaluation stages do; presets pick values that fit their time budget."""
 
     samples: int = 32  # unconditional samples per generation setting
+    # samples of the two headline settings (AR at T=1, MDM ancestral at the most steps): enough
+    # for a judge-perplexity interval of about +-10% at the demo's scale
+    headline_samples: int = 160
     gen_length: int = 64  # generated tokens per sample
     diffusion_steps: tuple[int, ...] = (8, 16, 32, 64)
     temperatures: tuple[float, ...] = (0.7, 0.85, 1.0)
@@ -24,11 +27,23 @@ class CompareSettings:
     lr_factors: tuple[float, ...] = (1 / 3, 1.0, 3.0)  # --tune-lr: x the preset's learning rate
     tune_fraction: float = 0.25  # --tune-lr: each sweep run gets this fraction of the budget
     mauve: bool = True
+    # The budget points (eval.experiments.compare_budgets): every seed trains each objective at
+    # these fractions of the main budget (and at the main budget), as cooldown branches of one
+    # warmup-stable-decay run; the headline multiplier is read by ``headline_rule``
+    # (eval.budgets.HEADLINE_RULES) from the points more than ``plateau_margin`` nats below the
+    # unigram entropy.
+    seeds: tuple[int, ...] = (0,)
+    ar_budgets: tuple[float, ...] = (1 / 8, 1 / 4, 1 / 2)
+    mdm_budgets: tuple[float, ...] = (1 / 8, 1 / 4, 1 / 2)
+    cooldown_fraction: float = 0.2
+    headline_rule: str = "mdm_largest"
+    plateau_margin: float = 0.1
 
 
 COMPARE_PRESETS = {
     "smoke": CompareSettings(
         samples=8,
+        headline_samples=8,
         gen_length=24,
         diffusion_steps=(4, 24),
         temperatures=(0.8, 1.0),
@@ -37,7 +52,12 @@ COMPARE_PRESETS = {
         chain_rule_rows=2,
         prompts=2,
         prompt_tokens=8,
+        ar_budgets=(1 / 4, 1 / 2),
+        mdm_budgets=(1 / 4, 1 / 2),
     ),
+    # Two seeds fit the demo's 15 minutes on a 2-core CPU (docs/studies/demo-budgets.md). The
+    # budgets (of the 320-step main budget): AR 12, 18, 27, 40, 80, 160 steps; MDM 120, 160, 200,
+    # 250 steps, where its loss is past the plateau and still above the AR's smallest points.
     "demo": CompareSettings(
         samples=32,
         gen_length=64,
@@ -47,6 +67,9 @@ COMPARE_PRESETS = {
         chain_rule_rows=4,
         prompts=4,
         prompt_tokens=16,
+        seeds=(0, 1),
+        ar_budgets=(12 / 320, 18 / 320, 27 / 320, 40 / 320, 80 / 320, 160 / 320),
+        mdm_budgets=(120 / 320, 160 / 320, 200 / 320, 250 / 320),
     ),
     "small": CompareSettings(
         samples=256,
@@ -57,6 +80,11 @@ COMPARE_PRESETS = {
         chain_rule_rows=8,
     ),
 }
+
+
+def headline_sets(settings: CompareSettings) -> tuple[str, str]:
+    """The two sample sets the report's headline quality numbers come from."""
+    return "ar T=1", f"mdm ancestral {settings.diffusion_steps[-1]} steps"
 
 
 def settings_for(preset: str, max_seq_len: int | None = None) -> CompareSettings:

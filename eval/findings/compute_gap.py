@@ -1,23 +1,24 @@
 """Finding: at equal compute on fresh data the AR model is ahead, and the masked diffusion model
 needs about 16x the compute to reach the same validation loss (SMDM), measured at several model
-sizes with the comparison's learning-curve machinery (``eval.experiments.compare_curves``)."""
+sizes with the main job's budget points and multiplier (``eval.experiments.compare_budgets``)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eval.budgets import HEADLINE_RULES
 from eval.curves import entropy_of_counts
 from eval.experiments.compare import token_frequencies
-from eval.experiments.compare_curves import (
-    PUBLISHED_MULTIPLIER,
-    curve_figure,
-    floor_headline,
-    read_curve,
+from eval.experiments.compare_budgets import (
+    multiplier_analysis,
+    seed_folder,
+    train_budget_points,
 )
-from eval.experiments.stages import Stages, load, train_both
+from eval.experiments.compare_curves import PUBLISHED_MULTIPLIER, frontier_figure
+from eval.experiments.compare_settings import CompareSettings
+from eval.experiments.stages import Stages, load
 from eval.findings.common import (
     Claim,
     Finding,
@@ -48,21 +49,31 @@ class GapSettings:
     preset: str
     sizes: tuple[dict[str, int], ...]  # model-shape overrides, smallest first
     overrides: dict[str, Any] = field(default_factory=dict)
-    fresh_epochs: float = 1.0  # AR points past this many epochs are not "fresh data"
+    fresh_epochs: float = 1.0  # budget points past this many epochs are not "fresh data"
+    # the budget points, seeds and headline rule: the main job's (eval.experiments.compare_budgets)
+    budgets: CompareSettings = field(default_factory=CompareSettings)
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        return self.budgets.seeds
 
 
 SETTINGS = {
     "smoke": GapSettings(
         "smoke",
         (dict(dim=32, hidden_dim=96), dict(dim=64, hidden_dim=160)),
-        dict(max_steps=60, curve_points=4, eval_every=60),
+        dict(max_steps=60, eval_every=60),
+        budgets=CompareSettings(ar_budgets=(1 / 2,), mdm_budgets=(1 / 2,)),
     ),
-    # The demo recipe at two widths, shortened from 800 to 600 steps so both sizes train in 15
-    # minutes (at 800 steps: d64 6.85x [6.01, 8.0], d128 11.6x [10.5, 13.0], as the demo).
+    # The demo recipe at two widths, with the main job's budget points (not rerun since the
+    # budget points replaced the single-run curves).
     "cpu": GapSettings(
         "demo",
         (dict(dim=64, hidden_dim=176), dict(dim=128, hidden_dim=352)),
-        dict(curve_points=8, max_steps=600),
+        dict(max_steps=800),
+        budgets=CompareSettings(
+            seeds=(0, 1, 2), ar_budgets=(1 / 16, 1 / 8, 1 / 4, 1 / 2), mdm_budgets=(1 / 4, 1 / 2)
+        ),
     ),
     # GPT-2-small family on OpenWebText at three widths (fresh data throughout).
     "gpu": GapSettings(
@@ -72,7 +83,12 @@ SETTINGS = {
             dict(dim=512, n_layers=8, n_heads=8, n_kv_heads=8, hidden_dim=2048),
             dict(dim=768, n_layers=12, n_heads=12, n_kv_heads=12, hidden_dim=3072),
         ),
-        dict(max_steps=20000, curve_points=10),
+        dict(max_steps=20000),
+        budgets=CompareSettings(
+            seeds=(0, 1, 2),
+            ar_budgets=(1 / 16, 1 / 8, 1 / 4, 1 / 2),
+            mdm_budgets=(1 / 8, 1 / 4, 1 / 2, 3 / 4),
+        ),
     ),
 }
 
@@ -87,43 +103,53 @@ def run(settings: GapSettings, job: Job) -> FindingResult:
     measured = []
     for size in settings.sizes:
         folder = out / size_label(size)
-        summaries = train_both(
-            settings.preset, folder, settings.overrides | size | job.extra, "tokens", force
+        overrides = settings.overrides | size | job.extra
+        runs = train_budget_points(
+            settings.preset, folder, overrides, settings.budgets, "tokens", force
         )
-        key = {"steps": {k: v["step"] for k, v in summaries.items()}, "size": size}
+        main = seed_folder(folder, settings.seeds[0])
+        key = {
+            "size": size,
+            "steps": {k: v["step"] for k, v in runs[settings.seeds[0]]["summaries"].items()},
+        }
         unigram = stages.run(
             f"unigram-{size_label(size)}",
             key,
-            lambda f=folder: entropy_of_counts(token_frequencies(*load(f, "ar")[1:])),
+            lambda f=main: entropy_of_counts(token_frequencies(*load(f, "ar")[1:])),
         )
-        measured.append(measure_size(folder, size, summaries, unigram, settings.fresh_epochs))
+        measured.append(measure_size(runs, size, unigram, settings))
     return judge(scale, settings, measured, out)
 
 
 def measure_size(
-    folder: Path, size: dict[str, int], summaries: dict, unigram: float, fresh_epochs: float
+    runs: dict[int, dict[str, Any]], size: dict[str, int], unigram: float, settings: GapSettings
 ) -> dict[str, Any]:
-    ar, mdm = read_curve(folder / "ar"), read_curve(folder / "mdm")
-    batch = json.loads((folder / "ar" / "config.json").read_text())["train_config"]["batch_size"]
-    rows = summaries["ar"]["train_rows"]
-    fresh = [r for r in ar if r["step"] * batch / rows <= fresh_epochs]
-    learned, headline = floor_headline(fresh, mdm, unigram)
+    """The main job's multiplier analysis over the budget points on fresh data."""
+    fresh = {
+        seed: run
+        | {
+            "points": {
+                name: [p for p in points if p["epochs"] <= settings.fresh_epochs]
+                for name, points in run["points"].items()
+            }
+        }
+        for seed, run in runs.items()
+    }
+    analysis = multiplier_analysis(fresh, unigram, settings.budgets)
+    spread = analysis["multiplier"]
     interval = None
-    if headline is not None:
-        low = headline.value if headline.low is None else min(headline.low, headline.value)
-        high = float("inf") if headline.high is None else max(headline.high, headline.value)
-        interval = Interval(headline.value, low, high)
+    if spread is not None and spread["low"] is not None:
+        interval = Interval(spread["mean"], spread["low"], spread["high"])
+    first = runs[settings.seeds[0]]["summaries"]["ar"]
     return {
         "size": size,
-        "parameters": summaries["ar"]["parameters"],
+        "parameters": first["parameters"],
         "unigram": unigram,
-        "epochs_seen": summaries["ar"]["epochs_seen"],
-        "ar_points": len(ar),
-        "fresh_points": len(fresh),
-        "learned_points": len(learned),
-        "headline": None if headline is None else headline.__dict__,
+        "epochs_seen": first["epochs_seen"],
+        "past_plateau": {seed: s["past_plateau"] for seed, s in analysis["seeds"].items()},
+        "analysis": analysis,
         "interval": None if interval is None else interval.as_dict(),
-        "curves": {"ar": ar, "mdm": mdm},
+        "points": {seed: {"points": run["points"]} for seed, run in fresh.items()},
     }
 
 
@@ -135,12 +161,15 @@ def judge(scale: str, settings: GapSettings, measured: list[dict], out: Path) ->
         settings,
         rule_text("direction", "magnitude")
         + [
-            "Here the multiplier is the MDM's training FLOPs to reach the AR's validation loss at "
-            "the largest AR curve point that is (i) below the unigram floor (the AR has learned "
-            f"more than token frequencies) and (ii) within {settings.fresh_epochs:g} epoch of "
-            "the training data (fresh data); its 95% interval comes from the MDM curve's band "
-            "(the comparison's rule, shared code). Direction: A = 1 (equal compute), B = the "
-            "multiplier; reproduced when the interval is above 1 (AR ahead). Magnitude: the "
+            "Here the multiplier is the main job's (shared code, `eval.experiments."
+            "compare_budgets`): each objective trained at several budgets, each a run scheduled "
+            "for its own length (WSD cooldown branches), validated at its end; only points past "
+            f"the unigram plateau and within {settings.fresh_epochs:g} epoch of the training "
+            "data (fresh data) enter; M is read at "
+            f"{HEADLINE_RULES[settings.budgets.headline_rule]}, per seed, and its 95% "
+            f"interval is the t-interval over the {len(settings.seeds)} "
+            "seed(s) (none with one seed: inconclusive). Direction: A = 1 (equal compute), B = "
+            "the multiplier; reproduced when the interval is above 1 (AR ahead). Magnitude: the "
             f"published {PUBLISHED_MULTIPLIER:.0f}x inside the interval. The overall verdict is "
             "the magnitude's at the largest size (the direction verdicts are in the table)."
         ],
@@ -155,16 +184,19 @@ def judge(scale: str, settings: GapSettings, measured: list[dict], out: Path) ->
             [
                 size_label(m["size"]),
                 m["parameters"],
-                f"{m['learned_points']} of {m['ar_points']}",
+                "; ".join(
+                    f"seed {seed}: AR {c['ar']}, MDM {c['mdm']}"
+                    for seed, c in m["past_plateau"].items()
+                ),
                 "not measured" if interval is None else interval.text(3),
                 direction,
                 magnitude,
             ]
         )
         report.plot(
-            f"curves_{size_label(m['size'])}",
-            curve_figure(m["curves"]["ar"], m["curves"]["mdm"], m["unigram"]),
-            f"Learning curves at {size_label(m['size'])}",
+            f"budgets_{size_label(m['size'])}",
+            frontier_figure(m["points"], m["unigram"]),
+            f"Budget frontiers at {size_label(m['size'])}",
         )
     report.table(
         Table(
@@ -172,7 +204,7 @@ def judge(scale: str, settings: GapSettings, measured: list[dict], out: Path) ->
             [
                 "size",
                 "parameters",
-                "AR points usable (fresh, below floor)",
+                "budget points past the plateau (fresh data)",
                 "multiplier (95%)",
                 "AR ahead?",
                 f"~{PUBLISHED_MULTIPLIER:.0f}x?",
@@ -184,8 +216,8 @@ def judge(scale: str, settings: GapSettings, measured: list[dict], out: Path) ->
     notes = []
     if interval is None:
         notes.append(
-            "No multiplier at the largest size: no fresh AR point below the unigram floor that "
-            "the MDM reaches within its budget."
+            "No multiplier interval at the largest size: fewer than two seeds where both "
+            "frontiers, past the plateau on fresh data, cover the headline loss."
         )
     return finish_report(
         report,
@@ -199,7 +231,8 @@ def judge(scale: str, settings: GapSettings, measured: list[dict], out: Path) ->
         verdict=magnitude if interval is not None else INCONCLUSIVE,
         rule=f"published {PUBLISHED_MULTIPLIER:.0f}x inside the 95% interval at the largest size",
         numbers={
-            "sizes": [{k: v for k, v in m.items() if k != "curves"} for m in measured],
+            "sizes": [{k: v for k, v in m.items() if k != "points"} for m in measured],
+            "points": {size_label(m["size"]): m["points"] for m in measured},
             "direction_verdicts": [v[0] for v in verdicts],
             "magnitude_verdicts": [v[1] for v in verdicts],
         },

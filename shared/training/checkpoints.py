@@ -15,7 +15,7 @@ from shared.tokenizer import Tokenizer
 
 class CheckpointKeeper:
     """Saves a run's checkpoints under ``<out>/checkpoints``: the newest ``keep_last`` plus the
-    best by periodic validation loss (``best.json``)."""
+    best by periodic validation loss (``best.json``) and the steps in ``keep_steps``."""
 
     def __init__(
         self,
@@ -26,8 +26,10 @@ class CheckpointKeeper:
         record: dict[str, Any],
         keep_last: int,
         resumed_from: Path | None,
+        keep_steps: frozenset[int] = frozenset(),
     ):
         self.folder, self.accelerator = folder, accelerator
+        self.keep_steps = keep_steps  # never pruned (a WSD run's branch points)
         self.tokenizer, self.record, self.keep_last = tokenizer, record, keep_last
         self.best = ckpt.read_best(folder)
         # Weights saved in the middle of a streak of skipped steps are not "good".
@@ -58,7 +60,8 @@ class CheckpointKeeper:
         weights = ckpt.full_model_state(model)
         optimizer_state = ckpt.full_optimizer_state(model, optimizer)
         if accelerator.is_main_process:
-            protect = (self.folder / ckpt.checkpoint_name(self.best["step"]),) if self.best else ()
+            kept = {self.best["step"]} if self.best else set()
+            protect = tuple(self.folder / ckpt.checkpoint_name(s) for s in kept | self.keep_steps)
             ckpt.save_checkpoint(
                 self.folder,
                 step,

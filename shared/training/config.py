@@ -42,6 +42,9 @@ class TrainConfig:
     # wsd: the last fraction of the steps decays linearly to min_lr_ratio (at least one step);
     # before it the rate is constant, so shorter budgets branch off a longer run's checkpoints
     cooldown_fraction: float = 0.2
+    # wsd: budgets (steps, comma-separated, each below this run's) to branch off this run; it
+    # saves and keeps a checkpoint at each one's cooldown start (see shared.training.schedule)
+    branch_budgets: str = ""
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -158,6 +161,20 @@ class TrainConfig:
                 f"cooldown_fraction={self.cooldown_fraction!r} must be in (0, 1] (the share of "
                 "a wsd run's steps that decay)"
             )
+        if self.branch_budgets:
+            budgets = parse_budgets(self.branch_budgets)
+            if self.lr_schedule != "wsd":
+                raise ConfigError(
+                    f"branch_budgets={self.branch_budgets!r} needs lr_schedule='wsd' (only its "
+                    f"shorter budgets branch off a longer run); lr_schedule={self.lr_schedule!r}"
+                )
+            if self.max_steps and not (self.max_tokens or self.max_flops or self.epochs):
+                too_long = [b for b in budgets if b >= self.max_steps]
+                if too_long:
+                    raise ConfigError(
+                        f"branch_budgets {too_long} must be below this run's {self.max_steps} "
+                        "steps (a branch is a shorter budget)"
+                    )
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"min_lr_ratio={self.min_lr_ratio!r} must be in [0, 1]")
         for name in ("beta1", "beta2"):
@@ -183,6 +200,19 @@ class TrainConfig:
                 "no budget: set max_steps, max_tokens, max_flops or epochs to a value > 0"
             )
         return self
+
+
+def parse_budgets(text: str) -> list[int]:
+    """Step budgets written as ``"100,200,400"``: positive integers, strictly increasing."""
+    try:
+        budgets = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ConfigError(
+            f"branch_budgets={text!r} must be step counts separated by commas, e.g. '100,200,400'"
+        ) from None
+    if any(b < 1 for b in budgets) or any(b <= a for a, b in zip(budgets, budgets[1:])):
+        raise ConfigError(f"branch_budgets={text!r} must be positive and strictly increasing")
+    return budgets
 
 
 class TrainingDiverged(RuntimeError):

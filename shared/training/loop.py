@@ -46,6 +46,7 @@ from shared.training.run import RunSpec
 from shared.training.run_folder import RunFolderLock, check_resume_point, claim_run_folder
 from shared.training.schedule import (
     batch_generator,
+    branch_points,
     check_cooldown,
     curve_steps,
     schedules_agree,
@@ -247,6 +248,7 @@ class Trainer:
         step_flops = self.flops_token * self.tokens_per_step
         self.total_steps = total_steps_for(cfg, step_flops, len(self.train_rows))
         check_cooldown(cfg, self.total_steps)
+        self.branch_points = frozenset(branch_points(cfg, self.total_steps))
         memory = total_memory(self.device)
         check_step_memory(self.micro_batch, cfg.seq_len, self.model_cfg.vocab_size, *memory)
         if self.saved is not None:
@@ -346,6 +348,7 @@ class Trainer:
             record=record,
             keep_last=self.cfg.keep_checkpoints,
             resumed_from=self.spec.resume_from,
+            keep_steps=self.branch_points,
         )
 
     # ------------------------------------------------------------------------- one step
@@ -478,7 +481,8 @@ class Trainer:
             if result.stop_requested:
                 self.stopped_by = stop.signal_name or "a signal to another process"
                 self.end_step = done
-            if done % (cfg.checkpoint_every or cfg.eval_every) == 0 or done == self.end_step:
+            periodic = done % (cfg.checkpoint_every or cfg.eval_every) == 0
+            if periodic or done == self.end_step or done in self.branch_points:
                 self.keeper.save(
                     done,
                     evaluated,

@@ -50,11 +50,17 @@ def resume_run(
     **overrides: Any,
 ) -> RunSpec:
     """The continuation of the newest valid checkpoint under ``path`` (a run or checkpoint
-    folder), with ``overrides`` applied to its saved config (see ``resumed_config``)."""
+    folder), with ``overrides`` applied to its saved config (see ``resumed_config``). With an
+    ``out`` other than the checkpoint's own run folder it is a branch: a new run that starts
+    from that checkpoint (a WSD cooldown branch, see docs/training.md)."""
     checkpoint = resumable_checkpoint(Path(path))
     saved = read_state(checkpoint)
-    model_cfg, train_cfg = resumed_config(saved, overrides, allow_config_change)
     folder = Path(out) if out else checkpoint.parent.parent
+    if folder.resolve() != checkpoint.parent.parent.resolve():
+        # A branch (a shorter WSD budget off a longer run) does not inherit the points its
+        # source kept for its own branches.
+        overrides = {"branch_budgets": ""} | overrides
+    model_cfg, train_cfg = resumed_config(saved, overrides, allow_config_change)
     return RunSpec(model_cfg, train_cfg, folder, preset, checkpoint, allow_config_change)
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from shared.errors import ConfigError
-from shared.training.config import TrainConfig
+from shared.training.config import TrainConfig, parse_budgets
 from shared.validation import noise_generator
 
 
@@ -65,6 +65,23 @@ def check_cooldown(cfg: TrainConfig, total_steps: int) -> None:
             f"starts its cooldown at step {start}, inside its warmup of {cfg.warmup_steps} "
             "steps; raise the budget or lower --warmup-steps"
         )
+
+
+def branch_points(cfg: TrainConfig, total_steps: int) -> set[int]:
+    """The steps a WSD run checkpoints for its ``branch_budgets``: each budget's cooldown start."""
+    if not cfg.branch_budgets:
+        return set()
+    budgets = parse_budgets(cfg.branch_budgets)
+    too_long = [b for b in budgets if b >= total_steps]
+    if too_long:
+        raise ConfigError(
+            f"branch_budgets {too_long} must be below this run's {total_steps} steps (a branch is "
+            "a shorter budget)"
+        )
+    points = {cooldown_start(b, cfg.cooldown_fraction) for b in budgets}
+    for budget in budgets:
+        check_cooldown(cfg, budget)
+    return points
 
 
 def schedules_agree(cfg: TrainConfig, first_total: int, second_total: int, until_step: int) -> bool:

@@ -1,0 +1,230 @@
+"""The comparison's budget points: each objective measured at several compute budgets, each a run
+scheduled for its own budget, for every training seed.
+
+Per seed and objective, one warmup-stable-decay *trunk* trains to the main budget and keeps a
+checkpoint where each shorter budget's cooldown starts; a *cooldown branch* per shorter budget
+resumes there and decays to its own end (bit for bit the run scheduled for that budget: see
+``shared.training.schedule``). Every point is its run's final validation on the whole split.
+Layout under the job folder::
+
+    seed-<s>/ar, seed-<s>/mdm                  the trunks (the main budget)
+    seed-<s>/budgets/<objective>-<steps>       the branches
+
+The multiplier these points give is ``eval.budgets``' (the compute-gap finding uses the same).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from eval.budgets import (
+    HEADLINE_RULES,
+    fit_log_log,
+    headline_loss,
+    multiplier_at,
+    multiplier_curve,
+    past_plateau,
+    seed_spread,
+)
+from eval.experiments.compare_settings import CompareSettings
+from eval.experiments.stages import (
+    OBJECTIVES,
+    JobStopped,
+    check_equal_budgets,
+    continue_refused,
+    same_settings,
+    train_both,
+)
+from shared.checkpoint import checkpoint_name
+from shared.errors import ConfigError
+from shared.objective import objective_class
+from shared.training import resolve_config, resume_run, train
+from shared.training.config import TrainConfig
+from shared.training.run_folder import move_aside
+from shared.training.schedule import cooldown_start
+
+
+def seed_folder(out: Path, seed: int) -> Path:
+    return out / f"seed-{seed}"
+
+
+def main_steps(preset: str, overrides: dict[str, Any]) -> int:
+    """The main budget in steps (the trunks' length), from a step or token budget."""
+    model_cfg, cfg = resolve_config(preset, overrides)
+    if cfg.max_flops or cfg.epochs:
+        raise ConfigError(
+            "the budget points are fractions of a step budget: give the main budget as "
+            "--max-steps or --max-tokens (not --max-flops or --epochs)"
+        )
+    if cfg.max_tokens:
+        return max(1, math.ceil(cfg.max_tokens / (cfg.batch_size * cfg.seq_len)))
+    return cfg.max_steps
+
+
+def budget_steps(total: int, fractions: tuple[float, ...]) -> list[int]:
+    """The budgets (steps) of an objective: ``fractions`` of the main budget, the main one
+    last."""
+    steps = sorted({max(1, round(f * total)) for f in fractions if f < 1} | {total})
+    return steps
+
+
+def train_budget_points(
+    preset: str,
+    out: Path,
+    overrides: dict[str, Any],
+    settings: CompareSettings,
+    budget: str,
+    force: bool,
+    own: dict[str, dict[str, Any]] | None = None,
+) -> dict[int, dict[str, Any]]:
+    """Train (or reuse) every seed's trunks and branches; returns, per seed, the trunks'
+    summaries and each objective's budget points in step order."""
+    total = main_steps(preset, overrides)
+    plan = {
+        "ar": budget_steps(total, settings.ar_budgets),
+        "mdm": budget_steps(total, settings.mdm_budgets),
+    }
+    schedule = {"lr_schedule": "wsd", "cooldown_fraction": settings.cooldown_fraction}
+    check_budgets(plan, resolve_config(preset, overrides | schedule)[1])
+    results: dict[int, dict[str, Any]] = {}
+    for seed in settings.seeds:
+        folder = seed_folder(out, seed)
+        with_branches = {
+            name: (own or {}).get(name, {})
+            | {"branch_budgets": ",".join(str(b) for b in plan[name][:-1])}
+            for name in OBJECTIVES
+        }
+        trunk_overrides = overrides | schedule | {"seed": seed}
+        summaries = train_both(preset, folder, trunk_overrides, budget, force, with_branches)
+        check_equal_budgets(summaries, budget)
+        points = {}
+        for name in OBJECTIVES:
+            branches = [
+                train_branch(folder / name, folder / "budgets" / f"{name}-{steps}", steps, force)
+                for steps in plan[name][:-1]
+            ]
+            points[name] = [point_record(s) for s in [*branches, summaries[name]]]
+        results[seed] = {"summaries": summaries, "points": points}
+    return results
+
+
+def check_budgets(plan: dict[str, list[int]], cfg: TrainConfig) -> None:
+    """Refuse, before any training, budgets whose cooldown would start inside the warmup."""
+    for name, steps in plan.items():
+        early = [b for b in steps if cooldown_start(b, cfg.cooldown_fraction) < cfg.warmup_steps]
+        if early:
+            raise ConfigError(
+                f"the {name.upper()} budget(s) {early} steps (fractions of the main budget of "
+                f"{steps[-1]}) would start their cooldown inside the {cfg.warmup_steps}-step "
+                "warmup: raise --max-steps or lower --warmup-steps"
+            )
+
+
+def train_branch(trunk: Path, branch: Path, steps: int, force: bool) -> dict[str, Any]:
+    """The run of ``steps`` steps that branches off ``trunk`` at its cooldown start: reused when
+    it finished from the trunk's checkpoint, resumed when it was interrupted, else started."""
+    trunk_config = json.loads((trunk / "config.json").read_text())["train_config"]
+    point = (
+        trunk
+        / "checkpoints"
+        / checkpoint_name(cooldown_start(steps, trunk_config["cooldown_fraction"]))
+    )
+    final = branch / "final.json"
+    if final.is_file() and not force:
+        summary = json.loads(final.read_text())
+        if summary.get("finished") and summary.get("branched_from") == str(point):
+            print(f"[train {branch.name}] reusing the finished branch in {branch}")
+            return summary | {"reused": True}
+    has_checkpoints = (branch / "checkpoints").is_dir() and any((branch / "checkpoints").iterdir())
+    if has_checkpoints and not force and same_settings(branch, {"max_steps": steps}):
+        try:
+            summary = train(resume_run(branch))
+        except ConfigError as refused:
+            raise ConfigError(continue_refused(branch, refused)) from None
+    else:
+        if branch.exists():
+            move_aside(branch)
+        summary = train(resume_run(point, branch, max_steps=steps))
+    if summary["stopped_by"]:
+        raise JobStopped(
+            f"stopped by {summary['stopped_by']} while training the {steps}-step branch in "
+            f"{branch} (checkpoint saved); rerun the same command to resume"
+        )
+    return summary
+
+
+def point_record(summary: dict[str, Any]) -> dict[str, Any]:
+    """One budget point from its run's summary: the final validation on the whole split."""
+    return {
+        "steps": summary["step"],
+        "flops": summary["tokens_seen"] * summary["flops_per_token"],
+        "loss": summary["val_nats_per_token"],
+        "loss_se": summary.get("val_nats_per_token_se"),
+        "bpb": summary["val_bpb"],
+        "epochs": summary["epochs_seen"],
+    }
+
+
+def attention_pattern(objective: str, window: int) -> str:
+    """How each position of a model under ``objective`` attends, in words."""
+    kind = objective_class(objective).attention
+    if not window:
+        return f"{kind}, full"
+    if kind == "causal":
+        return f"causal, window {window} (each position sees itself and the {window - 1} before)"
+    return f"{kind}, window {window} (each position sees the {window - 1} on each side)"
+
+
+def multiplier_analysis(
+    runs: dict[int, dict[str, Any]], unigram: float, settings: CompareSettings
+) -> dict[str, Any]:
+    """Per seed: the points past the plateau, the headline loss and M there, M over the shared
+    loss range, the log-log exponents; over seeds: t-intervals of M, of both exponents and of
+    their paired difference, and of the paired final-loss difference."""
+    per_seed: dict[int, dict[str, Any]] = {}
+    for seed, run in runs.items():
+        frontier = {
+            name: [(p["flops"], p["loss"]) for p in run["points"][name]] for name in OBJECTIVES
+        }
+        kept = {
+            name: past_plateau(points, unigram, settings.plateau_margin)
+            for name, points in frontier.items()
+        }
+        level = headline_loss(settings.headline_rule, kept["ar"], kept["mdm"])
+        fits = {name: fit_log_log(points) for name, points in kept.items()}
+        per_seed[seed] = {
+            "past_plateau": {name: len(points) for name, points in kept.items()},
+            "headline_loss": level,
+            "multiplier": None if level is None else multiplier_at(kept["ar"], kept["mdm"], level),
+            "curve": multiplier_curve(kept["ar"], kept["mdm"]),
+            "exponents": {name: None if f is None else f.alpha for name, f in fits.items()},
+            "fits": {name: None if f is None else f.__dict__ for name, f in fits.items()},
+            "final_gap": frontier["mdm"][-1][1] - frontier["ar"][-1][1],
+        }
+    measured = [s["multiplier"] for s in per_seed.values() if s["multiplier"] is not None]
+    exponents = {
+        name: [s["exponents"][name] for s in per_seed.values() if s["exponents"][name]]
+        for name in OBJECTIVES
+    }
+    paired = [
+        s["exponents"]["mdm"] - s["exponents"]["ar"]
+        for s in per_seed.values()
+        if s["exponents"]["mdm"] and s["exponents"]["ar"]
+    ]
+    return {
+        "rule": HEADLINE_RULES[settings.headline_rule],
+        "plateau_margin": settings.plateau_margin,
+        "seeds": per_seed,
+        "unmeasured_seeds": [seed for seed, s in per_seed.items() if s["multiplier"] is None],
+        "multiplier": spread_dict(seed_spread(measured, geometric=True)),
+        "exponents": {name: spread_dict(seed_spread(v)) for name, v in exponents.items()},
+        "exponent_difference": spread_dict(seed_spread(paired)),
+        "final_gap": spread_dict(seed_spread([s["final_gap"] for s in per_seed.values()])),
+    }
+
+
+def spread_dict(spread) -> dict[str, Any] | None:
+    return None if spread is None else spread.__dict__ | {"text": spread.text()}
