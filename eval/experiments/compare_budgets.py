@@ -88,12 +88,16 @@ def train_budget_points(
         "mdm": budget_steps(total, settings.mdm_budgets),
     }
     schedule = {"lr_schedule": "wsd", "cooldown_fraction": settings.cooldown_fraction}
-    check_budgets(plan, resolve_config(preset, overrides | schedule)[1])
+    warmups = own_warmups(settings)
+    for name in OBJECTIVES:
+        over = overrides | schedule | (own or {}).get(name, {}) | warmups.get(name, {})
+        check_budgets({name: plan[name]}, resolve_config(preset, over)[1])
     results: dict[int, dict[str, Any]] = {}
     for seed in settings.seeds:
         folder = seed_folder(out, seed)
         with_branches = {
             name: (own or {}).get(name, {})
+            | warmups.get(name, {})
             | {"branch_budgets": ",".join(str(b) for b in plan[name][:-1])}
             for name in OBJECTIVES
         }
@@ -109,6 +113,12 @@ def train_budget_points(
             points[name] = [point_record(s) for s in [*branches, summaries[name]]]
         results[seed] = {"summaries": summaries, "points": points}
     return results
+
+
+def own_warmups(settings: CompareSettings) -> dict[str, dict[str, int]]:
+    """The objectives that train with their own warmup instead of the preset's."""
+    steps = {"ar": settings.ar_warmup_steps, "mdm": settings.mdm_warmup_steps}
+    return {name: {"warmup_steps": value} for name, value in steps.items() if value}
 
 
 def check_budgets(plan: dict[str, list[int]], cfg: TrainConfig) -> None:

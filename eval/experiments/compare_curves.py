@@ -116,6 +116,7 @@ def budgets_section(
     analysis: dict[str, Any],
     unigram: float,
     windowed: bool,
+    schedules: str = "",
 ) -> dict[str, Any]:
     """Add the budget frontiers, M(L), the headline multiplier with its interval over seeds and
     the exponents to ``report``; returns what report.json keeps of them."""
@@ -151,7 +152,9 @@ def budgets_section(
     report.text(
         "**Compute multiplier over budgets.** Each objective is trained at several budgets, each "
         "a run scheduled for its own length (warmup-stable-decay; the shorter budgets are "
-        "cooldown branches of the longest run), and validated on the whole split at its end. "
+        "cooldown branches of the longest run), and validated on the whole split at its end"
+        + (f" (schedules: {schedules})" if schedules else "")
+        + ". "
         f"M(L) = C_MDM(L) / C_AR(L) is read where both frontiers cover L, using only points more "
         f"than {analysis['plateau_margin']:g} nats below the unigram entropy ({unigram:.3f}); "
         f"points past the plateau per seed: {counts}. Rule, fixed before the run: the headline "

@@ -58,6 +58,10 @@ def model_config(run_dir: Path) -> dict[str, Any]:
     return json.loads((run_dir / "config.json").read_text())["model_config"]
 
 
+def train_config(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "config.json").read_text())["train_config"]
+
+
 def training_seeds(out: Path) -> dict[str, int]:
     """{"train": seed} when both runs used one seed (the usual case), else one entry per run."""
     seeds = {name: training_seed(out / name) for name in ("ar", "mdm")}
@@ -140,7 +144,17 @@ def write_report(
             else ", every stage computed."
         )
     )
-    curves = budgets_section(report, runs, analysis, unigram, windowed)
+    trained = {name: train_config(main / name) for name in summaries}
+    schedules = "; ".join(
+        f"{name.upper()} warmup {cfg['warmup_steps']} steps, peak learning rate {cfg['lr']:g}"
+        for name, cfg in trained.items()
+    )
+    cooldown = trained["ar"]["cooldown_fraction"]
+    schedules += (
+        f"; each budget cools down over its last {cooldown:.0%} of steps, linearly to "
+        f"{trained['ar']['min_lr_ratio']:g}x"
+    )
+    curves = budgets_section(report, runs, analysis, unigram, windowed, schedules)
     curves["attention"] = attention
     tuning_section(report, tuning)
     sources = {name: sampling_checkpoint(main / name)[1] for name in ("ar", "mdm")}

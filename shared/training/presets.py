@@ -76,8 +76,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # The CPU main job, in the regime where both models learn (docs/studies/demo-regime.md): a
     # narrower model on BPE 512 with an 8-token attention window, which moves the MDM off its
     # unigram plateau within the budget (LLaDA's count estimator; the AR ignores it). The main
-    # job trains it at budgets up to 320 steps (docs/studies/demo-budgets.md); the 10-step warmup
-    # lets the AR's budget points start at 12 steps, where its loss is still above the MDM's.
+    # job trains it at budgets up to 320 steps (docs/studies/demo-budgets.md).
     "demo": kjv_preset(
         dict(
             dim=128,
@@ -89,7 +88,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             sliding_window=8,
         ),
         data=dict(tokenizer_vocab_size=512, seq_len=128, batch_size=32, precision="auto"),
-        schedule=dict(lr=3e-3, warmup_steps=10, max_steps=320, eval_every=100, eval_batches=4),
+        schedule=dict(lr=3e-3, warmup_steps=30, max_steps=320, eval_every=100, eval_batches=4),
         objective=dict(estimator="count"),
     ),
     # The demo before that study, kept because earlier measurements (benchmarks, the block-size
