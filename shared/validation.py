@@ -75,6 +75,13 @@ class LossTotals:
     def bits_per_byte(self) -> float:
         return self.nats / math.log(2) / max(self.bytes, 1)
 
+    def merged(self, reduce: Callable[[torch.Tensor], torch.Tensor]) -> LossTotals:
+        """The totals of every process: ``reduce`` sums a float64 tensor of the fields over
+        processes (each keeps its type: counts stay integers)."""
+        fields = [getattr(self, name) for name in self.FIELDS]
+        summed = reduce(torch.tensor(fields, dtype=torch.float64)).tolist()
+        return LossTotals(*(type(v)(float(t)) for v, t in zip(fields, summed, strict=True)))
+
     def as_dict(self, prefix: str) -> dict[str, float | None]:
         """The record a run logs; a standard error that cannot be measured (fewer than two
         validation rows) is None, written as JSON null rather than NaN (not valid JSON)."""

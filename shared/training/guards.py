@@ -13,6 +13,7 @@ import numpy as np
 
 from shared import checkpoint as ckpt
 from shared.errors import ConfigError
+from shared.training.config import TrainConfig
 from shared.training.run import RunSpec
 
 
@@ -113,3 +114,43 @@ def schedule_history(
             return [{"from_step": 0, "total_steps": total_steps}]
         history = [*history, {"from_step": start_step, "total_steps": total_steps}]
     return history
+
+
+def data_notes(cfg: TrainConfig, train_rows: int, val_rows: int) -> list[str]:
+    """What a run says about its data before training: how many unique tokens a
+    ``unique_tokens`` budget really keeps (whole rows), and a validation split too small for a
+    standard error."""
+    notes = []
+    kept = train_rows * (cfg.seq_len - 1)
+    if cfg.unique_tokens and kept != cfg.unique_tokens:
+        notes.append(
+            f"note: unique_tokens={cfg.unique_tokens} keeps {train_rows} whole row(s) of "
+            f"{cfg.seq_len - 1} training tokens: {kept} unique tokens"
+        )
+    if val_rows < 2:
+        notes.append(
+            f"warning: the validation split has {val_rows} row(s): its loss has no measurable "
+            "standard error (recorded as null); give validation more text for one"
+        )
+    return notes
+
+
+def schedule_notes(
+    schedules: list[dict[str, int]], start_step: int, total_steps: int, branch_of: str | None
+) -> list[str]:
+    """What a continued run says about its schedule: a branch (off the checkpoint
+    ``branch_of``) and whether its rates so far were those of its own budget; a run continued
+    under another budget's schedule."""
+    notes = []
+    if branch_of:
+        same = f": the rates so far are those of a {total_steps}-step run"
+        notes.append(
+            f"branched from {branch_of} at step {start_step}"
+            + (same if len(schedules) == 1 else "")
+        )
+    if len(schedules) > 1 and schedules[-1]["from_step"] == start_step and start_step:
+        notes.append(
+            f"continuing past step {start_step} under a {total_steps}-step schedule (the run so "
+            f"far followed a {schedules[-2]['total_steps']}-step one; final.json records both)"
+        )
+    return notes

@@ -9,63 +9,27 @@ the step number plus model/optimizer state, and continues bit-exactly.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import gc
-import json
-import math
-import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import set_seed
-from tqdm.auto import tqdm
 
-from shared import checkpoint as ckpt
-from shared.data.rows import EpochSampler
 from shared.errors import ConfigError, ResourceUnavailableError
-from shared.faults import StopRequest, fault_active, run_out_of_memory_if, stall_if
-from shared.hardware import peak_flops, peak_memory, total_memory
-from shared.model import Transformer
-from shared.objective import annealing_noise, loss_positions, objective_for_run, slice_noise
-from shared.training.checkpoints import CheckpointKeeper
-from shared.training.config import TrainingDiverged
+from shared.faults import StopRequest
 from shared.training.guards import (
-    check_budget_left,
-    check_step_memory,
     forget_unstarted_run,
     is_out_of_memory,
-    schedule_history,
-    steady_rate,
-    warn_if_slow,
 )
-from shared.training.metrics import Metrics
 from shared.training.run import RunSpec
 from shared.training.run_folder import RunFolderLock, check_resume_point, claim_run_folder
-from shared.training.schedule import (
-    batch_generator,
-    branch_points,
-    check_cooldown,
-    curve_steps,
-    schedules_agree,
-    total_steps_for,
-)
 from shared.training.setup import (
-    answer_scorer,
-    build_optimizer,
-    build_scheduler,
-    compile_model,
-    follow_schedule,
-    load_data,
     make_accelerator,
     micro_batch_size,
     parallel_layout,
-    training_flops_per_token,
 )
-from shared.training.warm_start import InitSource, check_start, load_source_weights
-from shared.validation import LossTotals, evaluate_rows
+from shared.training.trainer import Trainer
+from shared.training.warm_start import InitSource, check_start
 
 
 def train(spec: RunSpec) -> dict[str, Any]:
@@ -100,25 +64,13 @@ def train(spec: RunSpec) -> dict[str, Any]:
         lock.release()
 
 
-def precision_name(mixed_precision: str) -> str:
-    """What a run computes in, as the --precision flag names it ("no" is accelerate's fp32)."""
-    return "fp32" if mixed_precision == "no" else mixed_precision
-
-
-def resumes_own_folder(spec: RunSpec) -> bool:
-    """Whether the run continues a checkpoint of its own folder (a resume), not another run's (a
-    branch, which starts a new folder)."""
-    folder = spec.resume_from.parent.parent
-    return folder.resolve() == spec.out.resolve()
-
-
 def claim_folder(spec: RunSpec, accelerator: Accelerator) -> RunFolderLock:
     """Lock the run folder and check it may take this run, on the main process (the only one
     that writes); every process learns the outcome, so all of them stop on a refusal."""
     lock = RunFolderLock(spec.out)
     error, aside = None, None
     if accelerator.is_main_process:
-        resuming = spec.resume_from is not None and resumes_own_folder(spec)
+        resuming = spec.resume_from is not None and not spec.is_branch
         try:
             lock.acquire()
             aside = claim_run_folder(spec.out, resuming=resuming, overwrite=spec.overwrite)
@@ -152,488 +104,17 @@ def run_locked(
     trainer = Trainer(spec, accelerator, layout, micro_batch, source)
     trainer.fit(stop)
     stop.on_stop = "the steps are done and saved; finishing the final validation"
-    return trainer.finish()
-
-
-@dataclass
-class StepResult:
-    """What one optimizer step reports: its loss, its gradient norm, whether its update was
-    applied, and whether any process was asked to stop during it."""
-
-    loss: float
-    grad_norm: float
-    applied: bool
-    stop_requested: bool
-
-
-class Trainer:
-    """One training run, in the units a reader (or a subclass) can take one at a time: setup
-    (``__init__``: data, model, records), ``train_step``, ``validate``, ``fit`` (the step loop
-    with logging, validation and checkpoints) and ``finish`` (the final validation and summary).
-
-    The order of the setup calls is part of the result: the seeds are set before the data and
-    again before the weights, so a run's numbers do not depend on how the code is arranged."""
-
-    def __init__(
-        self,
-        spec: RunSpec,
-        accelerator: Accelerator,
-        layout: str,
-        micro_batch: int,
-        source: InitSource | None,
-    ):
-        self.spec, self.cfg, self.out = spec, spec.train, spec.out
-        self.accelerator, self.layout, self.micro_batch = accelerator, layout, micro_batch
-        self.rank, self.world = accelerator.process_index, accelerator.num_processes
-        self.device = accelerator.device
-        self.log = accelerator.print
-        self.saved = ckpt.read_state(spec.resume_from) if spec.resume_from is not None else None
-        set_seed(self.cfg.seed)
-        self.load_data(source)
-        self.build_model(source)
-        self.write_records()
-        self.keeper = self.checkpoint_keeper()
-        self.token_bytes = self.tokenizer.token_bytes()
-        self.sampler = EpochSampler(len(self.train_rows), self.cfg.seed)
-        self.curve_steps = set(curve_steps(self.total_steps, self.cfg.curve_points))
-        # the step loop's counters (``fit``)
-        self.end_step = self.total_steps
-        self.bad_streak, self.skipped_steps, self.stopped_by = 0, 0, None
-        self.throughput: list[float] = []
-        self.progress: tqdm | None = None
-
-    # ------------------------------------------------------------------------------------ setup
-    def load_data(self, source: InitSource | None) -> None:
-        """The tokenizer, the training and validation rows, and the answer positions."""
-        cfg, spec = self.cfg, self.spec
-        # A resumed run keeps its own tokenizer; one initialised from another run takes the
-        # source's.
-        tokenizer_from = spec.resume_from or (source.checkpoint if source else None)
-        self.data = load_data(
-            cfg, self.accelerator, tokenizer_from, self.saved, spec.allow_config_change
-        )
-        self.tokenizer, self.train_rows = self.data.tokenizer, self.data.train_rows
-        splits = {"training": self.train_rows, "validation": self.data.val_rows}
-        self.scored = answer_scorer(cfg, self.tokenizer, splits)
-        kept = len(self.train_rows) * (cfg.seq_len - 1)
-        if cfg.unique_tokens and kept != cfg.unique_tokens:
-            self.log(
-                f"note: unique_tokens={cfg.unique_tokens} keeps {len(self.train_rows)} whole "
-                f"row(s) of {cfg.seq_len - 1} training tokens: {kept} unique tokens"
-            )
-        if len(self.data.val_rows) < 2:
-            self.log(
-                f"warning: the validation split has {len(self.data.val_rows)} row(s): its loss "
-                "has no measurable standard error (recorded as null); give validation more "
-                "text for one"
-            )
-
-    def build_model(self, source: InitSource | None) -> None:
-        """The objectives, the model and its optimizer and schedule, loaded from the checkpoint
-        or the source run when there is one, and wrapped for the process layout."""
-        cfg, spec = self.cfg, self.spec
-        self.run_config = dataclasses.asdict(cfg)
-        self.objective = objective_for_run(
-            cfg.objective, self.run_config, self.tokenizer, full_noise_range=False
-        )
-        vocab = self.objective.model_vocab_size(self.tokenizer.vocab_size)
-        self.model_cfg = spec.model.with_vocab(vocab).validate()
-        # Validation estimates the NELBO over the full noise range even when training clips it.
-        self.eval_objective = objective_for_run(cfg.objective, self.run_config, self.tokenizer)
-        torch.manual_seed(cfg.seed)
-        model = Transformer(self.model_cfg)
-        self.n_parameters = model.num_parameters()  # before FSDP, if used, shards them
-        self.tokens_per_step = cfg.batch_size * cfg.seq_len
-        self.flops_token = training_flops_per_token(self.objective, self.model_cfg, cfg.seq_len)
-        step_flops = self.flops_token * self.tokens_per_step
-        self.total_steps = total_steps_for(cfg, step_flops, len(self.train_rows))
-        check_cooldown(cfg, self.total_steps)
-        self.branch_points = frozenset(branch_points(cfg, self.total_steps))
-        memory = total_memory(self.device)
-        check_step_memory(self.micro_batch, cfg.seq_len, self.model_cfg.vocab_size, *memory)
-        if self.saved is not None:
-            check_budget_left(self.saved["step"], self.total_steps, spec)
-        optimizer = build_optimizer(model, cfg)
-        self.scheduler = build_scheduler(optimizer, cfg, self.total_steps)
-        self.start_step = 0
-        if spec.resume_from is not None:
-            ckpt.load_weights(spec.resume_from, model)
-            self.start_step = self.saved["step"]
-        elif source is not None:
-            self.log(load_source_weights(source, model, self.tokenizer.vocab_size))
-        # where the weights came from (kept across resumes), so reports can add its compute
-        self.init_record = source.record if source else (self.saved or {}).get("init_from")
-        # a run continued in another folder (a WSD cooldown branch) names the checkpoint it left
-        self.branched_from = (self.saved or {}).get("branched_from")
-        if spec.resume_from is not None and not resumes_own_folder(spec):
-            self.branched_from = str(spec.resume_from)
-        self.compiled = compile_model(model, cfg.compile, self.layout, self.log)
-        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
-        if spec.resume_from is not None:
-            ckpt.load_training_state(
-                spec.resume_from, self.model, self.optimizer.optimizer, self.scheduler
-            )
-            follow_schedule(self.scheduler)
-            self.log(f"resumed from {spec.resume_from} at step {self.start_step}")
-
-    def write_records(self) -> None:
-        """config.json, the trackers and the metrics file; the run's one-line description, and
-        how its schedule relates to the one it continues, if any."""
-        cfg, accelerator = self.cfg, self.accelerator
-        if accelerator.is_main_process:
-            self.out.mkdir(parents=True, exist_ok=True)
-            config = {
-                "model_config": self.model_cfg.to_dict(),
-                "train_config": self.run_config,
-                "data": self.data.record,
-                "preset": self.spec.preset,
-                "init_from": self.init_record,
-            }
-            (self.out / "config.json").write_text(json.dumps(config, indent=2))
-        accelerator.init_trackers("duolm", config={**self.run_config, **self.model_cfg.to_dict()})
-        self.metrics = Metrics(self.out / "metrics.jsonl", accelerator)
-        if self.spec.resume_from is not None and self.metrics.drop_after(self.start_step):
-            self.log(f"dropped the metric records after step {self.start_step}, which it redoes")
-        dtype = torch.bfloat16 if accelerator.mixed_precision == "bf16" else torch.float32
-        self.peak, self.peak_source = peak_flops(self.device, dtype, cfg.peak_tflops)
-        self.log(
-            f"{self.objective.name}: {self.n_parameters / 1e6:.2f}M parameters, "
-            f"{len(self.train_rows)} train rows x {cfg.seq_len}, {self.total_steps} steps, "
-            f"{self.world} process(es) ({self.layout}), "
-            f"micro-batch {self.micro_batch} x {cfg.grad_accum} accumulation, "
-            f"precision {precision_name(accelerator.mixed_precision)}, "
-            f"peak {self.peak / 1e12:.3g} TFLOP/s ({self.peak_source})"
-        )
-        step_flops = self.flops_token * self.tokens_per_step / self.world
-        warn_if_slow(step_flops, self.peak, self.total_steps - self.start_step, self.log)
-        self.schedules = schedule_history(
-            self.saved,
-            self.start_step,
-            self.total_steps,
-            self.saved is not None
-            and schedules_agree(cfg, self.saved["total_steps"], self.total_steps, self.start_step),
-        )
-        start = self.start_step
-        if self.branched_from and self.spec.resume_from is not None:
-            self.log(
-                f"branched from {self.spec.resume_from} at step {start}"
-                + (
-                    f": the rates so far are those of a {self.total_steps}-step run"
-                    if len(self.schedules) == 1
-                    else ""
-                )
-            )
-        if len(self.schedules) > 1 and self.schedules[-1]["from_step"] == start and start:
-            self.log(
-                f"continuing past step {start} under a {self.total_steps}-step schedule (the run "
-                f"so far followed a {self.schedules[-2]['total_steps']}-step one; final.json "
-                "records both)"
-            )
-
-    def checkpoint_keeper(self) -> CheckpointKeeper:
-        record = {
-            "model_config": self.model_cfg.to_dict(),
-            "train_config": self.run_config,
-            "objective": self.objective.name,
-            "data": self.data.record,
-            "total_steps": self.total_steps,
-            "schedule_history": self.schedules,
-            "init_from": self.init_record,
-            "branched_from": self.branched_from,
-        }
-        return CheckpointKeeper(
-            self.out / "checkpoints",
-            self.accelerator,
-            tokenizer=self.tokenizer,
-            record=record,
-            keep_last=self.cfg.keep_checkpoints,
-            resumed_from=self.spec.resume_from,
-            keep_steps=self.branch_points,
-        )
-
-    # ------------------------------------------------------------------------- one step
-    def train_step(self, step: int, stop: StopRequest) -> StepResult:
-        """Optimizer step ``step`` (0-based): its rows and noise (pure functions of the seed and
-        the step), the gradients over the micro-batches of this process, and the update, which
-        is skipped when the loss or the gradient is not finite."""
-        cfg = self.cfg
-        stall_if("stall_in_step", step + 1)
-        run_out_of_memory_if("oom_in_step", step + 1)
-        rows = torch.as_tensor(
-            self.train_rows[self.sampler.indices(step * cfg.batch_size, cfg.batch_size)],
-            dtype=torch.long,
-        )
-        generator = batch_generator(cfg.seed, step)
-        noise = self.objective.sample_noise(len(rows), rows.shape[1], generator)
-        noise |= annealing_noise(
-            cfg.attention_anneal_steps, step, len(rows), generator, self.model_cfg.sliding_window
-        )
-        scored = self.scored
-        step_scored = (
-            loss_positions(rows, self.tokenizer.pad_id) if scored is None else scored(rows)
-        )
-        step_nats = self.accumulate_gradients(step, rows, noise, step_scored)
-        # One reduction per step carries the loss and any stop request, so every process takes
-        # the same decision (skip, stop, save) at the same step.
-        requested = torch.tensor(float(stop.requested), device=self.device).double()
-        shared_state = self.accelerator.reduce(torch.stack([step_nats, requested]), "sum")
-        loss = float(shared_state[0]) / max(int(step_scored.sum()), 1)
-        clip = cfg.grad_clip or float("inf")
-        grad_norm = float(self.accelerator.clip_grad_norm_(self.model.parameters(), clip))
-        applied = math.isfinite(loss) and math.isfinite(grad_norm)
-        if applied:
-            self.optimizer.step()
-        # A skipped update still moves the schedule and the data order, so a later resume lines
-        # up step for step.
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(loss, grad_norm, applied, float(shared_state[1]) > 0)
-
-    def accumulate_gradients(
-        self, step: int, rows: torch.Tensor, noise: Any, step_scored: torch.Tensor
-    ) -> torch.Tensor:
-        """Backpropagate this process's micro-batches of the step; returns their summed nats."""
-        cfg, micro_batch = self.cfg, self.micro_batch
-        # Normalise by the global token count so the gradient is the same for any split of the
-        # batch over processes and micro-steps (DDP averages over processes, hence * world).
-        global_tokens = int(step_scored.sum())
-        step_nats = torch.zeros((), dtype=torch.float64, device=self.device)
-        for micro in range(cfg.grad_accum):
-            start = (self.rank * cfg.grad_accum + micro) * micro_batch
-            batch = rows[start : start + micro_batch].to(self.device)
-            last_micro = micro == cfg.grad_accum - 1
-            no_sync = self.accelerator.no_sync(self.model)
-            with no_sync if not last_micro else contextlib.nullcontext():
-                micro_noise = slice_noise(noise, start, start + micro_batch)
-                micro_scored = None
-                if self.scored is not None:
-                    micro_scored = step_scored[start : start + micro_batch].to(self.device)
-                out_loss = self.objective.loss(self.model, batch, micro_noise, micro_scored)
-                if fault_active("nan_loss", step + 1):
-                    out_loss.nats = out_loss.nats * float("nan")
-                self.accelerator.backward(out_loss.nats * self.world / max(global_tokens, 1))
-            step_nats += out_loss.nats.detach().double()
-        return step_nats
-
-    def validate(self, step: int, n_batches: int | None) -> dict[str, Any]:
-        """The validation loss of the current weights, over ``n_batches`` global batches (None:
-        the whole split), merged over processes."""
-        cfg = self.cfg
-        totals = evaluate_rows(
-            self.model,
-            self.eval_objective,
-            self.data.val_rows,
-            self.token_bytes,
-            batch_size=cfg.batch_size,
-            micro_batch=self.micro_batch,
-            seed=cfg.eval_seed,
-            device=self.device,
-            pad_id=self.tokenizer.pad_id,
-            n_batches=n_batches,
-            rank=self.rank,
-            world=self.world,
-            scored=self.scored,
-        )
-        fields = [getattr(totals, name) for name in LossTotals.FIELDS]
-        as_tensor = torch.tensor(fields, dtype=torch.float64, device=self.device)
-        summed = self.accelerator.reduce(as_tensor, "sum").tolist()
-        merged = LossTotals(
-            *(type(value)(float(total)) for value, total in zip(fields, summed, strict=True))
-        )
-        return {
-            "step": step,
-            "kind": "eval",
-            "metric": self.objective.metric,
-            **merged.as_dict("val"),
-        }
-
-    # ------------------------------------------------------------------------- the loop
-    def fit(self, stop: StopRequest) -> None:
-        """Steps from the start step to the budget (or ``stop_after_steps`` sooner, or a stop
-        request), with logging, periodic and curve validations and checkpoints after each."""
-        cfg = self.cfg
-        if cfg.stop_after_steps:
-            self.end_step = min(self.total_steps, self.start_step + cfg.stop_after_steps)
-        self.model.train()
-        self.progress = tqdm(
-            range(self.start_step, self.end_step),
-            initial=self.start_step,
-            total=self.total_steps,
-            disable=not self.accelerator.is_local_main_process,
-            desc=self.objective.name,
-            dynamic_ncols=True,
-        )
-        # Throughput counts training steps only: each step's time is added to the window, so the
-        # validations and checkpoints between steps never enter tokens/s or MFU.
-        window = [0, 0.0]  # tokens, seconds
-        stop.on_stop = "saving a checkpoint at the end of this step"
-        for step in self.progress:
-            started = time.perf_counter()
-            result = self.train_step(step, stop)
-            done = step + 1
-            self.count_bad_steps(done, result)
-            window[0] += self.tokens_per_step
-            window[1] += time.perf_counter() - started
-            if done % cfg.log_every == 0 or done == self.end_step:
-                self.log_train(done, result, *window)
-                window = [0, 0.0]
-            evaluated = self.validate_on_schedule(done)
-            if result.stop_requested:
-                self.stopped_by = stop.signal_name or "a signal to another process"
-                self.end_step = done
-            periodic = done % (cfg.checkpoint_every or cfg.eval_every) == 0
-            if periodic or done == self.end_step or done in self.branch_points:
-                self.keeper.save(
-                    done,
-                    evaluated,
-                    self.model,
-                    self.optimizer.optimizer,
-                    self.scheduler,
-                    healthy=self.bad_streak == 0,
-                    announce=self.say,
-                )
-            if self.stopped_by:
-                self.say(
-                    f"stopped by {self.stopped_by} at step {done}; resume with --resume {self.out}"
-                )
-                break
-        self.progress.close()
-
-    def say(self, message: str) -> None:
-        """A line above the progress bar, once per run rather than once per process."""
-        if self.accelerator.is_main_process:
-            self.progress.write(message)
-
-    def count_bad_steps(self, done: int, result: StepResult) -> None:
-        """Record a skipped update; stop the run after ``max_bad_steps`` of them in a row."""
-        if result.applied:
-            self.bad_streak = 0
-            return
-        self.bad_streak += 1
-        self.skipped_steps += 1
-        self.metrics.log(
-            {
-                "step": done,
-                "kind": "skipped",
-                "loss": result.loss,
-                "grad_norm": result.grad_norm,
-                "skipped_steps": self.skipped_steps,
-            }
-        )
-        self.say(
-            f"step {done}: non-finite loss {result.loss} or gradient norm {result.grad_norm}; "
-            f"update skipped ({self.bad_streak} in a row)"
-        )
-        if self.bad_streak >= self.cfg.max_bad_steps:
-            last_good = self.keeper.last_good or "none (no checkpoint was written yet)"
-            raise TrainingDiverged(
-                f"stopping at step {done}: {self.bad_streak} consecutive steps with a non-finite "
-                f"loss or gradient (last loss {result.loss}, gradient norm {result.grad_norm}); "
-                f"the last good checkpoint is {last_good}"
-            )
-
-    def log_train(self, done: int, result: StepResult, tokens: int, seconds: float) -> None:
-        """A training record: the step's loss and the throughput of the steps since the last."""
-        tokens_per_s = tokens / seconds
-        self.throughput.append(tokens_per_s)
-        mfu = tokens_per_s * self.flops_token / self.peak
-        self.metrics.log(
-            {
-                "step": done,
-                "kind": "train",
-                "loss": result.loss,
-                "lr": self.scheduler.get_last_lr()[0],
-                "tokens_per_s": tokens_per_s,
-                "mfu": mfu,
-                "window_tokens": tokens,
-                "window_seconds": seconds,
-                "tokens": done * self.tokens_per_step,
-                "grad_norm": result.grad_norm,
-                "skipped_steps": self.skipped_steps,
-            }
-        )
-        self.progress.set_postfix(
-            loss=f"{result.loss:.3f}", tok_s=f"{tokens_per_s:,.0f}", mfu=f"{mfu:.1%}", refresh=False
-        )
-
-    def validate_on_schedule(self, done: int) -> dict[str, Any] | None:
-        """The periodic validation (every ``eval_every`` steps, on ``eval_batches``) and the
-        learning-curve points; None at other steps. The budget's own step is validated on the
-        whole split by ``finish``."""
-        cfg = self.cfg
-        periodic = done % cfg.eval_every == 0 and done != self.total_steps
-        on_curve = done in self.curve_steps
-        if not (periodic or on_curve):
-            return None
-        evaluated = self.validate(done, cfg.eval_batches or None)
-        evaluated["flops"] = done * self.flops_token * self.tokens_per_step
-        evaluated["on_curve"] = on_curve
-        self.metrics.log(evaluated)
-        self.say(
-            f"step {done}: val {self.objective.metric} "
-            f"{evaluated['val_nats_per_token']:.4f} nats/token, "
-            f"{evaluated['val_bpb']:.4f} bits/byte"
-        )
-        return evaluated
-
-    # ------------------------------------------------------------------------- the end
-    def finish(self) -> dict[str, Any]:
-        """The summary (with the final validation on the whole split when the budget is done),
-        written to final.json; then the processes' teardown."""
-        summary = self.summary()
-        if summary["finished"]:
-            final = self.validate(self.end_step, None)  # the whole validation split
-            self.metrics.log(final)
-            summary.update(final)
-            self.log(
-                f"final: val {self.objective.metric} {final['val_nats_per_token']:.4f} nats/token "
-                f"(ppl {final['val_ppl']:.2f}), {final['val_bpb']:.4f} bits/byte over "
-                f"{final['val_tokens']} tokens"
-            )
-        if self.accelerator.is_main_process:
-            (self.out / "final.json").write_text(json.dumps(summary, indent=2))
-        # Free the DDP wrapper while the process group is still registered. Otherwise its
-        # gradient reducer holds the last reference to the group and destroys it at exit with the
-        # GIL held, which deadlocks when gloo's worker thread needs the GIL to free a finished
-        # collective's tensors (seen as a hang at exit, about one run in four). end_training then
-        # destroys the group through a binding that releases the GIL.
-        self.accelerator.wait_for_everyone()
-        self.model = self.optimizer = None
-        self.accelerator.free_memory()
-        self.accelerator.end_training()
-        return summary
-
-    def summary(self) -> dict[str, Any]:
-        """What the run did and how fast, without the final validation."""
-        end_step = self.end_step
-        rates = self.throughput or self.metrics.train_rates()
-        return {
-            "objective": self.objective.name,
-            "metric": self.objective.metric,
-            "step": end_step,
-            "total_steps": self.total_steps,
-            "schedule_history": self.schedules,
-            "finished": end_step == self.total_steps,
-            "stopped_by": self.stopped_by,
-            "skipped_steps": self.skipped_steps,
-            "best_checkpoint": self.keeper.best,
-            "parameters": self.n_parameters,
-            "tokens_seen": end_step * self.tokens_per_step,
-            "flops_per_token": self.flops_token,
-            "train_tokens_per_s": steady_rate(rates),
-            "peak_flops": self.peak,
-            "peak_flops_source": self.peak_source,
-            "processes": self.world,
-            "parallel_layout": self.layout,
-            "precision": precision_name(self.accelerator.mixed_precision),
-            "compiled": self.compiled,
-            **peak_memory(self.device),
-            "train_rows": len(self.train_rows),
-            "epochs_seen": end_step * self.cfg.batch_size / len(self.train_rows),
-            "data": self.data.record,
-            "init_from": self.init_record,
-            "branched_from": self.branched_from,
-        }
+    summary = trainer.finish()
+    # Free the DDP wrapper while the process group is still registered. Otherwise its
+    # gradient reducer holds the last reference to the group and destroys it at exit with the
+    # GIL held, which deadlocks when gloo's worker thread needs the GIL to free a finished
+    # collective's tensors (seen as a hang at exit, about one run in four). end_training then
+    # destroys the group through a binding that releases the GIL.
+    accelerator.wait_for_everyone()
+    trainer.model = trainer.optimizer = None
+    accelerator.free_memory()
+    accelerator.end_training()
+    return summary
 
 
 def release_process_group() -> None:

@@ -29,6 +29,14 @@ class RunSpec:
     allow_config_change: bool = False  # resume even when the corpus changed
     overwrite: bool = False  # start even where a run exists, moving the old run aside
 
+    @property
+    def is_branch(self) -> bool:
+        """Whether the run starts from another run's checkpoint in a folder of its own (a WSD
+        cooldown branch), rather than resuming its own folder or starting fresh."""
+        if self.resume_from is None:
+            return False
+        return self.resume_from.parent.parent.resolve() != self.out.resolve()
+
 
 def new_run(
     preset: str, out: str | Path | None = None, *, overwrite: bool = False, **overrides: Any

@@ -271,3 +271,8 @@ def follow_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
     for group, rate in zip(scheduler.optimizer.param_groups, rates, strict=True):
         group["lr"] = rate
     scheduler._last_lr = rates
+
+
+def precision_name(mixed_precision: str) -> str:
+    """What a run computes in, as the --precision flag names it ("no" is accelerate's fp32)."""
+    return "fp32" if mixed_precision == "no" else mixed_precision
