@@ -148,6 +148,13 @@ def budgets_section(
         )
     if analysis["unmeasured_seeds"]:
         summary += f"; not measured at seed(s) {analysis['unmeasured_seeds']}"
+    if len(seeds) == 1:
+        summary += (
+            f". This run trained one seed ({seeds[0]}), so no interval covers training "
+            "randomness: rerun with `--seeds 0,1,2` for one (each seed trains every budget point "
+            "again; the demo's default is one seed because that is what fits its 15 minutes on a "
+            "2-core CPU)"
+        )
     exponents = analysis["exponents"]
     report.text(
         "**Compute multiplier over budgets.** Each objective is trained at several budgets, each "

@@ -245,5 +245,6 @@ FINDING = Finding(
     CLAIM,
     SETTINGS,
     run,
-    gpu_wall="about 6 GPU-hours (3 sizes x 2 objectives x 20k steps of 512 x 1024 tokens)",
+    gpu_wall="about 7.5 GPU-hours per seed (3 sizes x 2 objectives x 20k steps of 512 x 1024 "
+    "tokens, plus the budget branches' cooldowns)",
 )
