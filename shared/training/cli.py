@@ -63,9 +63,15 @@ FLAG_GROUPS: dict[str, dict[str, str]] = {
         "batch_size": "global rows per optimizer step (split over processes and grad_accum)",
         "grad_accum": "micro-steps per optimizer step",
         "lr": "peak learning rate",
-        "lr_schedule": "cosine | constant, after linear warmup",
+        "lr_schedule": "cosine | constant | wsd (warmup-stable-decay), after linear warmup",
         "warmup_steps": "linear warmup steps",
-        "min_lr_ratio": "cosine floor as a fraction of lr, in [0, 1]",
+        "min_lr_ratio": "cosine floor, or where a wsd cooldown ends, as a fraction of lr, "
+        "in [0, 1]",
+        "cooldown_fraction": "wsd: the share of the steps that decay linearly at the end, "
+        "in (0, 1]",
+        "branch_budgets": "wsd: shorter budgets (steps, comma-separated) to branch off this run; "
+        "it keeps a checkpoint at each one's cooldown start (resume it with --max-steps B "
+        "--out NEW)",
         "weight_decay": "AdamW weight decay (matrices only)",
         "beta1": "AdamW beta1, in [0, 1)",
         "beta2": "AdamW beta2, in [0, 1)",
