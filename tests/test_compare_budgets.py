@@ -46,6 +46,10 @@ def test_the_analysis_reads_the_headline_at_the_rule_and_intervals_over_seeds():
     assert headline["low"] == pytest.approx(math.sqrt(200) * math.exp(-half))
     # Parallel frontiers: both seeds' M(L) is flat, and the exponents agree within each seed.
     assert all(m == pytest.approx(10.0) for _, m in analysis["seeds"][0]["curve"])
+    # The MDM's points are the AR's at 10x (20x) the compute, so its log-log fit is the AR's
+    # shifted: M from the fits is 10x (20x) at any loss.
+    assert analysis["seeds"][0]["fitted_multiplier"] == pytest.approx(10.0, rel=1e-9)
+    assert analysis["fitted_multiplier"]["values"][1] == pytest.approx(20.0, rel=1e-9)
     difference = analysis["exponent_difference"]
     assert difference["values"] == pytest.approx((0.0, 0.0), abs=1e-12)
     assert analysis["final_gap"]["values"] == pytest.approx((0.0, 0.0), abs=1e-12)

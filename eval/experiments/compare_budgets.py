@@ -205,10 +205,14 @@ def multiplier_analysis(
         }
         level = headline_loss(settings.headline_rule, kept["ar"], kept["mdm"])
         fits = {name: fit_log_log(points) for name, points in kept.items()}
+        fitted = None  # M at the headline level from the two log-log fits
+        if level is not None and fits["ar"] and fits["mdm"]:
+            fitted = fits["mdm"].flops_at(level) / fits["ar"].flops_at(level)
         per_seed[seed] = {
             "past_plateau": {name: len(points) for name, points in kept.items()},
             "headline_loss": level,
             "multiplier": None if level is None else multiplier_at(kept["ar"], kept["mdm"], level),
+            "fitted_multiplier": fitted,
             "curve": multiplier_curve(kept["ar"], kept["mdm"]),
             "exponents": {name: None if f is None else f.alpha for name, f in fits.items()},
             "fits": {name: None if f is None else f.__dict__ for name, f in fits.items()},
@@ -230,6 +234,12 @@ def multiplier_analysis(
         "seeds": per_seed,
         "unmeasured_seeds": [seed for seed, s in per_seed.items() if s["multiplier"] is None],
         "multiplier": spread_dict(seed_spread(measured, geometric=True)),
+        "fitted_multiplier": spread_dict(
+            seed_spread(
+                [s["fitted_multiplier"] for s in per_seed.values() if s["fitted_multiplier"]],
+                geometric=True,
+            )
+        ),
         "exponents": {name: spread_dict(seed_spread(v)) for name, v in exponents.items()},
         "exponent_difference": spread_dict(seed_spread(paired)),
         "final_gap": spread_dict(seed_spread([s["final_gap"] for s in per_seed.values()])),

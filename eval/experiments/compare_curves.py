@@ -172,7 +172,8 @@ def budgets_section(
         + spread_text(exponents["mdm"])
         + "; paired MDM - AR difference "
         + spread_text(analysis["exponent_difference"])
-        + " (0 is parallel scaling, a constant multiplier)."
+        + " (0 is parallel scaling, a constant multiplier). M at the headline level from the two "
+        "fits instead of interpolation: " + spread_text(analysis["fitted_multiplier"]) + "."
     )
     report.plot(
         "budget_frontiers",
