@@ -1,7 +1,6 @@
-"""The comparison's learning curves: both models' validation loss at the same training-FLOP
-budgets, the compute multiplier with its interval, power-law fits, the unigram floor and each
-model's best and final point. Read from the runs' own ``metrics.jsonl`` (the ``--curve-points``
-records: the same validation rows and fixed noise for both)."""
+"""The comparison's compute sections: the budget frontiers, M(L) with its interval over seeds
+and the exponents (numbers from ``eval.experiments.compare_budgets``); and which checkpoint a
+run's samples come from, from its own validation records (its best one when it overfit)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from eval.curves import Headline, headline_multiplier
 from eval.report import Report, Table
 from shared.checkpoint import checkpoint_name, read_best
 from shared.validation import standard_error
@@ -68,46 +66,6 @@ def sampling_checkpoint(run_dir: Path) -> tuple[Path, str]:
         if path.is_dir():
             return path, f"best checkpoint (step {best['step']}; validation rose after it)"
     return run_dir, "final checkpoint"
-
-
-def curve_figure(ar: list[dict], mdm: list[dict], unigram: float):
-    # matplotlib is an optional extra (quality); imported only when a report draws a figure
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(6, 4))
-    for label, curve in (("AR (exact NLL)", ar), ("MDM (NELBO)", mdm)):
-        xs = [c for c, _ in points(curve)]
-        axis.plot(xs, [v for _, v in points(curve)], marker="o", label=label)
-    xs = [c for c, _ in points(mdm)]
-    axis.fill_between(
-        xs,
-        [v for _, v in points(mdm, -1)],
-        [v for _, v in points(mdm, +1)],
-        alpha=0.25,
-        label="MDM 95% interval",
-    )
-    axis.axhline(unigram, color="gray", linestyle="--", label="unigram entropy (floor)")
-    axis.set_xscale("log")
-    axis.set_yscale("log")
-    axis.set_xlabel("training FLOPs")
-    axis.set_ylabel("validation nats/token")
-    axis.set_title("Learning curves on one compute axis")
-    axis.grid(alpha=0.3, which="both")
-    axis.legend(fontsize=8)
-    return figure
-
-
-def floor_headline(
-    ar: list[dict[str, Any]], mdm: list[dict[str, Any]], unigram: float
-) -> tuple[list[tuple[float, float]], Headline | None]:
-    """(the AR points the headline may use, the headline multiplier). Rule: a multiplier means
-    something only where the AR model has learned more than token frequencies, so the headline
-    uses AR points below the unigram floor; its interval comes from the MDM curve's 95% band."""
-    learned = [(c, loss) for c, loss in points(ar) if loss < unigram]
-    return learned, headline_multiplier(learned, points(mdm), points(mdm, -1), points(mdm, +1))
 
 
 def budgets_section(
