@@ -170,13 +170,28 @@ def test_a_signal_during_start_up_is_said_not_silent(tmp_path, cache_dir):
     saying no step was interrupted; if it lands once the run holds the signals, the run stops
     at its first step instead. Either way the process says what happened."""
     proc = start_train(*tiny(tmp_path / "run", cache_dir, "--max-steps", "5"))
-    time.sleep(0.5)  # the handler is installed before the seconds-long imports
+    wait_for_sigterm_handler(proc.pid)  # installed before the seconds-long imports
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     if proc.returncode == 128 + signal.SIGTERM:
         assert "stopped by SIGTERM outside the training steps" in err
     else:
         assert proc.returncode == 0 and "stopped by SIGTERM" in out + err
+
+
+def wait_for_sigterm_handler(pid: int, timeout: float = 60.0) -> None:
+    """Until process ``pid`` catches SIGTERM (its SigCgt mask in /proc, on Linux); elsewhere a
+    fixed second."""
+    status = Path(f"/proc/{pid}/status")
+    if not status.exists():
+        time.sleep(1.0)
+        return
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        caught = [line for line in status.read_text().splitlines() if line.startswith("SigCgt:")]
+        if caught and int(caught[0].split()[1], 16) >> (signal.SIGTERM - 1) & 1:
+            return
+        time.sleep(0.01)
 
 
 def test_the_start_up_handler_exits_with_the_signal_code(capsys):
