@@ -67,8 +67,7 @@ def main_steps(preset: str, overrides: dict[str, Any]) -> int:
 def budget_steps(total: int, fractions: tuple[float, ...]) -> list[int]:
     """The budgets (steps) of an objective: ``fractions`` of the main budget, the main one
     last."""
-    steps = sorted({max(1, round(f * total)) for f in fractions if f < 1} | {total})
-    return steps
+    return sorted({max(1, round(f * total)) for f in fractions if f < 1} | {total})
 
 
 def train_budget_points(

@@ -95,7 +95,7 @@ class Trainer:
         self.keeper = self.checkpoint_keeper()
         self.token_bytes = self.tokenizer.token_bytes()
         self.sampler = EpochSampler(len(self.train_rows), self.cfg.seed)
-        self.curve_steps = set(curve_steps(self.total_steps, self.cfg.curve_points))
+        self.curve_points_at = set(curve_steps(self.total_steps, self.cfg.curve_points))
         # the step loop's counters (``fit``)
         self.end_step = self.total_steps
         self.bad_streak, self.skipped_steps, self.stopped_by = 0, 0, None
@@ -251,12 +251,13 @@ class Trainer:
         step_scored = (
             loss_positions(rows, self.tokenizer.pad_id) if scored is None else scored(rows)
         )
-        step_nats = self.accumulate_gradients(step, rows, noise, step_scored)
+        global_tokens = max(int(step_scored.sum()), 1)  # the normaliser of every micro-batch
+        step_nats = self.accumulate_gradients(step, rows, noise, step_scored, global_tokens)
         # One reduction per step carries the loss and any stop request, so every process takes
         # the same decision (skip, stop, save) at the same step.
         requested = torch.tensor(float(stop.requested), device=self.device).double()
         shared_state = self.accelerator.reduce(torch.stack([step_nats, requested]), "sum")
-        loss = float(shared_state[0]) / max(int(step_scored.sum()), 1)
+        loss = float(shared_state[0]) / global_tokens
         clip = cfg.grad_clip or float("inf")
         grad_norm = float(self.accelerator.clip_grad_norm_(self.model.parameters(), clip))
         applied = math.isfinite(loss) and math.isfinite(grad_norm)
@@ -269,13 +270,12 @@ class Trainer:
         return StepResult(loss, grad_norm, applied, float(shared_state[1]) > 0)
 
     def accumulate_gradients(
-        self, step: int, rows: torch.Tensor, noise: Any, step_scored: torch.Tensor
+        self, step, rows, noise, step_scored, global_tokens: int
     ) -> torch.Tensor:
-        """Backpropagate this process's micro-batches of the step; returns their summed nats."""
+        """Backpropagate this process's micro-batches of the step; returns their summed nats.
+        Each loss is scaled by world / global_tokens, so the gradient is the same for any split
+        of the batch over processes (DDP averages over them) and micro-steps."""
         cfg, micro_batch = self.cfg, self.micro_batch
-        # Normalise by the global token count so the gradient is the same for any split of the
-        # batch over processes and micro-steps (DDP averages over processes, hence * world).
-        global_tokens = int(step_scored.sum())
         step_nats = torch.zeros((), dtype=torch.float64, device=self.device)
         for micro in range(cfg.grad_accum):
             start = (self.rank * cfg.grad_accum + micro) * micro_batch
@@ -290,7 +290,7 @@ class Trainer:
                 out_loss = self.objective.loss(self.model, batch, micro_noise, micro_scored)
                 if fault_active("nan_loss", step + 1):
                     out_loss.nats = out_loss.nats * float("nan")
-                self.accelerator.backward(out_loss.nats * self.world / max(global_tokens, 1))
+                self.accelerator.backward(out_loss.nats * self.world / global_tokens)
             step_nats += out_loss.nats.detach().double()
         return step_nats
 
@@ -436,7 +436,7 @@ class Trainer:
         whole split by ``finish``."""
         cfg = self.cfg
         periodic = done % cfg.eval_every == 0 and done != self.total_steps
-        on_curve = done in self.curve_steps
+        on_curve = done in self.curve_points_at
         if not (periodic or on_curve):
             return None
         evaluated = self.validate(done, cfg.eval_batches or None)
