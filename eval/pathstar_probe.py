@@ -19,6 +19,7 @@ children. Decoding is deterministic:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -26,14 +27,13 @@ import torch
 from torch import nn
 
 from arlm.generate import ARGenerator, GenerationConfig
-from dllm.canvas import Canvas
+from dllm.canvas import Canvas, mask_token_id
 from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.strategies import FixedCount
 from eval.synthetic_likelihood import language_rows, symbol_ids
 from shared.data.synthetic.pathstar import (
     PathStarLanguage,
-    check_path,
     parse_example,
     prompt_and_answer,
     shortcut_answer,
@@ -76,6 +76,27 @@ def ar_answers(
     return out
 
 
+@dataclass(frozen=True)
+class RecordedFixedCount(FixedCount):
+    """``FixedCount`` that also keeps each step's reveal mask ([B, region] per step), so the
+    report can show the order in which the MDM decoded the answer."""
+
+    reveals: list = field(default_factory=list, compare=False, hash=False, repr=False)
+
+    def step(self, ctx):
+        reveal, tokens = super().step(ctx)
+        self.reveals.append(reveal.cpu())
+        return reveal, tokens
+
+
+def decoding_steps(reveals: list[torch.Tensor]) -> torch.Tensor:
+    """[B, region] the step (0-based) at which each position was revealed (-1: never)."""
+    order = torch.full_like(reveals[0], -1, dtype=torch.long)
+    for step, reveal in enumerate(reveals):
+        order[reveal & (order < 0)] = step
+    return order
+
+
 def mdm_answers(
     model: nn.Module,
     tokenizer: Tokenizer,
@@ -87,24 +108,27 @@ def mdm_answers(
     strategy: str = "low_confidence",
     batch_size: int = 256,
     seed: int = 0,
+    order: list | None = None,
 ) -> list[str]:
     """MDM answers: the answer positions of each padded row masked and filled greedily in
-    ``steps`` steps (default: one position per step) under the ``strategy`` remasking rule."""
+    ``steps`` steps (default: one position per step) under the ``strategy`` remasking rule.
+    ``order``, when given, receives per example the step at which each answer position was
+    decoded."""
     length = language.arm + 1
-    config = SamplerConfig(
-        FixedCount(steps=steps or length, remasking=strategy),
-        sampling=SamplingConfig(temperature=0),
-    )
     generator = DiffusionGenerator(model, tokenizer)
     begin_answer = 1 + language.max_len - length  # BOS, then the prompt
     out: list[str] = []
     for begin in range(0, len(strings), batch_size):
+        rule = RecordedFixedCount(steps=steps or length, remasking=strategy)
+        config = SamplerConfig(rule, sampling=SamplingConfig(temperature=0))
         chunk = strings[begin : begin + batch_size]
         rows = torch.as_tensor(language_rows(chunk, tokenizer, seq_len, language), dtype=torch.long)
         rows[:, begin_answer : begin_answer + length] = generator.mask_id
         canvas = Canvas(rows, generator.mask_id)
         filled = generator.fill(canvas, config, seed=seed + begin, eos="none").raw.tokens
         out += _texts(tokenizer, language, filled[:, begin_answer : begin_answer + length].tolist())
+        if order is not None:
+            order += decoding_steps(rule.reveals).tolist()
     return out
 
 
@@ -134,7 +158,10 @@ def pathstar_probe(
     solver's) and ``first_step_per_example`` (the node after the start is right), their means
     ``exact_match`` and ``first_step``, ``node_accuracy`` (the fraction of path positions right),
     ``n``, ``chance_first_step`` = 1/degree and, on the same examples, the first-step accuracy of
-    the Clever-Hans shortcut (``shortcut_first_step``, a random child of the start).
+    the Clever-Hans shortcut (``shortcut_first_step``, a random child of the start);
+    ``position_accuracy`` per answer position, the MDM's mean ``decoding_step`` per position,
+    and ``lookup_accuracy`` (``one_hop_lookups``): whether the model learned the edge lookups
+    at all, apart from planning.
     """
     if objective not in ("ar", "mdm"):
         raise ValueError(f"objective={objective!r}; valid: 'ar', 'mdm'")
@@ -146,11 +173,13 @@ def pathstar_probe(
     for string in strings:
         question, answer = prompt_and_answer(string)
         edges, start, goal, _ = parse_example(string)
-        if len(string) != language.max_len or not check_path(question, answer):
+        if len(string) != language.max_len or answer != language.answer(edges, start, goal):
             raise ValueError(f"{string!r} is not a solved example of {language.name}")
         questions.append(question)
-        truths.append(solve(edges, start, goal))
-        shortcut.append(shortcut_answer(edges, start, rng)[1] == truths[-1][1])
+        truths.append(answer)
+        # the shortcut guesses the node after the start (a random child of the centre)
+        shortcut.append(shortcut_answer(edges, start, rng)[1] == solve(edges, start, goal)[1])
+    order: list = []
     if objective == "ar":
         answers = ar_answers(model, tokenizer, language, questions, batch_size=batch_size)
     else:
@@ -164,8 +193,14 @@ def pathstar_probe(
             strategy=strategy,
             batch_size=batch_size,
             seed=seed,
+            order=order,
         )
+    lookups = one_hop_lookups(model, tokenizer, language, objective, seq_len, strings, batch_size)
     exact = [a == t for a, t in zip(answers, truths)]
+    positions = [
+        float(np.mean([a[i : i + 1] == t[i] for a, t in zip(answers, truths)]))
+        for i in range(language.arm + 1)
+    ]
     first = [a[1:2] == t[1] for a, t in zip(answers, truths)]
     nodes = [np.mean([x == y for x, y in zip(a, t)]) for a, t in zip(answers, truths)]
     return {
@@ -174,6 +209,10 @@ def pathstar_probe(
         "exact_match": float(np.mean(exact)),
         "first_step": float(np.mean(first)),
         "node_accuracy": float(np.mean(nodes)),
+        "position_accuracy": positions,
+        "lookup_accuracy": lookups,
+        # the mean step (0 = first) at which each answer position was decoded (MDM only)
+        "decoding_step": np.mean(order, axis=0).tolist() if order else None,
         "chance_first_step": 1.0 / language.degree,
         "shortcut_first_step": float(np.mean(shortcut)),
         "decoding": (
@@ -186,3 +225,42 @@ def pathstar_probe(
         "exact_match_per_example": exact,
         "first_step_per_example": first,
     }
+
+
+@torch.no_grad()
+def one_hop_lookups(
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    language: PathStarLanguage,
+    objective: str,
+    seq_len: int,
+    strings: Sequence[str],
+    batch_size: int = 256,
+) -> float:
+    """The accuracy of the answer's one-edge lookups, with the true answer around them: the AR
+    teacher-forced at the answer positions after the first step (each is the unique neighbour of
+    the node before it: what the Clever-Hans shortcut learns), the MDM filling each answer
+    position after the first alone with every other position visible. A model below ~0.9 has not
+    learned to read the edge list, so its planning result says nothing."""
+    length = language.arm + 1
+    begin = 1 + language.max_len - length  # the first answer position of a row
+    ids = torch.tensor(symbol_ids(language, tokenizer))
+    hits, total = 0, 0
+    for first in range(0, len(strings), batch_size):
+        rows = torch.as_tensor(
+            language_rows(strings[first : first + batch_size], tokenizer, seq_len, language),
+            dtype=torch.long,
+        )
+        device = next(iter(model.parameters()), torch.empty(0)).device
+        for k in range(2, length):  # the positions after the first step
+            target = rows[:, begin + k]
+            if objective == "ar":
+                logits = model(rows.to(device), attention="causal")[:, begin + k - 1]
+            else:
+                query = rows.clone()
+                query[:, begin + k] = mask_token_id(model, tokenizer)
+                logits = model(query.to(device), attention="bidirectional")[:, begin + k]
+            guess = ids[logits[:, ids].argmax(-1).cpu()]
+            hits += int((guess == target).sum())
+            total += len(target)
+    return hits / total

@@ -8,6 +8,7 @@ models do). Plots are PNG files next to the markdown, which embeds them by relat
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 import math
@@ -58,7 +59,45 @@ def check_same_protocol(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return reference
 
 
-def provenance(seeds: dict[str, int] | None = None) -> dict[str, Any]:
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+SOURCE_PACKAGES = ("arlm", "dllm", "shared", "eval")
+
+
+def source_hash(root: Path = PROJECT_ROOT) -> str:
+    """A hash of the project's Python source (the packages and ``train.py``), so a result can
+    tell the code that made it apart from today's even outside a git checkout."""
+    digest = hashlib.sha256()
+    files = [root / "train.py"] + sorted(
+        path for package in SOURCE_PACKAGES for path in (root / package).rglob("*.py")
+    )
+    for path in files:
+        if path.is_file():
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", *args], capture_output=True, text=True, timeout=5, cwd=PROJECT_ROOT
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def code_state() -> dict[str, Any]:
+    """The code that made a result: its commit, whether tracked files differed from it (a dirty
+    tree: the commit alone does not name the code), and the source hash."""
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "git_commit": _git("rev-parse", "HEAD") or None,
+        "git_dirty": None if status is None else bool(status),
+        "source_hash": source_hash(),
+    }
+
+
+def provenance(seeds: dict[str, Any] | None = None) -> dict[str, Any]:
     """Where the numbers came from: code version, machine, library versions, seeds, time."""
 
     def version(package: str) -> str | None:
@@ -67,22 +106,9 @@ def provenance(seeds: dict[str, int] | None = None) -> dict[str, Any]:
         except importlib.metadata.PackageNotFoundError:
             return None
 
-    try:
-        commit = (
-            subprocess.run(
-                ["git", "rev-parse", "HEAD"],
-                capture_output=True,
-                text=True,
-                timeout=5,
-                cwd=Path(__file__).resolve().parent,
-            ).stdout.strip()
-            or None
-        )
-    except (OSError, subprocess.SubprocessError):
-        commit = None
     cpu = cpu_name()
     return {
-        "git_commit": commit,
+        **code_state(),
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": {
             "cpu": cpu,
@@ -148,7 +174,7 @@ class Report:
     title: str
     out: Path
     config: dict[str, Any] = field(default_factory=dict)
-    seeds: dict[str, int] = field(default_factory=dict)
+    seeds: dict[str, Any] = field(default_factory=dict)
     blocks: list[tuple[str, Any]] = field(default_factory=list)
     results: dict[str, Any] = field(default_factory=dict)
 

@@ -250,60 +250,87 @@ def _accuracy(scores: torch.Tensor, answers: Sequence[int]) -> float:
 def reversal_probe(
     model: nn.Module, tokenizer: Tokenizer, language: FactsLanguage, objective: str, seq_len: int
 ) -> dict[str, Any]:
-    """Facts learned in one direction (``a_i b_i``), queried in both.
+    """Facts learned forward (``a_i b_i``; the paired ones also reversed), queried both ways.
 
-    Every query is an argmax over the N candidate symbols of the asked role (the b's forward,
-    the a's in reverse), so chance is exactly 1/N and a uniform model scores 1/N.
+    Both objectives are asked the same questions in the same surface order:
 
-    MDM (``objective="mdm"``): forward = the masked-token prediction of position 2 on the padded
-    training row ``[BOS, a_i, MASK, EOS, ...]``; reverse = position 1 on ``[BOS, MASK, b_i, ...]``.
-    Training masks either position, so both directions are trained.
+    ``forward_accuracy``: b_i after ``[BOS, a_i]``, over every fact, argmax over all b's;
+    ``reverse_held_out_accuracy``: a_i after ``[BOS, b_i]`` for the held-out facts, whose
+    reversed order never appeared in training (the reversal-curse query), argmax over the
+    held-out a's, so chance is 1/held-out;
+    ``reverse_paired_accuracy``: the same query on the paired facts, which training showed
+    reversed (a positive control that the reversed format is learned); None without pairs.
 
-    AR: forward = the next token after ``[BOS, a_i]``. Reverse, two ways:
-    ``reverse_prompted_accuracy``: the next token after ``[BOS, b_i]``, the reversal-curse query
-        (no b was ever a first symbol in training, so this asks for a fact the model was never
-        trained to produce from that prompt);
-    ``reverse_scored_accuracy``: argmax over a of log p(a | BOS) + log p(b_i | BOS, a), the
-        likelihood of the two-symbol prefix: the AR answers the reverse question through its
-        forward conditionals by scoring all N candidates (N forward passes' worth of work), which
-        is not a reverse query of the model.
+    The AR answers with the next token after ``[BOS, b_i]``; the MDM fills position 2 of
+    ``[BOS, b_i, MASK, EOS, ...]``. Two more rows separate "cannot produce" from "cannot
+    represent": the AR's ``reverse_scored_accuracy`` ranks the held-out a's by its own forward
+    likelihood log p(a | BOS) + log p(b_i | BOS, a) (N forward passes, not a reverse query), and
+    the MDM's ``infill_reverse_accuracy`` fills position 1 of ``[BOS, MASK, b_i, EOS]``, a
+    conditional its training masks ask directly (so it is not a reversal test).
     """
     if objective not in ("ar", "mdm"):
         raise ValueError(f"objective={objective!r}; valid: 'ar', 'mdm'")
-    ids = symbol_ids(language, tokenizer)
-    id_of = dict(zip(language.alphabet, ids))
-    a_ids = [id_of[a] for a in language.firsts]
-    b_ids = [id_of[b] for b in language.seconds]
-    n = language.pairs
-    answers = list(range(n))  # pair i: a_i is column i of a_ids, b_i column i of b_ids
+    id_of = dict(zip(language.alphabet, symbol_ids(language, tokenizer)))
     device = _device(model)
-    out: dict[str, Any] = {"n_pairs": n, "chance": 1.0 / n, "objective": objective}
+    held_out, paired = language.held_out, language.paired
+    out: dict[str, Any] = {
+        "objective": objective,
+        "n_pairs": language.pairs,
+        "n_held_out": len(held_out),
+        "n_paired": len(paired),
+        "chance": 1.0 / len(held_out),
+    }
+
+    def rows(strings: list[str]) -> torch.Tensor:
+        table = language_rows(strings, tokenizer, seq_len, language)
+        return torch.as_tensor(table, dtype=torch.long)
+
+    def candidates(facts: list[tuple[str, str]], role: int) -> list[int]:
+        return [id_of[fact[role]] for fact in facts]
+
+    def answered(scores: torch.Tensor, facts: list[tuple[str, str]], role: int) -> float:
+        # fact i's answer is column i of its candidate list
+        return _accuracy(scores[:, candidates(facts, role)], range(len(facts)))
+
     if objective == "mdm":
         mask_id = mask_token_id(model, tokenizer)
-        rows = torch.as_tensor(
-            language_rows([a + b for a, b in language.facts], tokenizer, seq_len, language),
-            dtype=torch.long,
+
+        def infill(strings: list[str], position: int) -> torch.Tensor:
+            query = rows(strings)
+            query[:, position] = mask_id
+            logits = model(query.to(device), attention="bidirectional")
+            return logits[:, position].cpu()
+
+        def reverse(facts):
+            return answered(infill([b + a for a, b in facts], 2), facts, 0)
+
+        out["forward_accuracy"] = answered(
+            infill([a + b for a, b in language.facts], 2), language.facts, 1
         )
-        forward, reverse = rows.clone(), rows.clone()
-        forward[:, 2] = mask_id
-        reverse[:, 1] = mask_id
-        logits = model(torch.cat([forward, reverse]).to(device), attention="bidirectional")
-        out["forward_accuracy"] = _accuracy(logits[:n, 2][:, b_ids], answers)
-        out["reverse_accuracy"] = _accuracy(logits[n:, 1][:, a_ids], answers)
-        out["reverse_method"] = "infill position 1 given position 2 (bidirectional)"
+        out["reverse_held_out_accuracy"] = reverse(held_out)
+        out["reverse_paired_accuracy"] = reverse(paired) if paired else None
+        infilled = infill([a + b for a, b in held_out], 1)
+        out["infill_reverse_accuracy"] = answered(infilled, held_out, 0)
         return out
-    bos = tokenizer.eos_id
-    vocab = tokenizer.vocab_size
-    firsts = torch.tensor([[bos, a] for a in a_ids], device=device)
-    log_p = torch.log_softmax(model(firsts, attention="causal")[..., :vocab].double(), -1).cpu()
-    out["forward_accuracy"] = _accuracy(log_p[:, 1][:, b_ids], answers)
-    prompted = torch.tensor([[bos, b] for b in b_ids], device=device)
-    logits = model(prompted, attention="causal")[:, 1, :vocab].cpu()
-    out["reverse_prompted_accuracy"] = _accuracy(logits[:, a_ids], answers)
-    # scored[i, j] = log p(a_j | BOS) + log p(b_i | BOS, a_j)
-    scored = log_p[0, 0, a_ids][None, :] + log_p[:, 1, b_ids].T
-    out["reverse_scored_accuracy"] = _accuracy(scored, answers)
-    out["reverse_method"] = (
-        "prompted: next token after [BOS, b_i]; scored: argmax_a log p(a, b_i) over all N a's"
-    )
+
+    bos, vocab = tokenizer.eos_id, tokenizer.vocab_size
+
+    def next_log_probs(firsts: list[str]) -> torch.Tensor:
+        prompts = torch.tensor([[bos, id_of[x]] for x in firsts], device=device)
+        logits = model(prompts, attention="causal")[..., :vocab].double()
+        return torch.log_softmax(logits, -1).cpu()
+
+    def reverse(facts):
+        return answered(next_log_probs([b for _, b in facts])[:, 1], facts, 0)
+
+    forward = next_log_probs([a for a, _ in language.facts])
+    out["forward_accuracy"] = answered(forward[:, 1], language.facts, 1)
+    out["reverse_held_out_accuracy"] = reverse(held_out)
+    out["reverse_paired_accuracy"] = reverse(paired) if paired else None
+    # scored[i, j] = log p(a_j | BOS) + log p(b_i | BOS, a_j), over the held-out facts j
+    rows_of = {a: i for i, (a, _) in enumerate(language.facts)}
+    index = [rows_of[a] for a, _ in held_out]
+    a_ids, b_ids = candidates(held_out, 0), candidates(held_out, 1)
+    scored = forward[index[0], 0, a_ids][None, :] + forward[index][:, 1, b_ids].T
+    out["reverse_scored_accuracy"] = _accuracy(scored, range(len(held_out)))
     return out

@@ -13,11 +13,17 @@ from eval.findings.registry import FINDINGS
 from eval.findings.verdicts import (
     INCONCLUSIVE,
     NOT_REPRODUCED,
+    NOT_TRAINED,
     REPRODUCED,
+    Band,
     Interval,
+    LearnedCheck,
+    accuracy_interval,
     all_seeds_agree,
     direction_verdict,
+    learned_gate,
     magnitude_verdict,
+    paired_difference,
     seed_interval,
     t_interval,
     wilson_interval,
@@ -38,14 +44,32 @@ def test_wilson_interval_matches_hand_computed_values():
         wilson_interval(11, 10)
 
 
-def test_seed_interval_adds_within_and_between_seed_variance():
-    # values 1 and 3: between-seed variance 2; stderrs 0.5 each: within 0.25 -> var of mean 1.125
-    interval = seed_interval([1.0, 3.0], [0.5, 0.5])
+def test_seed_intervals_use_the_t_distribution_and_one_seed_is_unbounded():
+    # values 1 and 3: sd sqrt(2), t(0.975, 1 dof) = 12.7062 -> half-width 12.7062 * sqrt(2 / 2)
+    interval = seed_interval([1.0, 3.0])
     assert interval.value == 2.0
-    assert interval.high - 2.0 == pytest.approx(1.959964 * math.sqrt(2.25 / 2))
-    assert seed_interval([4.0]).low == 4.0  # one seed, no stderr: a point
+    assert interval.high - 2.0 == pytest.approx(12.706205, rel=1e-6)
+    one = seed_interval([4.0])  # one training run says nothing about training randomness
+    assert one.value == 4.0 and one.low == -math.inf and one.high == math.inf
     t = t_interval([1.0, 2.0, 3.0])
     assert t.high - 2.0 == pytest.approx(4.302653 * 1.0 / math.sqrt(3), rel=1e-5)
+    # paired: a shared per-seed offset cancels (differences 1, 1.2, 0.8: sd 0.2)
+    paired = paired_difference([5.0, 7.2, 3.8], [4.0, 6.0, 3.0])
+    assert paired.value == pytest.approx(1.0)
+    assert paired.high - 1.0 == pytest.approx(4.302653 * 0.2 / math.sqrt(3), rel=1e-5)
+    with pytest.raises(ValueError, match="equal"):
+        paired_difference([1.0], [1.0, 2.0])
+
+
+def test_accuracy_interval_covers_seeds_and_examples():
+    # seeds agree perfectly: the Wilson interval of 60/60 trials remains
+    agree = accuracy_interval([1.0, 1.0, 1.0], [20, 20, 20])
+    assert agree.value == 1.0 and agree.low == pytest.approx(wilson_interval(60, 60).low)
+    # seeds disagree: the t interval over seeds (clipped to [0, 1]) is wider than Wilson's
+    spread = accuracy_interval([0.1, 0.9, 0.5], [100, 100, 100])
+    assert spread.value == pytest.approx(0.5)
+    assert spread.low == 0.0 and spread.high == 1.0
+    assert accuracy_interval([0.5], [10]) == wilson_interval(5, 10)
 
 
 def test_direction_rule_reaches_every_verdict():
@@ -56,14 +80,39 @@ def test_direction_rule_reaches_every_verdict():
     assert direction_verdict(None, high) == INCONCLUSIVE
 
 
-def test_magnitude_rule_reaches_every_verdict():
-    assert magnitude_verdict(16, Interval(12, 9, 20)) == REPRODUCED
-    assert magnitude_verdict(16, Interval(11.6, 10.5, 13.0)) == NOT_REPRODUCED
-    assert magnitude_verdict(16, Interval(30, 20, math.inf)) == NOT_REPRODUCED
-    assert magnitude_verdict(16, Interval(12, 12, math.inf)) == REPRODUCED
-    assert magnitude_verdict(16, None) == INCONCLUSIVE
-    assert magnitude_verdict(16, Interval(8, -math.inf, 9)) == NOT_REPRODUCED
-    assert magnitude_verdict(-1e9, Interval(8, -math.inf, 9)) == REPRODUCED
+def test_magnitude_rule_is_an_equivalence_band_a_wide_interval_cannot_win():
+    band = Band(16, 8, 32)
+    assert magnitude_verdict(band, Interval(12, 9, 20)) == REPRODUCED
+    assert magnitude_verdict(band, Interval(11.6, 10.5, 13.0)) == REPRODUCED
+    assert magnitude_verdict(band, Interval(4.75, 4.35, 5.27)) == NOT_REPRODUCED
+    assert magnitude_verdict(band, Interval(50, 40, math.inf)) == NOT_REPRODUCED
+    assert magnitude_verdict(band, None) == INCONCLUSIVE
+    # overlapping the band without lying inside it: inconclusive
+    assert magnitude_verdict(band, Interval(7, 5, 9)) == INCONCLUSIVE
+    # a half-unbounded interval is never reproduced, however its value sits (the old rule's
+    # "18.2 [14.7, unbounded]" case)
+    assert magnitude_verdict(band, Interval(18.2, 14.7, math.inf)) == INCONCLUSIVE
+    assert magnitude_verdict(band, Interval(12, -math.inf, 20)) == INCONCLUSIVE
+    # widening an interval can only move the verdict towards inconclusive
+    for width in (1, 5, 10, 30):
+        wider = magnitude_verdict(band, Interval(16, 16 - width, 16 + width))
+        assert wider == (REPRODUCED if width <= 8 else INCONCLUSIVE)
+    with pytest.raises(ValueError, match="band"):
+        Band(16, 20, 32)
+    with pytest.raises(ValueError, match="band"):
+        Band(16, 8, math.inf)
+
+
+def test_learned_gate_names_the_failed_model_and_check():
+    passed = LearnedCheck("AR", "loss 0.1 below the unigram entropy", "3.1 < 4.9", True)
+    failed = LearnedCheck("MDM", "loss 0.1 below the unigram entropy", "4.95 vs 4.9", False)
+    assert learned_gate(REPRODUCED, [passed], "more steps") == (REPRODUCED, [])
+    verdict, notes = learned_gate(NOT_REPRODUCED, [passed, failed], "2000 steps at d256")
+    assert verdict == NOT_TRAINED
+    assert "MDM failed the check 'loss 0.1 below the unigram entropy'" in notes[0]
+    assert "*not reproduced*" in notes[0] and "2000 steps at d256" in notes[-1]
+    with pytest.raises(ValueError, match="learned checks"):
+        learned_gate(REPRODUCED, [], "x")
 
 
 def test_intervals_must_contain_their_value_and_seeds_must_pair():
@@ -77,34 +126,52 @@ def test_intervals_must_contain_their_value_and_seeds_must_pair():
 # ---- each finding's rule on constructed measurements ---------------------------------------------
 
 
-def facts_seed(ar_reverse: float, mdm_reverse: float) -> dict:
+def facts_seed(ar_reverse: float, mdm_reverse: float, learned: float = 1.0) -> dict:
     return {
         "ar": {
-            "forward_accuracy": 1.0,
-            "reverse_prompted_accuracy": ar_reverse,
+            "forward_accuracy": learned,
+            "reverse_paired_accuracy": 1.0,
+            "reverse_held_out_accuracy": ar_reverse,
             "reverse_scored_accuracy": 1.0,
         },
-        "mdm": {"forward_accuracy": 1.0, "reverse_accuracy": mdm_reverse},
+        "mdm": {
+            "forward_accuracy": 1.0,
+            "reverse_paired_accuracy": 1.0,
+            "reverse_held_out_accuracy": mdm_reverse,
+            "infill_reverse_accuracy": 1.0,
+        },
     }
 
 
 @pytest.mark.parametrize(
     "seeds, verdict",
     [
-        ([(0.0, 1.0), (1 / 26, 1.0)], REPRODUCED),
-        ([(1.0, 0.0), (1.0, 1 / 26)], NOT_REPRODUCED),
-        ([(0.5, 0.6), (0.5, 0.55)], INCONCLUSIVE),
-        # pooled intervals separate, but one seed goes the other way
+        ([(0.0, 1.0), (1 / 13, 1.0), (0.0, 12 / 13)], REPRODUCED),
+        ([(1.0, 0.0), (1.0, 1 / 13), (12 / 13, 0.0)], NOT_REPRODUCED),
+        # both at chance: the MDM does not answer, so the claim is not reproduced
+        ([(1 / 13, 0.0), (0.0, 1 / 13), (0.0, 0.0)], NOT_REPRODUCED),
+        ([(0.5, 0.6), (0.5, 0.55), (0.6, 0.5)], INCONCLUSIVE),
+        # separated pooled intervals, but one seed goes the other way
         ([(0.0, 1.0), (0.0, 1.0), (0.0, 1.0), (0.0, 1.0), (0.3, 0.2)], INCONCLUSIVE),
     ],
 )
 def test_reversal_verdicts(tmp_path, seeds, verdict):
-    settings = reversal.ReversalSettings(tuple(range(len(seeds))), 26, 100, "tiny")
+    settings = reversal.ReversalSettings(tuple(range(len(seeds))), 26, 13, 100, "tiny")
     per_seed = [facts_seed(a, m) for a, m in seeds]
     result = reversal.judge("smoke", settings, per_seed, tmp_path)
     assert result.verdict == verdict
     text = (tmp_path / "report.md").read_text()
-    assert text.index("Rule (direction)") < text.index("Accuracy over the facts")
+    assert text.index("Rule (reversal)") < text.index("Accuracy over the facts")
+    assert "Exploratory run" in text or "Pre-registered" in text
+
+
+def test_reversal_is_not_trained_when_the_ar_misses_forward_facts(tmp_path):
+    settings = reversal.ReversalSettings((0, 1, 2), 26, 13, 100, "tiny")
+    per_seed = [facts_seed(0.0, 1.0, learned=0.6) for _ in range(3)]
+    result = reversal.judge("smoke", settings, per_seed, tmp_path)
+    assert result.verdict == NOT_TRAINED
+    assert result.numbers["comparison_verdict"] == REPRODUCED
+    assert any("AR failed the check 'forward accuracy >= 0.9'" in n for n in result.notes)
 
 
 def curve(losses: list[float], se: float = 0.01, rows: int = 32, batch: int = 16) -> list[dict]:
@@ -158,37 +225,59 @@ def test_data_constrained_crossing_is_where_the_mdm_passes_the_ar_best():
         data_constrained.mean_curve([curve([1, 2]), curve([1, 2, 3])])
 
 
-def gap_size(interval: Interval | None) -> dict:
+def gap_size(interval: Interval | None, window: int = 0, mdm_points: int = 2) -> dict:
     points = [
         {"flops": 1e9 * (i + 1), "loss": 5.0 - i, "steps": 10 * (i + 1), "epochs": 0.1}
         for i in range(2)
     ]
+    spread = {"text": "0.2 [0.1, 0.3]"}
     return {
         "size": {"dim": 64},
         "parameters": 1000,
         "unigram": 5.2,
-        "past_plateau": {0: {"ar": 2, "mdm": 1}},
+        "window": window,
+        "past_plateau": {0: {"ar": 2, "mdm": mdm_points}, 1: {"ar": 3, "mdm": 2}},
+        "analysis": {
+            "seeds": {0: {"curve": [(4.5, 14.0), (4.2, 15.0)]}, 1: {"curve": []}},
+            "exponents": {"ar": spread, "mdm": spread},
+            "fitted_multiplier": None,
+        },
         "interval": None if interval is None else interval.as_dict(),
         "points": {0: {"points": {"ar": points, "mdm": points}}},
     }
 
 
 @pytest.mark.parametrize(
-    "interval, verdict",
+    "interval, window, mdm_points, verdict",
     [
-        (Interval(15, 12, 19), REPRODUCED),
-        (Interval(11.6, 10.5, 13.0), NOT_REPRODUCED),
-        (Interval(12, 10, math.inf), REPRODUCED),
-        (None, INCONCLUSIVE),
+        (Interval(15, 12, 19), 0, 2, REPRODUCED),
+        (Interval(11.6, 10.5, 13.0), 0, 2, REPRODUCED),
+        (Interval(4.75, 4.35, 5.27), 0, 2, NOT_REPRODUCED),
+        # an interval open above is never reproduced (the old rule's 18.2 [14.7, unbounded])
+        (Interval(18.2, 14.7, math.inf), 0, 2, INCONCLUSIVE),
+        (None, 0, 2, INCONCLUSIVE),
+        # windowed attention: not comparable with SMDM, whatever the band says
+        (Interval(15, 12, 19), 8, 2, INCONCLUSIVE),
+        # the MDM has one budget point past its plateau in seed 0: not trained
+        (Interval(15, 12, 19), 0, 1, NOT_TRAINED),
     ],
 )
-def test_compute_gap_verdict_is_the_magnitude_at_the_largest_size(tmp_path, interval, verdict):
+def test_compute_gap_verdict_is_the_band_at_the_largest_size(
+    tmp_path, interval, window, mdm_points, verdict
+):
     settings = compute_gap.SETTINGS["smoke"]
-    measured = [gap_size(Interval(3, 2, 4)), gap_size(interval)]
+    measured = [gap_size(Interval(3, 2, 4)), gap_size(interval, window, mdm_points)]
     result = compute_gap.judge("smoke", settings, measured, tmp_path)
     assert result.verdict == verdict
     # the smaller size's direction (AR ahead: interval above 1) is judged and reported too
     assert result.numbers["direction_verdicts"][0] == REPRODUCED
+    text = (tmp_path / "report.md").read_text()
+    assert ("not comparable" in text) == bool(window)
+    assert "M(L) at d64, per seed" in text
+    text = (tmp_path / "report.md").read_text()
+    first = text.split("\n\n")[1] if text.startswith("#") else text
+    assert ("not comparable" in text) == bool(window)
+    assert "M(L) at d64, per seed" in text and first
 
 
 def judged_set(
@@ -218,67 +307,169 @@ def test_sample_quality_ordering_needs_comparable_entropy():
     assert interval.value == 2.0 and interval.high - 2.0 == pytest.approx(1.959964 / math.sqrt(3))
 
 
-def test_sample_quality_judge_writes_the_verdict(tmp_path):
-    settings = quality.QualitySettings("smoke", 4, 4, 16, (1, 4))
-    sets = {
-        "AR": judged_set("AR", 5, 0.1, 4.0),
-        "BD-4 16 steps": judged_set("BD-4", 6, 0.1, 4.0),
-        "BD-4 4 steps": judged_set("BD-4", 6.5, 0.1, 4.0, steps=4, divisor=4),
-        "MDM 16 steps": judged_set("MDM", 7, 0.1, 4.0),
-        "MDM 4 steps": judged_set("MDM", 7.05, 0.1, 4.0, steps=4, divisor=4),
-    }
-    result = quality.judge("smoke", settings, {"judge": "test", "sets": sets}, tmp_path)
-    assert result.verdict == REPRODUCED
-    assert result.numbers["steps"] == {"BD-4": REPRODUCED, "MDM": INCONCLUSIVE}
+QUALITY_SETS = {
+    "AR": ("AR", 5, 16, 1),
+    "BD-4 16 steps": ("BD-4", 6, 16, 1),
+    "BD-4 4 steps": ("BD-4", 6.5, 4, 4),
+    "MDM 16 steps": ("MDM", 7, 16, 1),
+    "MDM 4 steps": ("MDM", 7.5, 4, 4),
+}
 
 
-def star_result(degree: int, ar_exact: float, mdm_exact: float, n: int = 200) -> dict:
-    def probe(exact):
-        return {"exact_match": exact, "first_step": exact, "node_accuracy": exact, "n": n}
+def quality_seed(shift: dict[str, float] | None = None, noise: float = 0.05) -> dict:
+    """One seed's judged sets: 20 samples per set around the set's log perplexity."""
+    sets = {}
+    for name, (model, log_ppl, steps, divisor) in QUALITY_SETS.items():
+        centre = log_ppl + (shift or {}).get(name, 0.0)
+        per_sample = [centre + noise * ((i % 5) - 2) for i in range(20)]
+        sets[name] = judged_set(model, centre, 0.01, 4.0, steps, divisor) | {
+            "per_sample_nats": per_sample
+        }
+    return {"judge": "test", "sets": sets}
 
-    return {"degree": degree, "ar": probe(ar_exact), "mdm": probe(mdm_exact)}
+
+LEARNED = {"unigram": 5.0, "finals": {0: {"ar": 3.0, "bd-4": 3.5, "mdm": 4.0}}}
 
 
 @pytest.mark.parametrize(
-    "settings, verdict",
+    "shift, verdict",
     [
-        ({"d2-l3": (0.5, 0.95), "d3-l3": (0.33, 0.9)}, REPRODUCED),
-        ({"d2-l3": (0.5, 0.95), "d3-l3": (0.33, 0.35)}, INCONCLUSIVE),
-        ({"d2-l3": (0.5, 0.95), "d3-l3": (0.6, 0.3)}, NOT_REPRODUCED),
+        ({}, REPRODUCED),
+        # the MDM's fewer-step samples are no worse: the steps half fails to separate
+        ({"MDM 4 steps": -0.5}, INCONCLUSIVE),
+        # fewer steps clearly better for the MDM: that half is reversed
+        ({"MDM 4 steps": -1.0}, NOT_REPRODUCED),
     ],
 )
-def test_pathstar_needs_every_graph_setting(tmp_path, settings, verdict):
-    measured = {
-        label: [star_result(int(label[1]), ar, mdm)] for label, (ar, mdm) in settings.items()
-    }
-    result = pathstar.judge("smoke", pathstar.SETTINGS["smoke"], measured, tmp_path)
+def test_sample_quality_both_halves_enter_the_verdict(tmp_path, shift, verdict):
+    settings = quality.QualitySettings((0, 1, 2), "smoke", 4, 20, 16, (1, 4))
+    per_seed = {seed: quality_seed(shift) for seed in range(3)}
+    judged = {"judge": "test", "sets": quality.merge_seeds(per_seed)}
+    assert judged["sets"]["AR"]["samples"] == 60
+    result = quality.judge("smoke", settings, judged, tmp_path, LEARNED)
     assert result.verdict == verdict
 
 
-def adaptation_curves(adapted: list[float], scratch: list[float]) -> dict:
+def test_sample_quality_seed_spread_widens_the_interval_and_gate(tmp_path):
+    # seeds whose means differ by 0.4 nats: the t interval over seeds dominates
+    per_seed = {s: quality_seed({"AR": 0.2 * s}) for s in range(3)}
+    merged = quality.merge_seeds(per_seed)["AR"]
+    over_samples = Interval(**merged["log_ppl_over_samples"])
+    interval = Interval(**merged["log_ppl"])
+    assert interval.high - interval.low > over_samples.high - over_samples.low
+    assert interval.high - interval.value == pytest.approx(4.302653 * 0.2 / math.sqrt(3))
+    settings = quality.QualitySettings((0, 1, 2), "smoke", 4, 20, 16, (1, 4))
+    judged = {"judge": "test", "sets": quality.merge_seeds({0: quality_seed()})}
+    stuck = {"unigram": 4.05, "finals": {0: {"ar": 3.0, "bd-4": 3.5, "mdm": 4.0}}}
+    result = quality.judge("smoke", settings, judged, tmp_path, stuck)
+    assert result.verdict == NOT_TRAINED
+    assert any("MDM failed" in note for note in result.notes)
+
+
+def star_probe(exact: float, first: float, lookup: float = 1.0, n: int = 500) -> dict:
     return {
+        "exact_match": exact,
+        "first_step": first,
+        "node_accuracy": exact,
+        "n": n,
+        "position_accuracy": [1.0, first, exact],
+        "decoding_step": None,
+        "lookup_accuracy": lookup,
+    }
+
+
+def star_seed(ar_first: float, mdm_exact: float, control=1.0, mdm_lookup=1.0) -> dict:
+    return {
+        "degree": 2,
+        "ar": star_probe(ar_first, ar_first),
+        "mdm": star_probe(mdm_exact, mdm_exact, mdm_lookup) | {"decoding_step": [2.0, 1.0, 0.0]},
+        "ar-reversed": star_probe(control, 1.0),
+    }
+
+
+@pytest.mark.parametrize(
+    "seeds, verdict",
+    [
+        # the MDM solves it, the AR's first step sits at 1/2: reproduced
+        ([(0.5, 0.97), (0.49, 0.96), (0.51, 0.98)], REPRODUCED),
+        # the MDM learned its lookups but does not plan: not reproduced
+        ([(0.5, 0.3), (0.5, 0.35), (0.5, 0.28)], NOT_REPRODUCED),
+        # the AR plans (first step far above chance): not reproduced
+        ([(0.9, 0.97), (0.92, 0.96), (0.91, 0.98)], NOT_REPRODUCED),
+        # the MDM's seeds straddle the threshold: inconclusive
+        ([(0.5, 0.8), (0.5, 0.99), (0.5, 0.95)], INCONCLUSIVE),
+    ],
+)
+def test_pathstar_verdicts(tmp_path, seeds, verdict):
+    measured = {"d2-l2": [star_seed(ar, mdm) for ar, mdm in seeds]}
+    result = pathstar.judge("smoke", pathstar.SETTINGS["smoke"], measured, tmp_path)
+    assert result.verdict == verdict
+    assert "MDM decoding step" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "control, mdm_lookup, failed", [(0.6, 1.0, "path reversed"), (1.0, 0.25, "MDM (d2-l2)")]
+)
+def test_pathstar_is_not_trained_without_the_control_or_the_lookups(
+    tmp_path, control, mdm_lookup, failed
+):
+    seeds = [star_seed(0.5, 0.3, control, mdm_lookup) for _ in range(3)]
+    result = pathstar.judge("smoke", pathstar.SETTINGS["smoke"], {"d2-l2": seeds}, tmp_path)
+    assert result.verdict == NOT_TRAINED
+    assert any(failed in note for note in result.notes)
+
+
+def adaptation_seed(adapted: list[float], scratch: list[float]) -> dict:
+    curves = {
         "ar": curve([5, 4, 3]),
         "mdm-scratch": curve(scratch),
         "mdm-adapted": curve(adapted),
     }
+    summaries = {name: {"step": 8, "init_from": {"total_flops": 3e9}} for name in curves}
+    return {"curves": curves, "summaries": summaries}
 
 
-def test_adaptation_verdict_and_compute_saving(tmp_path):
-    curves = adaptation_curves([5.0, 4.5, 4.0, 3.8], [6.0, 5.5, 5.0, 4.5])
-    summaries = {
-        name: {"step": 8, "init_from": {"total_flops": 3e9}}
-        for name in ("ar", "mdm-scratch", "mdm-adapted")
-    }
-    result = adaptation.judge("smoke", adaptation.SETTINGS["smoke"], summaries, curves, tmp_path)
-    assert result.verdict == REPRODUCED
-    saving = result.numbers["saving"]
+SCRATCH = [6.0, 5.5, 5.0, 4.5]
+
+
+@pytest.mark.parametrize(
+    "adapted, verdict",
+    [
+        # reaches the scratch run's final 4.5 at its first point (1e9 FLOPs of 4e9): >= 4x
+        ([[4.4, 4.0, 3.8, 3.7], [4.45, 4.1, 3.9, 3.8], [4.3, 4.0, 3.9, 3.8]], REPRODUCED),
+        # reaches it between its first and second points: about 2.6x in every seed
+        ([[4.6, 4.4, 4.0, 3.8]] * 3, REPRODUCED),
+        # never reaches it: saved nothing (1x) in every seed
+        ([[6.5, 6.0, 5.5, 5.2]] * 3, NOT_REPRODUCED),
+        # 4x, 2x, 1x: the interval straddles 2x
+        ([[4.4, 4.0, 3.8, 3.7], [5.0, 4.5, 4.0, 3.8], [6.5, 6.0, 5.5, 5.2]], INCONCLUSIVE),
+    ],
+)
+def test_adaptation_verdict_from_the_seed_interval_of_the_saving(tmp_path, adapted, verdict):
+    per_seed = {seed: adaptation_seed(a, SCRATCH) for seed, a in enumerate(adapted)}
+    settings = adaptation.SETTINGS["smoke"]
+    result = adaptation.judge("smoke", settings, per_seed, 6.0, tmp_path)
+    assert result.verdict == verdict
+    assert ("x less" in result.measured) or ("x more" in result.measured)
+
+
+def test_adaptation_saving_and_words():
+    curves = adaptation_seed([5.0, 4.5, 4.0, 3.8], SCRATCH)["curves"]
+    saving = adaptation.compute_saving(curves["mdm-adapted"], curves["mdm-scratch"], 3e9)
     # the adapted curve reaches the scratch run's final 4.5 exactly at its second point (2e9)
     assert saving["needed_flops"] == pytest.approx(2e9)
     assert saving["saving"] == pytest.approx(2.0)
     assert saving["saving_with_ar"] == pytest.approx(4e9 / 5e9)
-    worse = adaptation_curves([6.5, 6.0, 5.5, 5.2], [6.0, 5.5, 5.0, 4.5])
-    result = adaptation.judge("smoke", adaptation.SETTINGS["smoke"], summaries, worse, tmp_path)
-    assert result.verdict == NOT_REPRODUCED and result.numbers["saving"]["saving"] is None
+    assert adaptation.factor_text(Interval(0.8, 0.7, 0.9)).startswith("1.2x more")
+    assert adaptation.factor_text(Interval(4.0, 3.0, 5.0)).startswith("4x less")
+
+
+def test_adaptation_is_not_trained_when_the_scratch_mdm_stays_on_the_plateau(tmp_path):
+    per_seed = {s: adaptation_seed([5.0, 4.5, 4.0, 3.8], SCRATCH) for s in range(3)}
+    # unigram entropy 4.55: the scratch MDM's 4.5 is not 0.1 below it
+    result = adaptation.judge("smoke", adaptation.SETTINGS["smoke"], per_seed, 4.55, tmp_path)
+    assert result.verdict == NOT_TRAINED
+    assert any("MDM from scratch failed" in note for note in result.notes)
 
 
 # ---- end to end ----------------------------------------------------------------------------------
@@ -292,7 +483,7 @@ def test_every_finding_runs_at_smoke_scale_and_writes_its_index(tmp_path):
     index = json.loads((out / "index.json").read_text())
     assert [row["name"] for row in index["findings"]] == list(FINDINGS)
     for row in index["findings"]:
-        assert row["verdict"] in (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE)
+        assert row["verdict"] in (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_TRAINED)
         report = (out / row["name"] / "report.md").read_text()
         assert "**Rule" in report and "## Verdict" in report
         seeds = json.loads((out / row["name"] / "report.json").read_text())["provenance"]["seeds"]

@@ -11,7 +11,7 @@ import torch
 from scipy import stats
 from torch import nn
 
-from eval.pathstar_probe import pathstar_probe
+from eval.pathstar_probe import decoding_steps, pathstar_probe
 from eval.synthetic import synthetic_report
 from eval.synthetic_likelihood import MASKED_LOGIT, symbol_ids
 from shared.checkpoint import full_model_state, save_checkpoint
@@ -94,9 +94,11 @@ def test_shortcut_baseline_is_at_chance() -> None:
     assert abs(np.mean(first) - p) < 4 * sigma
 
 
-@pytest.mark.parametrize(("degree", "arm", "symbols"), [(3, 1, 5), (2, 2, 5)])
-def test_exact_probabilities_by_enumeration(degree, arm, symbols) -> None:
-    language = PathStarLanguage(degree=degree, arm=arm, symbols=symbols)
+@pytest.mark.parametrize(
+    ("degree", "arm", "symbols", "reverse"), [(3, 1, 5, 0), (2, 2, 5, 0), (2, 2, 5, 1)]
+)
+def test_exact_probabilities_by_enumeration(degree, arm, symbols, reverse) -> None:
+    language = PathStarLanguage(degree=degree, arm=arm, symbols=symbols, reverse=reverse)
     strings = dict(language.enumerate())  # depth-first over the exact next_log_probs
     assert len(strings) == language.support_size_bound()
     assert sum(math.exp(lp) for lp in strings.values()) == pytest.approx(1.0, abs=1e-9)
@@ -213,7 +215,7 @@ class SolverModel(nn.Module):
         edges, start, goal = parse_example(prompt + "x")[:3]
         if self.shortcut:
             return shortcut_answer(edges, start, _FirstChoice())
-        return solve(edges, start, goal)
+        return self.language.answer(edges, start, goal)
 
     def forward(self, tokens, attention="causal", output_mask=None, positions=None, **_):
         vocab = self.config.vocab_size
@@ -243,10 +245,36 @@ def test_probe_scores_oracles_and_the_shortcut(tok) -> None:
         oracle = SolverModel(language, tok, mdm=objective == "mdm")
         out = pathstar_probe(oracle, tok, language, objective, seq_len, examples[:40])
         assert out["exact_match"] == out["first_step"] == out["node_accuracy"] == 1.0
+        assert out["lookup_accuracy"] == 1.0
     shortcut = SolverModel(language, tok, shortcut=True)
     out = pathstar_probe(shortcut, tok, language, "ar", seq_len, examples)
     assert out["exact_match_per_example"] == out["first_step_per_example"]
     assert abs(out["first_step"] - 0.5) < 4 * math.sqrt(0.25 / len(examples))
+
+
+def test_reversed_answers_and_the_decoding_order(tok) -> None:
+    forward = PathStarLanguage(degree=2, arm=3)
+    backward = PathStarLanguage(degree=2, arm=3, reverse=1)
+    # the same graphs and goals, the answer written from the goal back to the start
+    for f, b in zip(forward.sample(20, seed=4), backward.sample(20, seed=4)):
+        (head, path), (head_b, path_b) = prompt_and_answer(f), prompt_and_answer(b)
+        assert head == head_b and path_b == path[::-1]
+        assert backward.log_prob(b) == forward.log_prob(f) > -math.inf
+        assert backward.log_prob(f) == -math.inf
+    assert build_language("synthetic:pathstar?degree=2&arm=3&reverse=1").reverse
+    with pytest.raises(ValueError, match="reverse"):
+        PathStarLanguage(degree=2, arm=3, reverse=2)
+    examples = backward.sample(30, seed=2)
+    seq_len = backward.max_len + 2
+    for objective in ("ar", "mdm"):
+        oracle = SolverModel(backward, tok, mdm=objective == "mdm")
+        out = pathstar_probe(oracle, tok, backward, objective, seq_len, examples, batch_size=7)
+        assert out["exact_match"] == 1.0 and out["position_accuracy"] == [1.0] * 4
+        assert out["lookup_accuracy"] == 1.0
+    # the oracle is equally sure everywhere: ties go leftmost, one position per step
+    assert out["decoding_step"] == [0.0, 1.0, 2.0, 3.0]
+    reveals = [torch.tensor([[False, True], [True, False]]), torch.tensor([[True, True]] * 2)]
+    assert decoding_steps(reveals).tolist() == [[1, 0], [0, 1]]
 
 
 def test_synthetic_report_includes_the_probe(tok, tmp_path) -> None:

@@ -102,25 +102,53 @@ class StubMDM(nn.Module):
             first, second = (self.symbol_of.get(t) for t in row[1:3])
             if not self.exact:
                 continue
+            # the fact's other symbol, whichever order the row shows it in
+            other = self.language.forward_map | self.language.reverse_map
             if row[2] == mask_id and first is not None:
-                out[r, 2, self.ids[self.language.forward_map[first]]] = 10.0
+                out[r, 2, self.ids[other[first]]] = 10.0
             if row[1] == mask_id and second is not None:
-                out[r, 1, self.ids[self.language.reverse_map[second]]] = 10.0
+                out[r, 1, self.ids[other[second]]] = 10.0
         return out if output_mask is None else out[output_mask]
 
 
-def test_reversal_probe_oracles_and_uniform(facts, tok) -> None:
+@pytest.mark.parametrize("both", [0, 5])
+def test_reversal_probe_oracles_and_uniform(tok, both) -> None:
+    facts = FactsLanguage(pairs=N, both=both, seed=3)
+    held = N - both
     mdm = reversal_probe(StubMDM(facts, tok, exact=True), tok, facts, "mdm", 4)
-    assert mdm["forward_accuracy"] == mdm["reverse_accuracy"] == 1.0
-    assert mdm["chance"] == pytest.approx(1 / N) and mdm["n_pairs"] == N
+    assert mdm["forward_accuracy"] == mdm["reverse_held_out_accuracy"] == 1.0
+    assert mdm["infill_reverse_accuracy"] == 1.0
+    assert mdm["reverse_paired_accuracy"] == (1.0 if both else None)
+    assert mdm["chance"] == pytest.approx(1 / held) and mdm["n_held_out"] == held
     uniform = reversal_probe(StubMDM(facts, tok, exact=False), tok, facts, "mdm", 4)
-    # ties go to the first candidate, which is the right answer for exactly one pair
-    assert uniform["forward_accuracy"] == uniform["reverse_accuracy"] == pytest.approx(1 / N)
-    # the exact forward conditionals: perfect forward and perfect likelihood-scored reverse,
-    # but the prompted reverse query (b_i as a first symbol) is at chance: the reversal curse
+    # ties go to the first candidate, which is the right answer for exactly one fact
+    assert uniform["forward_accuracy"] == pytest.approx(1 / N)
+    assert uniform["reverse_held_out_accuracy"] == pytest.approx(1 / held)
+    # the exact conditionals of the training strings: perfect forward, perfect reversed
+    # paired facts and likelihood-scored reverse, but the reversed held-out query (a prefix no
+    # training string starts with) is at chance: the reversal curse
     ar = reversal_probe(ForwardOnlyAR(facts, tok), tok, facts, "ar", 4)
     assert ar["forward_accuracy"] == ar["reverse_scored_accuracy"] == 1.0
-    assert ar["reverse_prompted_accuracy"] == pytest.approx(1 / N)
-    assert "reverse_accuracy" not in ar
+    assert ar["reverse_paired_accuracy"] == (1.0 if both else None)
+    assert ar["reverse_held_out_accuracy"] == pytest.approx(1 / held)
+    assert "infill_reverse_accuracy" not in ar
     with pytest.raises(ValueError, match="objective"):
         reversal_probe(ForwardOnlyAR(facts, tok), tok, facts, "gpt", 4)
+
+
+def test_paired_facts_add_their_reversed_strings(tok) -> None:
+    facts = FactsLanguage(pairs=N, both=4, seed=3)
+    assert facts.paired == facts.facts[:4] and facts.held_out == facts.facts[4:]
+    probs = dict(facts.enumerate())
+    assert len(probs) == N + 4 and set(probs.values()) == {-math.log(N + 4)}
+    assert {b + a for a, b in facts.paired} <= set(probs)
+    assert not {b + a for a, b in facts.held_out} & set(probs)
+    # the generic chain rule over next_log_probs agrees with the closed form
+    assert dict(super(FactsLanguage, facts).enumerate()) == pytest.approx(probs)
+    counts = Counter(facts.sample(16_000, seed=1))
+    keys = sorted(probs)
+    assert stats.chisquare([counts[k] for k in keys], [16_000 / (N + 4)] * len(keys)).pvalue > 1e-3
+    assert facts.entropy().nats_per_string == pytest.approx(math.log(N + 4))
+    with pytest.raises(ValueError, match="both"):
+        FactsLanguage(pairs=N, both=N)
+    assert build_language("synthetic:facts?pairs=12&both=4&seed=3").strings == facts.strings

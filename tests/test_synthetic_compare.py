@@ -35,18 +35,20 @@ def test_synthetic_smoke_report_has_exact_metrics_and_plots(tmp_path):
     assert "infill" in languages["hmm"]["mdm"] and "infill_prefix_only" in languages["hmm"]["ar"]
     assert "completion" in languages["pcfg"]["ar"]
     ar, mdm = languages["facts"]["ar"]["reversal"], languages["facts"]["mdm"]["reversal"]
-    assert ar["chance"] == mdm["chance"] == 1 / 16
-    for key in ("forward_accuracy", "reverse_prompted_accuracy", "reverse_scored_accuracy"):
+    assert ar["chance"] == mdm["chance"] == 1 / 8  # 16 facts, 8 of them paired
+    for key in ("forward_accuracy", "reverse_held_out_accuracy", "reverse_scored_accuracy"):
         assert 0 <= ar[key] <= 1, key
-    assert 0 <= mdm["forward_accuracy"] <= 1 and 0 <= mdm["reverse_accuracy"] <= 1
+    for key in ("forward_accuracy", "reverse_held_out_accuracy", "infill_reverse_accuracy"):
+        assert 0 <= mdm[key] <= 1, key
     markdown = (out / "report.md").read_text()
     for row in (
         "| facts | AR | reversal: forward |",
-        "| facts | AR | reversal: reverse, prompted |",
+        "| facts | AR | reversal: reverse, held-out facts |",
         "| facts | AR | reversal: reverse, likelihood-scored |",
         "| facts | MDM | reversal: forward |",
-        "| facts | MDM | reversal: reverse |",
-        "| facts | chance (1/N) | reversal |",
+        "| facts | MDM | reversal: reverse, held-out facts |",
+        "| facts | MDM | reversal: infill position 1 (a training conditional) |",
+        "| facts | chance (1/held-out) | reversal |",
     ):
         assert row in markdown, row
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)

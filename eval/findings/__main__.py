@@ -5,9 +5,10 @@
     python -m eval.findings --scale gpu --only reversal pathstar      # closer to the papers
 
 Every finding writes ``<out>/<finding>/report.md`` (+ report.json, figures) whose verdict rule is
-stated before its numbers; ``<out>/index.md`` (+ index.json) has one row per finding. Trained runs
-and measured stages are reused on a rerun (``--force`` redoes them); SIGTERM/Ctrl-C stops after a
-checkpoint and a rerun continues.
+stated before its numbers; ``<out>/index.md`` (+ index.json) has one row per finding. Trained
+runs and measured stages are reused on a rerun of the same code and settings (``--force`` redoes
+them; a folder made by other code or settings is moved aside, never reused); SIGTERM/Ctrl-C
+stops after a checkpoint and a rerun continues.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import time
 from pathlib import Path
 
 from eval.experiments.stages import run_stoppable
-from eval.findings.common import SCALES, FindingResult, Job, write_index
+from eval.findings.common import SCALES, FindingResult, Job, job_stamp, write_index
+from eval.findings.registration import fresh_job_folder
 from eval.findings.registry import FINDINGS
 from shared.cli_args import CommandParser
 from shared.errors import ConfigError
@@ -53,11 +55,15 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             started = time.perf_counter()
             finding = FINDINGS[name]
+            fresh_job_folder(out / name, job_stamp(finding, args.scale), args.force)
             job = Job(args.scale, out / name, args.force, stop, extra)
             result = finding.run(finding.settings[args.scale], job)
             result.wall_seconds = time.perf_counter() - started
             (out / name / "result.json").write_text(json.dumps(_row(result), indent=2))
-            print(f"[{name}] {result.verdict}: {result.measured} ({result.wall_seconds:.0f} s)")
+            label = f" ({result.registration})" if result.registration else ""
+            print(
+                f"[{name}] {result.verdict}{label}: {result.measured} ({result.wall_seconds:.0f} s)"
+            )
         results = [stored(out, name) for name in FINDINGS if (out / name / "result.json").exists()]
         paths = write_index(out, args.scale, results)
         print(f"index: {paths['markdown']}")

@@ -10,8 +10,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eval.findings.verdicts import RULES
-from eval.report import Report, Table, provenance
+from eval.findings.registration import (
+    EXPLORATORY,
+    registration,
+    registration_hash,
+    registration_text,
+)
+from eval.findings.verdicts import RULES, LearnedCheck, learned_gate
+from eval.report import Report, Table, code_state, provenance
 from shared.faults import StopRequest
 from shared.files import write_atomic
 
@@ -39,6 +45,7 @@ class FindingResult:
     scale: str
     wall_seconds: float = 0.0
     report: str = ""  # path of report.md, relative to the index
+    registration: str = ""  # pre-registered or exploratory (eval.findings.registration)
     numbers: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
@@ -65,19 +72,46 @@ class Finding:
     settings: dict[str, Any]  # scale -> the settings object the runner takes
     run: Callable[[Any, Job], FindingResult]  # (settings of the job's scale, job)
     gpu_wall: str  # expected wall time of the gpu scale, as documented
+    # What decides the verdict besides the settings (band, thresholds, learned checks), declared
+    # before any run and hashed into the registration.
+    rule: dict[str, Any] = field(default_factory=dict)
+    gpu_budget: str = ""  # what the gpu scale trains, for a finding whose models did not learn
 
 
-def start_report(finding: Finding, scale: str, out: Path, settings: Any, rules: list[str]):
-    """A finding's report with its claim and its rules written before any number."""
+def job_stamp(finding: Finding, scale: str) -> dict[str, str]:
+    """What a finding's folder must have been made by to be reused: this code and these
+    settings and rule."""
+    return {
+        "source_hash": code_state()["source_hash"],
+        "registration": registration_hash(finding, scale),
+    }
+
+
+def start_report(
+    finding: Finding, scale: str, out: Path, settings: Any, rules: list[str], preface: str = ""
+):
+    """A finding's report with its claim and its rules written before any number (``preface``,
+    e.g. that its results are not comparable with the publication's, goes first)."""
     report = Report(
         f"Finding: {finding.claim.title} (scale `{scale}`)",
         out,
-        config={"finding": finding.name, "scale": scale, "settings": _plain(settings)},
+        config={
+            "finding": finding.name,
+            "scale": scale,
+            "settings": _plain(settings),
+            "rule": finding.rule,
+        },
         seeds={"train": list(getattr(settings, "seeds", (0,)))},
     )
+    status = registration(finding, scale, code_state())
+    report.results["registration"] = status
+    if preface:
+        report.text(preface)
     report.text(
         f"**Published claim.** {finding.claim.statement} ({finding.claim.source}) "
         f"The `gpu` scale of this finding takes {finding.gpu_wall} (an estimate).\n\n"
+        + registration_text(status)
+        + "\n\n"
         + "\n\n".join(rules)
     )
     return report
@@ -91,25 +125,45 @@ def finish_report(
     measured: str,
     verdict: str,
     rule: str,
+    checks: list[LearnedCheck],
     numbers: dict[str, Any] | None = None,
     notes: list[str] | None = None,
 ) -> FindingResult:
-    """Write the verdict section and the report; returns the finding's row for the index."""
+    """Apply the learned gate to the comparison's ``verdict``, write the verdict section and the
+    report; returns the finding's row for the index."""
+    gated, gate_notes = learned_gate(verdict, checks, finding.gpu_budget or finding.gpu_wall)
+    status = report.results["registration"]["status"]
     result = FindingResult(
         finding.name,
         finding.claim,
         measured,
-        verdict,
+        gated,
         rule,
         scale,
-        numbers=numbers or {},
-        notes=notes or [],
+        numbers=(numbers or {}) | {"comparison_verdict": verdict},
+        notes=gate_notes + (notes or []),
+        registration=status,
+    )
+    label = " (exploratory run)" if status == EXPLORATORY else ""
+    report.table(
+        Table(
+            "Learned checks (the gate)",
+            ["model", "check", "measured", "passed"],
+            [[c.model, c.check, c.measured, "yes" if c.passed else "NO"] for c in checks],
+        )
     )
     report.text(
-        f"## Verdict: **{verdict}**\n\nMeasured: {measured}."
+        f"## Verdict: **{gated}**{label}\n\nMeasured: {measured}."
         + "".join(f"\n\n{note}" for note in result.notes)
     )
-    report.results.update({"verdict": verdict, "measured": measured})
+    report.results.update(
+        {
+            "verdict": gated,
+            "comparison_verdict": verdict,
+            "measured": measured,
+            "checks": [_plain(c) for c in checks],
+        }
+    )
     report.results.setdefault("numbers", {}).update(result.numbers)
     result.report = str(report.write()["markdown"])
     return result
@@ -126,7 +180,7 @@ def write_index(out: Path, scale: str, results: list[FindingResult]) -> dict[str
             r.claim.title,
             f"{r.claim.statement} ({r.claim.source})",
             r.measured,
-            r.verdict,
+            f"**{r.verdict}**" + (" (exploratory)" if r.registration == EXPLORATORY else ""),
             f"{r.wall_seconds / 60:.1f} min",
             f"[report]({os.path.relpath(r.report, out)})" if r.report else "-",
         ]
@@ -139,14 +193,16 @@ def write_index(out: Path, scale: str, results: list[FindingResult]) -> dict[str
         note="Each report states its verdict rule before its numbers. At scale `smoke` the "
         "runs are far too short for the verdicts to mean anything: smoke checks the plumbing.",
     )
-    prov = provenance({"train": 0})
+    prov = provenance()
     text = "\n".join(
         [
             f"# Findings (scale `{scale}`)",
             "",
             table.markdown(),
             "",
-            f"git commit `{prov['git_commit']}`; machine: {prov['machine']['cpu']} "
+            f"git commit `{prov['git_commit']}`"
+            + (" (with uncommitted changes)" if prov["git_dirty"] else "")
+            + f"; machine: {prov['machine']['cpu']} "
             f"({prov['machine']['cpu_count']} CPUs), GPU: {prov['machine']['gpu']}; "
             f"created {prov['created']}",
             "",

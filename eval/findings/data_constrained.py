@@ -25,13 +25,13 @@ from eval.findings.common import (
 from eval.findings.verdicts import (
     INCONCLUSIVE,
     NOT_REPRODUCED,
+    LearnedCheck,
     direction_in_every_seed,
     direction_verdict,
     seed_interval,
 )
 from eval.report import Report, Table
 from shared.training import resolve_config
-from shared.validation import standard_error
 
 CLAIM = Claim(
     "Data-constrained crossover",
@@ -164,13 +164,7 @@ def judge(
         ],
     )
     best = {o: [best_point(c) for c in curves[o]] for o in curves}
-    best_loss = {
-        o: seed_interval(
-            [b["val_nats_per_token"] for b in best[o]],
-            [standard_error(b) for b in best[o]],
-        )
-        for o in best
-    }
+    best_loss = {o: seed_interval([b["val_nats_per_token"] for b in best[o]]) for o in best}
     best_epoch = {o: seed_interval([b["epoch"] for b in best[o]]) for o in best}
     headline, agree, notes = direction_in_every_seed(
         best_loss["mdm"],
@@ -244,6 +238,21 @@ def judge(
         f"MDM {best_epoch['mdm'].value:.1f}",
         verdict=headline,
         rule="MDM's best validation loss below the AR's best, 95% intervals separated",
+        checks=[
+            LearnedCheck(
+                o.upper(),
+                "best validation at least 0.1 nats below the first, every seed",
+                ", ".join(
+                    f"{c[0]['val_nats_per_token']:.3f} -> {best_point(c)['val_nats_per_token']:.3f}"
+                    for c in curves[o]
+                ),
+                all(
+                    best_point(c)["val_nats_per_token"] < c[0]["val_nats_per_token"] - 0.1
+                    for c in curves[o]
+                ),
+            )
+            for o in ("ar", "mdm")
+        ],
         numbers={
             "best_loss": {o: v.as_dict() for o, v in best_loss.items()},
             "best_epoch": {o: v.as_dict() for o, v in best_epoch.items()},

@@ -1,6 +1,7 @@
-"""Finding: the reversal curse. Facts ``a_i b_i`` seen in one direction only; asked ``b_i -> ?``,
-the AR model answers near chance while the masked diffusion model answers (it was trained on
-every conditional, the reverse one included)."""
+"""Finding: the reversal curse. Facts ``a_i b_i`` are seen forward; half of them (the paired
+facts) also reversed, so the reversed order is a familiar format; the other half (held out) never
+reversed. Asked ``b_i -> ?`` for a held-out fact, in the same surface order for both models, the
+AR answers near chance while the masked diffusion model answers (the claim under test)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,15 @@ from eval.findings.common import (
     rule_text,
     start_report,
 )
-from eval.findings.verdicts import direction_in_every_seed, pooled_accuracy
+from eval.findings.verdicts import (
+    INCONCLUSIVE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    Interval,
+    LearnedCheck,
+    accuracy_interval,
+    all_seeds_agree,
+)
 from eval.report import Table
 from eval.synthetic_probes import reversal_probe
 from shared.data.synthetic.specs import build_language
@@ -35,6 +44,7 @@ CLAIM = Claim(
 class ReversalSettings:
     seeds: tuple[int, ...]
     pairs: int
+    both: int  # the paired facts, also seen reversed; the other pairs - both are held out
     strings: int  # training strings per seed
     preset: str
     overrides: dict[str, Any] = field(default_factory=dict)
@@ -43,11 +53,12 @@ class ReversalSettings:
 TRAIN = dict(tokenizer="byte", protocol="padded", seq_len=4, max_seq_len=64)
 SETTINGS = {
     "smoke": ReversalSettings(
-        (0, 1), 8, 1000, "tiny", dict(max_steps=40, batch_size=16, eval_every=20, lr=5e-3)
+        (0, 1), 8, 4, 1000, "tiny", dict(max_steps=40, batch_size=16, eval_every=20, lr=5e-3)
     ),
     "cpu": ReversalSettings(
-        (0, 1, 2, 3, 4),
+        (0, 1, 2),
         26,
+        13,
         4000,
         "tiny",
         dict(
@@ -65,6 +76,7 @@ SETTINGS = {
     "gpu": ReversalSettings(
         tuple(range(10)),
         26,
+        13,
         20000,
         "tiny",
         dict(
@@ -84,7 +96,10 @@ SETTINGS = {
 
 def facts_spec(settings: ReversalSettings, seed: int) -> str:
     n_val = max(64, settings.strings // 10)
-    return f"synthetic:facts?pairs={settings.pairs}&seed={seed}&n={settings.strings}&n_val={n_val}"
+    return (
+        f"synthetic:facts?pairs={settings.pairs}&both={settings.both}&seed={seed}"
+        f"&n={settings.strings}&n_val={n_val}"
+    )
 
 
 def run(settings: ReversalSettings, job: Job) -> FindingResult:
@@ -113,85 +128,134 @@ def probe_both(folder: Path, spec: str) -> dict[str, Any]:
     return result
 
 
-def pooled(per_seed: list[dict[str, Any]], objective: str, key: str, pairs: int):
-    """The Wilson interval of an accuracy pooled over every seed's ``pairs`` facts."""
-    return pooled_accuracy([seed[objective][key] for seed in per_seed], [pairs] * len(per_seed))
+# Declared before any run (hashed into the registration): the MDM "answers" the reversed
+# queries when it gets at least this fraction right, and each model must reach the learned
+# accuracy on the forward facts and on the paired facts' reversed queries (the positive control).
+RULE = {"answers": 0.5, "learned_accuracy": 0.9}
+QUERIES = (
+    ("ar", "forward_accuracy", "AR forward (a -> b), every fact"),
+    ("ar", "reverse_paired_accuracy", "AR reverse (b -> a), paired facts (control)"),
+    ("ar", "reverse_held_out_accuracy", "AR reverse (b -> a), held-out facts"),
+    ("ar", "reverse_scored_accuracy", "AR reverse by its forward likelihood, held-out facts"),
+    ("mdm", "forward_accuracy", "MDM forward (a -> b), every fact"),
+    ("mdm", "reverse_paired_accuracy", "MDM reverse (b -> a), paired facts (control)"),
+    ("mdm", "reverse_held_out_accuracy", "MDM reverse (b -> a), held-out facts"),
+    ("mdm", "infill_reverse_accuracy", "MDM fills a before b (a training conditional)"),
+)
+
+
+def examples(settings: ReversalSettings, key: str) -> int:
+    """How many facts one seed's accuracy ``key`` is over."""
+    if key == "forward_accuracy":
+        return settings.pairs
+    return settings.both if key == "reverse_paired_accuracy" else settings.pairs - settings.both
+
+
+def reversal_verdict(ar: Interval, mdm: Interval, every_seed: bool) -> str:
+    """The claim: the MDM answers the held-out reversed queries (accuracy >= RULE["answers"])
+    and the AR does worse. Reproduced: the AR's interval lies below the MDM's, in every seed,
+    with the MDM's whole interval at or above the threshold. Not reproduced: the MDM's whole
+    interval lies below the threshold (it does not answer), or below the AR's."""
+    if mdm.high < RULE["answers"] or mdm.high < ar.low:
+        return NOT_REPRODUCED
+    if ar.high < mdm.low and mdm.low >= RULE["answers"] and every_seed:
+        return REPRODUCED
+    return INCONCLUSIVE
 
 
 def judge(
     scale: str, settings: ReversalSettings, per_seed: list[dict[str, Any]], out: Path
 ) -> FindingResult:
     finding = FINDING
+    held = settings.pairs - settings.both
     report = start_report(
         finding,
         scale,
         out,
         settings,
-        rule_text("direction")
+        rule_text("seeds", "learned")
         + [
-            "Here A = the AR model's accuracy on reversed queries (the next token after "
-            "`[BOS, b_i]`), B = the MDM's (position 1 of `[BOS, MASK, b_i, EOS]`), each pooled "
-            "over every seed's facts (95% Wilson interval). The direction must also hold in every "
-            "seed. The forward accuracies are shown so a failure to learn the facts at all is "
-            "visible: a reversal verdict on facts neither model learned means nothing."
+            "**Rule (reversal).** Both models are asked the same question in the same surface "
+            "order: a_i after b_i (the AR's next token after `[BOS, b_i]`, the MDM's fill of "
+            f"`[BOS, b_i, MASK, EOS]`) for the {held} held-out facts, whose reversed order never "
+            "appeared in training, each an argmax over the held-out a's (chance "
+            f"1/{held}). *Reproduced*: the AR's interval lies below the MDM's, in every seed, and "
+            f"the MDM's whole interval is at least {RULE['answers']} (it answers). *Not "
+            f"reproduced*: the MDM's whole interval is below {RULE['answers']}, or below the "
+            "AR's. *Inconclusive* otherwise. Learned checks: each model answers at least "
+            f"{RULE['learned_accuracy']} of the forward facts and of the paired facts' reversed "
+            "queries (the paired facts were trained reversed, so a model below that has not "
+            "learned the format)."
         ],
     )
-    pairs = settings.pairs
     rows, intervals = [], {}
-    for objective, key, label in (
-        ("ar", "forward_accuracy", "AR forward (a -> b)"),
-        ("ar", "reverse_prompted_accuracy", "AR reverse, prompted (b -> a)"),
-        ("ar", "reverse_scored_accuracy", "AR reverse, scored by forward likelihood"),
-        ("mdm", "forward_accuracy", "MDM forward (a -> b)"),
-        ("mdm", "reverse_accuracy", "MDM reverse (b -> a)"),
-    ):
-        interval = pooled(per_seed, objective, key, pairs)
+    for objective, key, label in QUERIES:
+        values = [seed[objective][key] for seed in per_seed]
+        interval = accuracy_interval(values, [examples(settings, key)] * len(values))
         intervals[(objective, key)] = interval
-        per = ", ".join(f"{seed[objective][key]:.3f}" for seed in per_seed)
+        per = ", ".join(f"{v:.3f}" for v in values)
         rows.append([label, interval.value, f"[{interval.low:.3f}, {interval.high:.3f}]", per])
     report.table(
         Table(
             "Accuracy over the facts",
-            ["query", "accuracy (pooled)", "95% Wilson interval", "per seed"],
+            ["query", "accuracy (pooled)", "95% interval", "per seed"],
             rows,
-            note=f"{pairs} facts per seed, seeds {list(settings.seeds)}; chance = 1/{pairs} = "
-            f"{1 / pairs:.3f}. 'Scored by forward likelihood' ranks all a's by p(a, b_i): the "
-            "AR answering through its forward direction with N forward passes, not a reverse "
-            "query.",
+            note=f"{settings.pairs} facts per seed ({settings.both} paired, {held} held out), "
+            f"seeds {list(settings.seeds)}; chance on the held-out queries = 1/{held} = "
+            f"{1 / held:.3f}. 'By its forward likelihood' ranks the held-out a's by "
+            "p(a) p(b_i | a): the AR answering through its forward direction with one pass "
+            "per candidate, a control that separates 'cannot represent' from 'cannot produce'.",
         )
     )
-    ar = intervals[("ar", "reverse_prompted_accuracy")]
-    mdm = intervals[("mdm", "reverse_accuracy")]
-    verdict, agree, notes = direction_in_every_seed(
-        ar,
-        mdm,
-        [s["ar"]["reverse_prompted_accuracy"] for s in per_seed],
-        [s["mdm"]["reverse_accuracy"] for s in per_seed],
+    ar = intervals[("ar", "reverse_held_out_accuracy")]
+    mdm = intervals[("mdm", "reverse_held_out_accuracy")]
+    every_seed = all_seeds_agree(
+        [s["ar"]["reverse_held_out_accuracy"] for s in per_seed],
+        [s["mdm"]["reverse_held_out_accuracy"] for s in per_seed],
     )
-    learned = min(
-        intervals[("ar", "forward_accuracy")].value, intervals[("mdm", "forward_accuracy")].value
-    )
-    if learned < 0.9:
-        notes.append(
-            f"Caution: a model's forward accuracy is {learned:.2f} (< 0.9): the facts are not "
-            "fully learned at this budget."
+    verdict = reversal_verdict(ar, mdm, every_seed)
+    checks = [
+        LearnedCheck(
+            objective.upper(),
+            f"{what} accuracy >= {RULE['learned_accuracy']}",
+            f"{intervals[(objective, key)].value:.3f}",
+            intervals[(objective, key)].value >= RULE["learned_accuracy"],
         )
+        for objective in ("ar", "mdm")
+        for key, what in (
+            ("forward_accuracy", "forward"),
+            ("reverse_paired_accuracy", "paired facts' reversed"),
+        )
+    ]
     return finish_report(
         report,
         finding,
         scale,
-        measured=f"reverse accuracy AR {ar.text()} vs MDM {mdm.text()} (chance {1 / pairs:.3f})",
+        measured=f"held-out reverse accuracy AR {ar.text()} vs MDM {mdm.text()} "
+        f"(chance {1 / held:.3f})",
         verdict=verdict,
         rule=RULE_SUMMARY,
+        checks=checks,
         numbers={
             "per_seed": per_seed,
             "intervals": {f"{o}/{k}": v.as_dict() for (o, k), v in intervals.items()},
-            "all_seeds_agree": agree,
+            "all_seeds_agree": every_seed,
         },
-        notes=notes,
+        notes=[] if every_seed else ["Not every seed has the AR below the MDM."],
     )
 
 
-RULE_SUMMARY = "AR reverse accuracy's 95% interval below the MDM's, and in every seed"
+RULE_SUMMARY = (
+    "same-order reversed queries on held-out facts: AR's interval below the MDM's in every seed "
+    "and the MDM's at least 0.5"
+)
 
-FINDING = Finding("reversal", CLAIM, SETTINGS, run, gpu_wall="about 10 min on one GPU")
+FINDING = Finding(
+    "reversal",
+    CLAIM,
+    SETTINGS,
+    run,
+    gpu_wall="about 10 min on one GPU",
+    rule=RULE | {"summary": RULE_SUMMARY},
+    gpu_budget="d256 x 6 layers, 3000 steps of 256 strings, 10 seeds",
+)

@@ -1,8 +1,18 @@
 """Verdict rules: a finding is *reproduced* only when 95% intervals say so, never on point
-estimates. Every finding's report quotes the rule it applies (``RULES``) before its numbers.
+estimates, and only when its models learned. Every finding's report quotes the rules it applies
+(``RULES``) before its numbers.
 
-Intervals come from two places: accuracies pooled over every (seed, example) trial (Wilson) and
-means over seeds that also carry a within-seed standard error (``seed_interval``).
+The intervals cover training randomness: a quantity measured once per seed gets the Student-t
+interval of its mean over seeds (``seed_interval``; one seed gives an unbounded interval, so no
+verdict rests on one training run), a paired MDM-AR difference the t interval of the per-seed
+differences (``paired_difference``), and an accuracy the union of that t interval and the Wilson
+interval of every (seed, example) trial pooled (``accuracy_interval``: seeds that agree perfectly
+still leave the finite number of examples).
+
+A rule cannot be won by a wide interval: the direction rule needs the intervals separated, the
+magnitude rule needs the whole interval inside a band declared with the finding (``Band``), and
+``learned_gate`` turns any verdict into *inconclusive (not trained)* when a model failed the
+check the finding states for it.
 """
 
 from __future__ import annotations
@@ -15,6 +25,8 @@ from scipy import stats
 
 Z95 = 1.959964
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
+NOT_TRAINED = "inconclusive (not trained)"
+VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_TRAINED)
 
 RULES = {
     "direction": (
@@ -24,9 +36,23 @@ RULES = {
         "quantity was not measured."
     ),
     "magnitude": (
-        "**Rule (magnitude).** *Reproduced*: the published value lies inside our 95% interval. "
-        "*Not reproduced*: our interval is bounded and excludes it. *Inconclusive*: no interval "
-        "(not measured, or unbounded on the side of the published value)."
+        "**Rule (magnitude).** The finding declares, before any run, an equivalence band around "
+        "the published value (the values it counts as the same result). *Reproduced*: our whole "
+        "95% interval lies inside the band (an interval unbounded on either side never does). "
+        "*Not reproduced*: our interval and the band are disjoint. *Inconclusive*: they overlap "
+        "without the interval lying inside, or nothing was measured. A wider interval can only "
+        "move a verdict towards *inconclusive*."
+    ),
+    "learned": (
+        "**Gate (learned).** Each model must pass the check stated for it below (a learning curve "
+        "past its plateau, or a positive control's accuracy); otherwise the verdict is "
+        "*inconclusive (not trained)* whatever the comparison says, and the report names the "
+        "model, the check and its measured value."
+    ),
+    "seeds": (
+        "**Intervals.** 95% Student-t intervals over training seeds (n - 1 degrees of freedom), "
+        "paired MDM-AR differences where both ran on the same seed; accuracies take the union of "
+        "that interval and the Wilson interval of all (seed, example) trials pooled."
     ),
 }
 
@@ -64,19 +90,38 @@ def wilson_interval(successes: int, trials: int) -> Interval:
     return Interval(p, max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half)))
 
 
-def seed_interval(values: Sequence[float], stderrs: Sequence[float] | None = None) -> Interval:
-    """The 95% interval of the mean over seeds of a quantity each seed measured with its own
-    standard error: the variance of the mean is (mean within-seed variance + the between-seed
-    sample variance) / n, under a normal approximation (stated in the reports: with 2-3 seeds the
-    between-seed variance is itself uncertain)."""
+def seed_interval(values: Sequence[float]) -> Interval:
+    """The 95% Student-t interval of the mean over training seeds of a quantity measured once
+    per seed. One seed says nothing about training randomness: its interval is unbounded."""
     if not values:
         raise ValueError("seed_interval needs at least one value")
-    n = len(values)
-    mean = sum(values) / n
-    within = 0.0 if stderrs is None else sum(se**2 for se in stderrs) / n
-    between = 0.0 if n == 1 else sum((v - mean) ** 2 for v in values) / (n - 1)
-    half = Z95 * math.sqrt((within + between) / n)
-    return Interval(mean, mean - half, mean + half)
+    if len(values) == 1:
+        return Interval(values[0], -math.inf, math.inf)
+    return t_interval(values)
+
+
+def paired_difference(first: Sequence[float], second: Sequence[float]) -> Interval:
+    """The seed interval of ``first[i] - second[i]``: both measured on seed i, so what the seeds
+    share (data order, initialisation draw) cancels."""
+    if len(first) != len(second) or not first:
+        raise ValueError(f"need equal, non-empty per-seed lists: {len(first)} vs {len(second)}")
+    return seed_interval([a - b for a, b in zip(first, second)])
+
+
+def accuracy_interval(fractions: Sequence[float], trials: Sequence[int]) -> Interval:
+    """An accuracy measured on ``trials[i]`` examples in seed i: the pooled value with the union
+    of the seeds' t interval (training randomness; clipped to [0, 1]) and the pooled Wilson
+    interval (the finite examples). One seed gives the Wilson interval alone, which is then
+    labelled as such by the caller's seed count."""
+    pooled = pooled_accuracy(fractions, trials)
+    if len(fractions) < 2:
+        return pooled
+    seeds = t_interval(fractions)
+    return Interval(
+        pooled.value,
+        min(pooled.low, max(0.0, seeds.low)),
+        max(pooled.high, min(1.0, seeds.high)),
+    )
 
 
 def t_interval(values: Sequence[float]) -> Interval:
@@ -101,17 +146,67 @@ def direction_verdict(lower: Interval | None, higher: Interval | None) -> str:
     return INCONCLUSIVE
 
 
-def magnitude_verdict(published: float, measured: Interval | None) -> str:
-    """The claim "the value is ``published``" judged by the magnitude rule."""
+@dataclass(frozen=True)
+class Band:
+    """The values a finding counts as its published value, declared with the finding."""
+
+    published: float
+    low: float
+    high: float
+
+    def __post_init__(self) -> None:
+        if not self.low <= self.published <= self.high or math.isinf(self.high - self.low):
+            raise ValueError(
+                f"a band is finite and holds the published value: [{self.low}, {self.high}] "
+                f"around {self.published}"
+            )
+
+    def text(self) -> str:
+        return f"{self.published:g} (band [{self.low:g}, {self.high:g}])"
+
+
+def magnitude_verdict(band: Band, measured: Interval | None) -> str:
+    """The claim "the value is ``band.published``" judged by the magnitude rule."""
     if measured is None:
         return INCONCLUSIVE
-    if measured.low <= published <= measured.high:
-        return REPRODUCED
-    if (published < measured.low and not math.isinf(measured.low)) or (
-        published > measured.high and not math.isinf(measured.high)
-    ):
+    if band.low <= measured.low and measured.high <= band.high:
+        return REPRODUCED  # an infinite end never lies inside a finite band
+    if measured.high < band.low or measured.low > band.high:
         return NOT_REPRODUCED
     return INCONCLUSIVE
+
+
+@dataclass(frozen=True)
+class LearnedCheck:
+    """Whether one model learned what a finding needs it to have learned: ``model`` passed
+    ``check`` (e.g. "validation loss 0.1 nats below the unigram entropy") with ``measured``."""
+
+    model: str
+    check: str
+    measured: str
+    passed: bool
+
+    def text(self) -> str:
+        return f"{self.model}: {self.check}: {self.measured} ({'pass' if self.passed else 'FAIL'})"
+
+
+def learned_gate(
+    verdict: str, checks: Sequence[LearnedCheck], larger_budget: str
+) -> tuple[str, list[str]]:
+    """The verdict after the learned gate: *inconclusive (not trained)* when any check failed,
+    with one note per failed check and ``larger_budget`` (what the gpu scale gives); otherwise
+    the verdict unchanged. Every finding states at least one check per model."""
+    if not checks:
+        raise ValueError("a finding must state its learned checks")
+    failed = [check for check in checks if not check.passed]
+    if not failed:
+        return verdict, []
+    notes = [
+        f"Not trained: {check.model} failed the check '{check.check}' (measured "
+        f"{check.measured}); the comparison's own verdict would have been *{verdict}*."
+        for check in failed
+    ]
+    return NOT_TRAINED, notes + [f"The `gpu` scale gives {larger_budget}."]
 
 
 def pooled_accuracy(fractions: Sequence[float], trials: Sequence[int]) -> Interval:

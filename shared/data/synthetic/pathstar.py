@@ -177,6 +177,9 @@ class PathStarLanguage(Language):
         xm,kq,qb,kx/km=kxm        (arms k-q-b and k-x-m, goal m)
 
     Every string has ``3*degree*arm + arm + 4`` symbols (single characters: one byte token each).
+    With ``reverse=1`` the answer is written from the goal back to the start (``...=mxk`` above):
+    each next node is the unique parent of the last, so left-to-right prediction needs no
+    planning (the positive control of the path-star finding).
 
     Every valid string is equally likely, so ``log_prob`` and the entropy are closed-form;
     ``next_log_probs`` is exact too, by counting the star graphs that contain the edges seen so
@@ -184,8 +187,11 @@ class PathStarLanguage(Language):
     language has no random parameters (the corpus draws depend on it through ``specs``).
     """
 
-    def __init__(self, *, degree: int = 3, arm: int = 4, symbols: int = 26, seed: int = 0) -> None:
+    def __init__(
+        self, *, degree: int = 3, arm: int = 4, symbols: int = 26, reverse: int = 0, seed: int = 0
+    ) -> None:
         _check_int("degree", degree, 2, len(LABELS))
+        _check_int("reverse", reverse, 0, 1)
         _check_int("arm", arm, 1, len(LABELS))
         nodes = 1 + degree * arm
         if isinstance(symbols, bool) or not isinstance(symbols, int) or symbols > len(LABELS):
@@ -201,7 +207,10 @@ class PathStarLanguage(Language):
         self.labels = LABELS[:symbols]
         self.alphabet = self.labels + EDGE_SEP + PROMPT_SEP + ANSWER_SEP
         self.max_len = 3 * self.n_edges + arm + 4
-        self.name = f"pathstar(degree={degree}, arm={arm}, symbols={symbols})"
+        self.reverse = bool(reverse)
+        self.name = f"pathstar(degree={degree}, arm={arm}, symbols={symbols})" + (
+            " reversed" if reverse else ""
+        )
         # node k's parent: arm j holds nodes 1 + j*arm ... (j+1)*arm, node 0 is the centre
         child = np.arange(1, nodes)
         self._parent = np.where((child - 1) % arm == 0, 0, child - 1)
@@ -252,10 +261,18 @@ class PathStarLanguage(Language):
         out[:, tail + 1] = names[:, 0]
         out[:, tail + 2] = names[np.arange(n), (goals + 1) * self.arm]
         out[:, tail + 3] = ANSWER_SEP
-        out[:, tail + 4] = names[:, 0]
-        for i in range(self.arm):
-            out[:, tail + 5 + i] = names[np.arange(n), goals * self.arm + 1 + i]
+        path = [names[:, 0]] + [
+            names[np.arange(n), goals * self.arm + 1 + i] for i in range(self.arm)
+        ]
+        for i, column in enumerate(reversed(path) if self.reverse else path):
+            out[:, tail + 4 + i] = column
         return ["".join(row) for row in out.tolist()]
+
+    def answer(self, edges: list[Edge], start: str, goal: str) -> str:
+        """The answer this language writes: the path from start to goal, reversed with
+        ``reverse``."""
+        path = solve(edges, start, goal)
+        return path[::-1] if self.reverse else path
 
     # ---- exact probabilities
 
@@ -334,7 +351,9 @@ class PathStarLanguage(Language):
         query = prefix[tail + 1 : tail + 3]
         if query[:1] not in ("", centre) or query[1:] not in ("", *leaves):
             raise self._zero(prefix)
-        if t >= tail + 4 and not solve(edges, centre, query[1]).startswith(prefix[tail + 4 :]):
+        if t >= tail + 4 and not self.answer(edges, centre, query[1]).startswith(
+            prefix[tail + 4 :]
+        ):
             raise self._zero(prefix)
         if t == self.max_len:
             out[-1] = 0.0
@@ -346,7 +365,7 @@ class PathStarLanguage(Language):
             for leaf in leaves:
                 out[self.alphabet.index(leaf)] = -math.log(self.degree)
         else:
-            out[self.alphabet.index(solve(edges, centre, query[1])[t - tail - 4])] = 0.0
+            out[self.alphabet.index(self.answer(edges, centre, query[1])[t - tail - 4])] = 0.0
         return out
 
     def log_prob(self, string: str) -> float:
@@ -361,4 +380,4 @@ class PathStarLanguage(Language):
         if graph is None:
             return False
         centre, leaves = graph
-        return start == centre and goal in leaves and path == solve(edges, start, goal)
+        return start == centre and goal in leaves and path == self.answer(edges, start, goal)

@@ -4,7 +4,7 @@ its train/validation strings. Specs for ``shared.data.corpus.load_corpus``::
     synthetic:hmm
     synthetic:pcfg?max_depth=3&seed=2
     synthetic:teacher?seed=1&n=20000&n_val=1000
-    synthetic:facts?pairs=16&seed=0
+    synthetic:facts?pairs=16&both=8&seed=0
     synthetic:pathstar?degree=3&arm=4&symbols=26&n=20000&n_val=1000&seed=0
 
 ``n``/``n_val`` are the numbers of train/validation strings (drawn i.i.d. from different seeds),
@@ -46,8 +46,8 @@ _PARAMS: dict[str, dict[str, type]] = {
     },
     "pcfg": {"types": int, "max_depth": int, "children": list, "type_probs": list},
     "teacher": {"vocab": int, "length": int, "dim": int, "layers": int, "sharpness": float},
-    "facts": {"pairs": int},
-    "pathstar": {"degree": int, "arm": int, "symbols": int},
+    "facts": {"pairs": int, "both": int},
+    "pathstar": {"degree": int, "arm": int, "symbols": int, "reverse": int},
 }
 
 

@@ -1,0 +1,140 @@
+"""Pre-registration of findings: each finding's claim, settings and verdict rule, hashed and
+committed in ``registered.json`` before its verdict runs.
+
+A report records the hash of what it ran with and the code that ran it (commit, dirty flag,
+source hash). It is *pre-registered* when that hash is the registered one and the code was a
+clean commit; otherwise it is *exploratory* and says why (settings or rule changed after the
+registration, nothing registered, uncommitted code). A registration that is replaced keeps the
+old hash and the reason in its history, so a reviewer sees when a rule moved after a run.
+
+    python -m eval.findings.register                        # which entries are stale
+    python -m eval.findings.register --because "reason"     # register the current ones
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, is_dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from shared.files import write_atomic
+from shared.training.run_folder import move_aside
+
+REGISTRY = Path(__file__).with_name("registered.json")
+PRE_REGISTERED, EXPLORATORY = "pre-registered", "exploratory"
+JOB_STAMP = "finding-code.json"
+
+
+def _plain(value: Any) -> Any:
+    return asdict(value) if is_dataclass(value) else value
+
+
+def registration_hash(finding: Any, scale: str) -> str:
+    """The hash of everything that decides a finding's verdict at ``scale``: its claim, its
+    settings and its declared rule (band, thresholds, learned checks)."""
+    payload = {
+        "finding": finding.name,
+        "claim": _plain(finding.claim),
+        "scale": scale,
+        "settings": _plain(finding.settings[scale]),
+        "rule": finding.rule,
+    }
+    text = json.dumps(payload, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def load_registry(path: Path = REGISTRY) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def registration(finding: Any, scale: str, code: dict[str, Any], registry=None) -> dict[str, Any]:
+    """The registration status of a run of ``finding`` at ``scale`` with ``code``
+    (``eval.report.code_state``): status, hash, the registered entry and why."""
+    entry = (load_registry() if registry is None else registry).get(finding.name, {}).get(scale)
+    current = registration_hash(finding, scale)
+    if entry is None:
+        why = "nothing is registered for this finding and scale"
+    elif entry["hash"] != current:
+        why = (
+            f"its settings or rule (hash {current}) differ from those registered on "
+            f"{entry['registered']} (hash {entry['hash']})"
+        )
+    elif code.get("git_dirty") is not False:
+        why = "the code had uncommitted changes (or no git checkout), so no commit names it"
+    else:
+        why = ""
+    revisions = len(entry.get("history", [])) if entry else 0
+    return {
+        "status": EXPLORATORY if why else PRE_REGISTERED,
+        "hash": current,
+        "registered": entry,
+        "revisions": revisions,
+        "why": why,
+    }
+
+
+def registration_text(status: dict[str, Any]) -> str:
+    """The report's line about its registration."""
+    if status["status"] == EXPLORATORY:
+        return f"**Exploratory run**: {status['why']}. Its verdict is not a reproduction verdict."
+    entry = status["registered"]
+    revised = (
+        f"; revised {status['revisions']} time(s) before, the last because: "
+        f"{entry['history'][-1]['replaced_because']}"
+        if status["revisions"]
+        else ""
+    )
+    return (
+        f"**Pre-registered**: settings and rule hash `{status['hash']}`, registered on "
+        f"{entry['registered']} in `eval/findings/registered.json`{revised}."
+    )
+
+
+def stale_entries(findings: dict[str, Any], registry: dict[str, Any]) -> list[tuple[str, str]]:
+    """The (finding, scale) pairs whose current hash is not the registered one."""
+    return [
+        (name, scale)
+        for name, finding in findings.items()
+        for scale in finding.settings
+        if registry.get(name, {}).get(scale, {}).get("hash") != registration_hash(finding, scale)
+    ]
+
+
+def register(findings: dict[str, Any], because: str, path: Path = REGISTRY) -> list[str]:
+    """Register the current hash of every stale entry of ``findings``, keeping the replaced one
+    in history."""
+    registry = load_registry(path)
+    today = datetime.now(UTC).date().isoformat()
+    changed = []
+    for name, scale in stale_entries(findings, registry):
+        old = registry.setdefault(name, {}).get(scale)
+        history = [] if old is None else old.get("history", [])
+        if old is not None:
+            history = history + [
+                {"hash": old["hash"], "registered": old["registered"], "replaced_because": because}
+            ]
+        registry[name][scale] = {
+            "hash": registration_hash(findings[name], scale),
+            "registered": today,
+            "history": history,
+        }
+        changed.append(f"{name}/{scale}")
+    write_atomic(path, json.dumps(registry, indent=2, sort_keys=True) + "\n")
+    return changed
+
+
+def fresh_job_folder(out: Path, stamp: dict[str, Any], force: bool) -> None:
+    """Make ``out`` hold only work done by this code and these settings: when it holds a job
+    stamped with another source hash or registration hash (or ``force``), move that job aside
+    (nothing is deleted), so no trained run or stored stage is reused across a change."""
+    path = out / JOB_STAMP
+    if out.is_dir() and any(out.iterdir()):
+        earlier = json.loads(path.read_text()) if path.exists() else None
+        if force or earlier != stamp:
+            why = "--force" if force else f"it was made by other code or settings ({earlier})"
+            print(f"[{out.name}] moved the earlier job aside to {move_aside(out)}: {why}")
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(stamp, indent=2, sort_keys=True))
