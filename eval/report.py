@@ -257,7 +257,9 @@ class Report:
         parts += [
             "## Provenance",
             "",
-            f"- git commit: `{prov['git_commit']}`; created {prov['created']}",
+            f"- git commit: `{prov['git_commit']}`"
+            + (" with uncommitted changes" if prov["git_dirty"] else "")
+            + f" (source hash `{prov['source_hash']}`); created {prov['created']}",
             f"- machine: {prov['machine']['cpu']} ({prov['machine']['cpu_count']} CPUs, "
             f"{prov['machine']['torch_threads']} torch threads), GPU: {prov['machine']['gpu']}",
             "- versions: " + ", ".join(f"{k} {v}" for k, v in prov["versions"].items() if v),

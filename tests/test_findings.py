@@ -188,41 +188,69 @@ def curve(losses: list[float], se: float = 0.01, rows: int = 32, batch: int = 16
     ]
 
 
+def dc_curve(losses: list[float], per_epoch: float = 1.0) -> list[dict]:
+    """Validations at epochs 1/per_epoch, 2/per_epoch, ... (8 steps per epoch)."""
+    return [
+        {"step": 8 * (i + 1), "epoch": (i + 1) / per_epoch, "val_nats_per_token": loss}
+        for i, loss in enumerate(losses)
+    ]
+
+
 AR_OVERFITS = [5.0, 4.0, 3.5, 3.6, 3.9, 4.3, 4.8, 5.2]
+FRESH = [5.0, 3.9, 3.3, 3.0, 2.8, 2.6, 2.5, 2.4]
+MDM_FLAT = [6.0, 5.0, 4.5, 4.2, 4.1] + [4.05] * 10
+MDM_BELOW = [6.0, 5.0, 4.5, 4.0, 3.6, 3.4, 3.3, 3.25, 3.2, 3.15]
+MDM_FALLING = [6.0, 5.8, 5.6, 5.4, 5.2, 5.0, 4.8, 4.6, 4.4, 4.2]
+
+
+def dc_seed(mdm: list[float], shift: float = 0.0) -> dict:
+    return {
+        "ar-wd0.1": dc_curve([x + shift for x in AR_OVERFITS]),
+        "ar-wd1": dc_curve([x + shift + 0.05 for x in AR_OVERFITS]),
+        "ar-fresh": dc_curve(FRESH),
+        "mdm": dc_curve([x + shift for x in mdm], per_epoch=0.5),
+    }
 
 
 @pytest.mark.parametrize(
-    "mdm, verdict",
+    "mdm, unigram, verdict",
     [
-        ([5.5, 4.8, 4.0, 3.5, 3.3, 3.2, 3.1, 3.05], REPRODUCED),
-        # above the AR and still falling at the end: the budget is short of the claim's regime
-        ([5.8, 5.6, 5.4, 5.2, 5.0, 4.8, 4.6, 4.4], INCONCLUSIVE),
-        # above the AR and bottomed out early: refuted at this scale
-        ([5.8, 5.0, 4.4, 4.5, 4.6, 4.7, 4.8, 4.9], NOT_REPRODUCED),
+        (MDM_BELOW, 6.5, REPRODUCED),
+        # above the AR and flat at the end: refuted at this budget
+        (MDM_FLAT, 6.5, NOT_REPRODUCED),
+        # above the AR and still falling: short of the claim's regime
+        (MDM_FALLING, 6.5, INCONCLUSIVE),
+        # the MDM never gets 0.1 nats below the unigram entropy: not trained
+        (MDM_FLAT, 4.1, NOT_TRAINED),
     ],
 )
-def test_data_constrained_verdicts(tmp_path, mdm, verdict):
-    settings = data_constrained.DataSettings((0, 1), "smoke", 1000, 8, 1)
-    curves = {
-        "ar": [curve(AR_OVERFITS), curve([x + 0.01 for x in AR_OVERFITS])],
-        "mdm": [curve(mdm), curve([x + 0.01 for x in mdm])],
-    }
-    result = data_constrained.judge("smoke", settings, curves, tmp_path)
+def test_data_constrained_verdicts(tmp_path, mdm, unigram, verdict):
+    settings = data_constrained.SETTINGS["smoke"]
+    runs = {seed: dc_seed(mdm, 0.01 * seed) for seed in range(3)}
+    result = data_constrained.judge("smoke", settings, runs, unigram, tmp_path)
     assert result.verdict == verdict
     assert (tmp_path / "data_constrained_curves.png").exists()
+    assert result.numbers["ar_best"][0]["run"] == "ar-wd0.1"  # the better of the sweep
     assert result.numbers["peak_verdict"] in (REPRODUCED, INCONCLUSIVE, NOT_REPRODUCED)
 
 
-def test_data_constrained_crossing_is_where_the_mdm_passes_the_ar_best():
-    ar = [{"loss": v, "epoch": i, "flops": i} for i, v in enumerate([5, 4, 3.5, 4])]
-    mdm = [{"loss": v, "epoch": i, "flops": i} for i, v in enumerate([6, 4.5, 3.6, 3.4])]
-    assert data_constrained.crossing(ar, mdm)["epoch"] == 3
-    assert data_constrained.crossing(ar, mdm[:3]) is None
-    assert data_constrained.curves_cross(ar, mdm)["epoch"] == 3
-    overfit = [{"loss": v, "epoch": i, "flops": i} for i, v in enumerate([5, 4, 4.5, 5])]
-    assert data_constrained.curves_cross(overfit, mdm)["epoch"] == 2  # below the AR, not its best
-    with pytest.raises(ValueError, match="different steps"):
-        data_constrained.mean_curve([curve([1, 2]), curve([1, 2, 3])])
+def test_data_constrained_plateau_and_half_life():
+    assert data_constrained.plateaued(dc_curve(MDM_FLAT))
+    assert not data_constrained.plateaued(dc_curve(MDM_FALLING))
+    assert not data_constrained.plateaued(dc_curve([3.0]))  # too short to say
+    # effective epochs from the fresh curve: equal losses at equal epochs are worth 1:1
+    same = data_constrained.effective_epochs(dc_curve(FRESH[:4]), dc_curve(FRESH))
+    assert [e for e, _ in same] == [1.0, 2.0, 3.0, 4.0]
+    assert [w for _, w in same] == pytest.approx([1.0, 2.0, 3.0, 4.0])
+    # only up to the repeated run's best (the form describes diminishing returns, not overfit)
+    overfit = data_constrained.effective_epochs(dc_curve(AR_OVERFITS), dc_curve(FRESH))
+    assert [e for e, _ in overfit] == [1.0, 2.0, 3.0]
+    # R* recovered from points made by the form itself
+    points = [(e, 1 + 5.0 * (1 - math.exp(-(e - 1) / 5.0))) for e in range(1, 30)]
+    assert data_constrained.fit_half_life(points)["r_star"] == pytest.approx(5.0, rel=1e-3)
+    # repetitions worth as much as fresh data: no saturation, the fit runs into its bound
+    assert data_constrained.fit_half_life([(e, e) for e in range(1, 10)])["at_bound"]
+    assert data_constrained.fit_half_life([(1.0, 1.0)]) is None
 
 
 def gap_size(interval: Interval | None, window: int = 0, mdm_points: int = 2) -> dict:

@@ -12,12 +12,15 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from shared import checkpoint as ckpt
 from shared.errors import CheckpointError, ConfigError
 from shared.training import cli
+from shared.training.config import TrainConfig
 from shared.training.run_folder import RunFolderLock
+from shared.training.setup import unique_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -300,3 +303,23 @@ def test_fp32_is_called_fp32_and_a_cut_unique_token_count_is_said(tmp_path, cach
     said = capsys.readouterr().out
     assert summary["precision"] == "fp32" and "precision fp32" in said
     assert "unique_tokens=10 keeps 1 whole row(s) of 31 training tokens: 31 unique" in said
+
+
+def test_unique_rows_random_draws_over_the_whole_split_with_one_fixed_seed():
+    rows = np.arange(100 * 4).reshape(100, 4)  # row i starts with 4 i
+    first = unique_rows(rows, TrainConfig(seq_len=4, unique_tokens=30))
+    assert first.tolist() == rows[:10].tolist()
+    spread = TrainConfig(seq_len=4, unique_tokens=30, unique_sample="random")
+    drawn = unique_rows(rows, spread)
+    starts = (drawn[:, 0] // 4).tolist()
+    assert len(starts) == 10 and starts == sorted(starts) and len(set(starts)) == 10
+    assert max(starts) > 50  # from across the split, not its start
+    # the same rows for every run (the training seed does not enter)
+    assert (
+        unique_rows(
+            rows, TrainConfig(seq_len=4, unique_tokens=30, unique_sample="random", seed=7)
+        ).tolist()
+        == drawn.tolist()
+    )
+    with pytest.raises(ConfigError, match="unique_sample"):
+        TrainConfig(unique_sample="middle").validate()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,9 +21,12 @@ from shared.faults import StageInterrupted, StopRequest
 from shared.tokenizer import Tokenizer
 from shared.training import new_run, resume_run, train
 from shared.training.cli import parse_args
+from shared.training.config import TrainConfig
 from shared.training.run_folder import LOCK_FILE, RunFolderLock, move_aside
+from shared.training.setup import unique_rows
 
 OBJECTIVES = ("ar", "mdm")
+UNIQUE_FIELDS = ("unique_tokens", "unique_sample", "seq_len")
 
 
 class JobStopped(Exception):
@@ -272,9 +274,7 @@ def training_rows(state: dict[str, Any], tokenizer: Tokenizer) -> np.ndarray:
     """The rows a run trained on (after ``unique_tokens``), under its own tokenizer."""
     rows = split_rows(state, tokenizer, "train")
     config = state["train_config"]
-    if config.get("unique_tokens"):
-        rows = rows[: math.ceil(config["unique_tokens"] / (config["seq_len"] - 1))]
-    return rows
+    return unique_rows(rows, TrainConfig(**{k: config[k] for k in UNIQUE_FIELDS if k in config}))
 
 
 def split_rows(state: dict[str, Any], tokenizer: Tokenizer, split: str) -> np.ndarray:

@@ -42,7 +42,9 @@ FLAG_GROUPS: dict[str, dict[str, str]] = {
         "seq_len": "tokens per row, BOS included",
         "answer_after": "prompt -> answer rows: score only the tokens after the first occurrence "
         "of this one-token text (padded protocol); empty = every token",
-        "unique_tokens": "keep only the first rows holding this many training tokens; 0 = all",
+        "unique_tokens": "keep only the rows holding this many training tokens; 0 = all",
+        "unique_sample": "which rows unique_tokens keeps: first | random (uniform over the split, "
+        "a fixed seed shared by every run)",
         "cache_dir": "where tokenizers and tokenized rows are cached",
     },
     "objective": {

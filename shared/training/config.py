@@ -55,9 +55,11 @@ class TrainConfig:
     max_steps: int = 1000
     max_tokens: int = 0
     max_flops: float = 0.0
-    # data-constrained training: keep only the first rows holding this many unique training
-    # tokens (0 = all), and/or train for this many passes over them (a budget, like max_tokens)
+    # data-constrained training: keep only the rows holding this many unique training tokens
+    # (0 = all; the first rows, or with unique_sample="random" rows drawn uniformly over the
+    # split with a fixed seed), and/or train for this many passes over them (a budget)
     unique_tokens: int = 0
+    unique_sample: str = "first"
     epochs: float = 0.0
     stop_after_steps: int = 0  # end this invocation early (with a checkpoint); 0 = run to the end
     # diffusion
@@ -103,6 +105,7 @@ class TrainConfig:
             "objective": objective_names(),
             "protocol": ["packed", "padded"],
             "lr_schedule": ["cosine", "constant", "wsd"],
+            "unique_sample": ["first", "random"],
             "precision": ["auto", "fp32", "bf16"],
             "compile": ["off", "on", "auto"],
             "schedule": ["linear", "cosine"],

@@ -150,8 +150,13 @@ def load_data(
     return RunData(tokenizer, train_rows, splits["validation"].tokens, record)
 
 
+UNIQUE_ROWS_SEED = 20251201  # one fixed draw, so every run of a comparison sees the same data
+
+
 def unique_rows(train_rows: np.ndarray, cfg: TrainConfig) -> np.ndarray:
-    """The first whole rows holding ``unique_tokens`` training tokens (all rows when 0)."""
+    """The whole rows holding ``unique_tokens`` training tokens (all rows when 0): the first
+    ones, or with ``unique_sample="random"`` rows drawn uniformly without replacement over the
+    split (a fixed seed, independent of the training seed), kept in corpus order."""
     if not cfg.unique_tokens:
         return train_rows
     # Loss tokens per row are seq_len - 1 (position 0 is BOS); keep whole rows, in order.
@@ -161,6 +166,11 @@ def unique_rows(train_rows: np.ndarray, cfg: TrainConfig) -> np.ndarray:
             f"unique_tokens={cfg.unique_tokens} exceeds the {len(train_rows)} rows "
             f"x {cfg.seq_len - 1} tokens of the training split"
         )
+    if cfg.unique_sample == "random":
+        chosen = np.random.default_rng(UNIQUE_ROWS_SEED).choice(
+            len(train_rows), keep, replace=False
+        )
+        return train_rows[np.sort(chosen)]
     return train_rows[:keep]
 
 
