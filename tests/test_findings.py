@@ -10,6 +10,7 @@ from eval.findings import adaptation, compute_gap, data_constrained, pathstar, r
 from eval.findings import sample_quality as quality
 from eval.findings.__main__ import main
 from eval.findings.registry import FINDINGS
+from eval.findings.table import findings_table
 from eval.findings.verdicts import (
     INCONCLUSIVE,
     NOT_REPRODUCED,
@@ -518,9 +519,41 @@ def test_every_finding_runs_at_smoke_scale_and_writes_its_index(tmp_path):
         expected = getattr(FINDINGS[row["name"]].settings["smoke"], "seeds", (0,))
         assert seeds == {"train": list(expected)}
     markdown = (out / "index.md").read_text()
-    assert markdown.count("[report](") == len(FINDINGS)
+    assert markdown.count("/report.md)") == len(FINDINGS)
     # a rerun reuses every trained run and measured stage
     assert main(["--scale", "smoke", "--out", str(out), "--only", "reversal", *cache]) == 0
+
+
+def test_findings_table_quotes_the_index_and_says_why_a_finding_is_long(tmp_path, capsys):
+    claim = {"title": "T", "statement": "S.", "source": "X 2024"}
+    rows = [
+        {
+            "name": "a",
+            "claim": claim,
+            "measured": "1 [0, 2]",
+            "verdict": REPRODUCED,
+            "wall_seconds": 1500,
+            "registration": "pre-registered",
+        },
+        {
+            "name": "b",
+            "claim": claim,
+            "measured": "3",
+            "verdict": NOT_TRAINED,
+            "wall_seconds": 60,
+            "registration": "exploratory",
+        },
+    ]
+    text = findings_table({"findings": rows}, "docs/x", {"a": "9 runs", "b": "1 run"})
+    assert (
+        "| [T](docs/x/a/report.md) | S. (X 2024) | 1 [0, 2] | **reproduced** | "
+        "25.0 min (over 20: 9 runs) |" in text
+    )
+    assert "| **inconclusive (not trained)** (exploratory) | 1.0 min |" in text
+    index = tmp_path / "index.json"
+    index.write_text(json.dumps({"findings": rows}))
+    assert main(["--table", str(index), "docs/x"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[2].startswith("| [T](docs/x/a/report.md)")
 
 
 def test_unknown_finding_is_one_clear_error(tmp_path, capsys):

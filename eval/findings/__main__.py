@@ -24,6 +24,7 @@ from eval.experiments.stages import run_stoppable
 from eval.findings.common import SCALES, FindingResult, Job, job_stamp, write_index
 from eval.findings.registration import fresh_job_folder
 from eval.findings.registry import FINDINGS
+from eval.findings.table import findings_table
 from shared.cli_args import CommandParser
 from shared.errors import ConfigError
 from shared.faults import StopRequest
@@ -41,7 +42,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--num-threads", type=int, default=0, help="torch CPU threads per run; 0 = default"
     )
+    parser.add_argument(
+        "--table",
+        nargs=2,
+        metavar=("INDEX_JSON", "REPORTS"),
+        help="print the README's findings table from a committed index.json (REPORTS: the "
+        "folder of its reports, as the README links it) and exit",
+    )
     args = parser.parse_args(argv)
+    if args.table:
+        index = json.loads(Path(args.table[0]).read_text())
+        print(findings_table(index, args.table[1], costs()))
+        return 0
     out = Path(args.out or f"runs/findings-{args.scale}")
 
     def job(stop: StopRequest) -> None:
@@ -65,10 +77,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"[{name}] {result.verdict}{label}: {result.measured} ({result.wall_seconds:.0f} s)"
             )
         results = [stored(out, name) for name in FINDINGS if (out / name / "result.json").exists()]
-        paths = write_index(out, args.scale, results)
+        paths = write_index(out, args.scale, results, costs())
         print(f"index: {paths['markdown']}")
 
     return run_stoppable(job)
+
+
+def costs() -> dict[str, str]:
+    return {name: finding.cost for name, finding in FINDINGS.items()}
 
 
 def _row(result: FindingResult) -> dict:

@@ -328,4 +328,5 @@ FINDING = Finding(
     gpu_wall="about 12 GPU-hours (3 seeds x 3 runs x 20k steps of GPT-2 small on OpenWebText)",
     rule=RULE,
     gpu_budget="GPT-2 small on OpenWebText, 20k steps per run, 3 seeds",
+    cost="3 seeds x 3 runs of 320 steps (AR, MDM from scratch, MDM adapted)",
 )

@@ -16,6 +16,7 @@ from eval.findings.registration import (
     registration_hash,
     registration_text,
 )
+from eval.findings.table import findings_table
 from eval.findings.verdicts import RULES, LearnedCheck, learned_gate
 from eval.report import Report, Table, code_state, provenance
 from shared.faults import StopRequest
@@ -76,6 +77,7 @@ class Finding:
     # before any run and hashed into the registration.
     rule: dict[str, Any] = field(default_factory=dict)
     gpu_budget: str = ""  # what the gpu scale trains, for a finding whose models did not learn
+    cost: str = ""  # the cpu scale's training work, said where it takes over 20 minutes
 
 
 def job_stamp(finding: Finding, scale: str) -> dict[str, str]:
@@ -173,36 +175,28 @@ def rule_text(*names: str) -> list[str]:
     return [RULES[name] for name in names]
 
 
-def write_index(out: Path, scale: str, results: list[FindingResult]) -> dict[str, Path]:
-    """``index.md`` and ``index.json``: one row per finding."""
-    rows = [
-        [
-            r.claim.title,
-            f"{r.claim.statement} ({r.claim.source})",
-            r.measured,
-            f"**{r.verdict}**" + (" (exploratory)" if r.registration == EXPLORATORY else ""),
-            f"{r.wall_seconds / 60:.1f} min",
-            f"[report]({os.path.relpath(r.report, out)})" if r.report else "-",
-        ]
-        for r in results
-    ]
-    table = Table(
-        f"Findings at scale `{scale}`",
-        ["finding", "published claim", "measured (95% interval)", "verdict", "wall", "report"],
-        rows,
-        note="Each report states its verdict rule before its numbers. At scale `smoke` the "
-        "runs are far too short for the verdicts to mean anything: smoke checks the plumbing.",
-    )
+def write_index(
+    out: Path, scale: str, results: list[FindingResult], costs: dict[str, str]
+) -> dict[str, Path]:
+    """``index.md`` and ``index.json``: one row per finding (``costs``: each finding's training
+    work, said where it took over 20 minutes)."""
+    rows = [_plain(r) for r in results]
+    for row in rows:
+        row["report"] = os.path.relpath(row["report"], out) if row["report"] else ""
     prov = provenance()
     text = "\n".join(
         [
             f"# Findings (scale `{scale}`)",
             "",
-            table.markdown(),
+            findings_table({"findings": rows}, ".", costs),
             "",
-            f"git commit `{prov['git_commit']}`"
+            "Each report states its verdict rule before its numbers, and whether it was "
+            "pre-registered. At scale `smoke` the runs are far too short for the verdicts to mean "
+            "anything: smoke checks the plumbing.",
+            "",
+            f"Index written at git commit `{prov['git_commit']}`"
             + (" (with uncommitted changes)" if prov["git_dirty"] else "")
-            + f"; machine: {prov['machine']['cpu']} "
+            + f" (each report records its own); machine: {prov['machine']['cpu']} "
             f"({prov['machine']['cpu_count']} CPUs), GPU: {prov['machine']['gpu']}; "
             f"created {prov['created']}",
             "",
@@ -211,7 +205,7 @@ def write_index(out: Path, scale: str, results: list[FindingResult]) -> dict[str
     paths = {"markdown": out / "index.md", "json": out / "index.json"}
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(paths["markdown"], text)
-    data = {"scale": scale, "provenance": prov, "findings": [_plain(r) for r in results]}
+    data = {"scale": scale, "provenance": prov, "findings": rows}
     write_atomic(paths["json"], json.dumps(data, indent=2, default=str))
     return paths
 

@@ -327,4 +327,5 @@ FINDING = Finding(
     "tokens, plus the budget branches' cooldowns)",
     rule=RULE,
     gpu_budget="GPT-2-small shapes at three widths on OpenWebText, full attention, 20k steps",
+    cost="3 seeds x (2 trunks of 320 steps + 9 cooldown branches)",
 )

@@ -74,7 +74,8 @@ SETTINGS = {
         (0, 1), "smoke", 2048, 4, 8, (0.1, 1.0), 1, 0.5, 2, dict(eval_batches=2, batch_size=8)
     ),
     # The demo model on 16k unique KJV tokens (130 rows drawn over the whole split), batch 16
-    # (8 steps an epoch): AR 16 epochs at weight decay 0.1, 0.3 and 1.0; MDM 150 epochs.
+    # (8 steps an epoch): AR 16 epochs at weight decay 0.1, 0.3 and 1.0, validated once an
+    # epoch; MDM 150 epochs, validated every 5; every validation on the whole held-out split.
     "cpu": DataSettings(
         (0, 1, 2),
         "demo",
@@ -82,7 +83,7 @@ SETTINGS = {
         16,
         150,
         (0.1, 0.3, 1.0),
-        2,
+        1,
         0.2,
         10,
         dict(batch_size=16, eval_batches=0),
@@ -432,4 +433,5 @@ FINDING = Finding(
     "+ a fresh AR run) of GPT-2 small on 25M unique tokens)",
     rule=RULE,
     gpu_budget="GPT-2 small on 25M unique OpenWebText tokens, MDM 200 epochs, 3 seeds",
+    cost="3 seeds x (3 AR runs of 16 epochs, a 150-epoch MDM run, a fresh-data AR run)",
 )

@@ -338,4 +338,5 @@ FINDING = Finding(
     gpu_wall="about 6 GPU-hours (2 graph settings x 3 seeds x 3 runs x 40k steps)",
     rule=RULE,
     gpu_budget="d384 x 8 layers, 40k steps of 256 graphs from 200k per seed",
+    cost="3 seeds x 3 runs of 1000 steps (AR, MDM, the reversed-path control)",
 )

@@ -258,4 +258,5 @@ FINDING = Finding(
     gpu_wall="about 10 min on one GPU",
     rule=RULE | {"summary": RULE_SUMMARY},
     gpu_budget="d256 x 6 layers, 3000 steps of 256 strings, 10 seeds",
+    cost="3 seeds x 2 runs of 600 steps",
 )

@@ -320,4 +320,5 @@ FINDING = Finding(
     gpu_wall="about 45 GPU-hours (3 seeds x 3 models x 50k steps at 1024 tokens, plus sampling)",
     rule=RULE,
     gpu_budget="GPT-2 small shapes on OpenWebText, 50k steps at 1024 tokens, 3 seeds",
+    cost="3 seeds x 3 runs of 320 steps, then 7 sets of 162 samples judged by SmolLM2",
 )

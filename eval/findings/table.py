@@ -1,0 +1,49 @@
+"""The findings table of ``index.md`` and of the README, made from an index's rows, so the
+README quotes the reports' own words and numbers::
+
+    python -m eval.findings --table docs/studies/findings-cpu/index.json docs/studies/findings-cpu
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+OVER = 20 * 60  # a finding over this many seconds says why (its design's training work)
+COLUMNS = [
+    "finding",
+    "published claim (source)",
+    "measured here (95% intervals)",
+    "verdict",
+    "wall",
+]
+
+
+def verdict_cell(row: dict[str, Any]) -> str:
+    return f"**{row['verdict']}**" + (
+        " (exploratory)" if row.get("registration") == "exploratory" else ""
+    )
+
+
+def wall_cell(row: dict[str, Any], costs: dict[str, str]) -> str:
+    minutes = f"{row['wall_seconds'] / 60:.1f} min"
+    if row["wall_seconds"] > OVER and costs.get(row["name"]):
+        return f"{minutes} (over 20: {costs[row['name']]})"
+    return minutes
+
+
+def findings_table(index: dict[str, Any], reports: str, costs: dict[str, str]) -> str:
+    """The markdown table of an index's findings; ``reports`` is the folder (relative to where
+    the table is shown) holding each finding's report."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "| " + " | ".join("---" for _ in COLUMNS) + " |"]
+    for row in index["findings"]:
+        claim = row["claim"]
+        title = f"[{claim['title']}]({reports}/{row['name']}/report.md)"
+        cells = [
+            title,
+            f"{claim['statement']} ({claim['source']})",
+            row["measured"],
+            verdict_cell(row),
+            wall_cell(row, costs),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
