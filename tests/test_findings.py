@@ -3,6 +3,7 @@ verdict reachable, each rule's exceptions), and the smoke scale of every finding
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -554,6 +555,15 @@ def test_findings_table_quotes_the_index_and_says_why_a_finding_is_long(tmp_path
     index.write_text(json.dumps({"findings": rows}))
     assert main(["--table", str(index), "docs/x"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[2].startswith("| [T](docs/x/a/report.md)")
+
+
+def test_readme_findings_table_is_the_committed_index():
+    """The README's findings table is generated from the committed cpu index (never typed)."""
+    root = Path(__file__).resolve().parent.parent
+    index = json.loads((root / "docs/studies/findings-cpu/index.json").read_text())
+    costs = {name: finding.cost for name, finding in FINDINGS.items()}
+    table = findings_table(index, "docs/studies/findings-cpu", costs)
+    assert table in (root / "README.md").read_text()
 
 
 def test_unknown_finding_is_one_clear_error(tmp_path, capsys):
