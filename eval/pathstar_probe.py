@@ -245,13 +245,13 @@ def one_hop_lookups(
     length = language.arm + 1
     begin = 1 + language.max_len - length  # the first answer position of a row
     ids = torch.tensor(symbol_ids(language, tokenizer))
+    device = next(iter(model.parameters()), torch.empty(0)).device
     hits, total = 0, 0
     for first in range(0, len(strings), batch_size):
         rows = torch.as_tensor(
             language_rows(strings[first : first + batch_size], tokenizer, seq_len, language),
             dtype=torch.long,
         )
-        device = next(iter(model.parameters()), torch.empty(0)).device
         for k in range(2, length):  # the positions after the first step
             target = rows[:, begin + k]
             if objective == "ar":

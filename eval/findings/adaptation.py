@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eval.budgets import seed_spread
 from eval.curves import entropy_of_counts, flops_to_reach
 from eval.experiments.compare import token_frequencies
 from eval.experiments.compare_curves import points, read_curve
@@ -30,7 +31,6 @@ from eval.findings.verdicts import (
     Interval,
     LearnedCheck,
     paired_difference,
-    seed_interval,
 )
 from eval.report import Report, Table
 
@@ -153,8 +153,10 @@ def factor_text(interval: Interval) -> str:
 
 def geometric_interval(values: list[float]) -> Interval:
     """The seed interval of a ratio, taken on its logarithm."""
-    logs = seed_interval([math.log(v) for v in values])
-    return Interval(math.exp(logs.value), math.exp(logs.low), math.exp(logs.high))
+    spread = seed_spread(values, geometric=True)
+    if spread.low is None:  # one seed: unbounded, as seed_interval
+        return Interval(spread.mean, 0.0, math.inf)
+    return Interval(spread.mean, spread.low, spread.high)
 
 
 def saving_verdict(saving: Interval) -> str:
