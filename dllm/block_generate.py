@@ -124,6 +124,11 @@ def check_block_inputs(
             f"cache={config.cache!r} is not supported by block sampling (it has its own exact "
             "cache, kv_cache=True); use 'none'"
         )
+    if model.config.shift_logits:
+        raise ValueError(
+            "shift_logits models are masked diffusion models; block sampling is for block "
+            "diffusion (objective bd), which reads each position's own output"
+        )
     mask_id = mask_token_id(model)
     if canvas.mask_id != mask_id:
         raise ValueError(

@@ -95,6 +95,10 @@ class _BlockRefreshedCache:
             first, last = 0, tokens.shape[1]
         else:
             first, last = self.window(tokens, block)
+            if self.model.config.shift_logits:
+                # a shifted model reads position start's prediction from slot start - 1, which
+                # must be in the forward too (shared.model.shift_predictions)
+                first = max(first - 1, 0)
         part = tokens[:, first:last]
         logits = self.model(
             part,

@@ -45,7 +45,12 @@ from shared.errors import result_or_status
 from shared.sampling import SamplingConfig
 
 # Options of one sampler rule only.
-SAMPLER_ONLY = {"remasking": "fixed", "threshold": "threshold", "schedule": "ancestral"}
+SAMPLER_ONLY = {
+    "remasking": "fixed",
+    "llada_reference": "fixed",
+    "threshold": "threshold",
+    "schedule": "ancestral",
+}
 # Options of one kind of checkpoint only, with their defaults (what the other kind runs with).
 OBJECTIVE_ONLY = {
     "cache": ("mdm", "none"),
@@ -88,6 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=sorted(REMASKING),
         default=None,
         help="fixed sampler: which positions to reveal (default low_confidence)",
+    )
+    parser.add_argument(
+        "--llada-reference",
+        action="store_const",
+        const=True,
+        default=None,
+        help="fixed sampler: LLaDA's generate exactly: each block's remainder tokens go to its "
+        "first steps, confidence in float32 (default: the rounded schedule, float64)",
     )
     parser.add_argument(
         "--threshold",
@@ -140,7 +153,8 @@ def check_sampler_options(args: argparse.Namespace) -> None:
     for option, sampler in SAMPLER_ONLY.items():
         if getattr(args, option) is not None and args.sampler != sampler:
             raise ValueError(
-                f"--{option} only applies to --sampler {sampler}, not --sampler {args.sampler}"
+                f"--{option.replace('_', '-')} only applies to --sampler {sampler}, not "
+                f"--sampler {args.sampler}"
             )
     if args.sampler == "threshold" and args.steps is not None:
         raise ValueError("--steps does not apply to --sampler threshold (it stops when done)")
@@ -161,7 +175,8 @@ def config_from_args(args: argparse.Namespace, steps: int) -> SamplerConfig:
     if args.sampler == "ancestral":
         strategy = Ancestral(steps, schedule=args.schedule)
     elif args.sampler == "fixed":
-        strategy = FixedCount(steps, remasking=args.remasking or "low_confidence")
+        reference = {"split": "front", "confidence": "float32"} if args.llada_reference else {}
+        strategy = FixedCount(steps, remasking=args.remasking or "low_confidence", **reference)
     else:
         strategy = Threshold(0.9 if args.threshold is None else args.threshold)
     return SamplerConfig(

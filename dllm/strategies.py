@@ -109,6 +109,16 @@ def reveal_counts(masked: torch.Tensor, steps: int, schedule: str = "linear") ->
     return done.diff(dim=-1).clamp(min=0)
 
 
+def front_loaded_counts(masked: torch.Tensor, steps: int) -> torch.Tensor:
+    """[B, steps] LLaDA's split of ``masked`` [B] positions over the steps: masked // steps each,
+    and the remainder one more each to the first steps (e.g. 10 over 4 steps: 3, 3, 2, 2, where
+    ``reveal_counts`` gives 3, 2, 3, 2)."""
+    base = torch.div(masked, steps, rounding_mode="floor")
+    remainder = masked - base * steps
+    first = torch.arange(steps, device=masked.device)[None, :] < remainder[:, None]
+    return base[:, None] + first.long()
+
+
 def token_probability(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """p(token) at every position: LLaDA's "low_confidence" score."""
     return probs.gather(-1, tokens[..., None]).squeeze(-1)
@@ -217,6 +227,12 @@ class FixedCount:
     steps: int
     remasking: str = "low_confidence"
     schedule: str = "linear"
+    # LLaDA's reference generate, reproduced: "front" gives each block's remainder to its first
+    # steps (``front_loaded_counts``; linear only) instead of the rounded schedule, and
+    # "float32" measures confidence on float32 probabilities, as LLaDA's does from float32
+    # logits, instead of float64 (the order of near-ties can differ)
+    split: str = "rounded"
+    confidence: str = "float64"
     name: ClassVar[str] = "fixed"
 
     def validate(self) -> FixedCount:
@@ -226,6 +242,12 @@ class FixedCount:
                 f"remasking={self.remasking!r} is unknown; valid rules: {sorted(REMASKING)}"
             )
         get_schedule(self.schedule)
+        if self.split not in ("rounded", "front"):
+            raise ValueError(f"split={self.split!r} must be 'rounded' or 'front' (LLaDA's)")
+        if self.split == "front" and self.schedule != "linear":
+            raise ValueError("split='front' is LLaDA's split of the linear schedule")
+        if self.confidence not in ("float64", "float32"):
+            raise ValueError(f"confidence={self.confidence!r} must be 'float64' or 'float32'")
         return self
 
     def steps_per_block(self, n_blocks: int) -> int | None:
@@ -233,8 +255,13 @@ class FixedCount:
 
     def step(self, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = ctx.draw_tokens(ctx.masked)
+        if self.confidence == "float32":
+            ctx.probs = torch.softmax(ctx.logits.float(), dim=-1)  # replaces the cached float64
         scores = REMASKING[self.remasking](ctx, tokens)
-        counts = reveal_counts(ctx.masked_at_start, ctx.steps, self.schedule)[:, ctx.index]
+        if self.split == "front":
+            counts = front_loaded_counts(ctx.masked_at_start, ctx.steps)[:, ctx.index]
+        else:
+            counts = reveal_counts(ctx.masked_at_start, ctx.steps, self.schedule)[:, ctx.index]
         return most_confident(scores, ctx.masked, counts.to(scores.device)), tokens
 
 

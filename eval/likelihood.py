@@ -237,6 +237,7 @@ def evaluate_checkpoint(
     checkpoint: str,
     *,
     dataset: str | None = None,
+    val_dataset: str | None = None,
     split: str = "validation",
     samples: int = 8,
     estimator: str | None = None,
@@ -247,7 +248,9 @@ def evaluate_checkpoint(
     cache_dir: str | None = None,
 ) -> dict:
     """Likelihood of a checkpoint on a corpus split, under the checkpoint's own data protocol
-    (tokenizer, packed/padded, sequence length), with the protocol recorded beside the numbers."""
+    (tokenizer, packed/padded, sequence length), with the protocol recorded beside the numbers.
+    ``val_dataset``: a corpus evaluated whole as the validation split (a published validation
+    file, say), where ``dataset`` holds part of a corpus out."""
 
     model, tokenizer, state = load_model_from_checkpoint(Path(checkpoint))
     config = state["train_config"]
@@ -260,11 +263,16 @@ def evaluate_checkpoint(
             f"chain_rule_rows={chain_rule_rows} and max_rows={max_rows} must be >= 0 and "
             f"batch_size={batch_size} >= 1"
         )
-    corpus = load_corpus(
-        dataset or config["dataset"],
-        text_field=config["text_field"],
-        val_dataset=None if dataset else config["val_dataset"] or None,
-    )
+    if val_dataset and (dataset or split != "validation"):
+        raise ValueError("val_dataset is evaluated whole as the validation split; give it alone")
+    if val_dataset:
+        corpus = load_corpus(val_dataset, text_field=config["text_field"], val_dataset=val_dataset)
+    else:
+        corpus = load_corpus(
+            dataset or config["dataset"],
+            text_field=config["text_field"],
+            val_dataset=None if dataset else config["val_dataset"] or None,
+        )
     splits = tokenize_corpus(
         corpus,
         tokenizer,
@@ -331,6 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dataset", default=None, help="corpus to evaluate (default: the checkpoint's own)"
     )
+    parser.add_argument(
+        "--val-dataset",
+        default=None,
+        help="a corpus to evaluate whole as the validation split (e.g. a published validation "
+        "file), instead of the part --dataset holds out",
+    )
     parser.add_argument("--split", default="validation", choices=["train", "validation"])
     parser.add_argument("--samples", type=int, default=8, help="MDM noise draws per row")
     parser.add_argument(
@@ -363,6 +377,7 @@ def report(args: argparse.Namespace) -> None:
     results = evaluate_checkpoint(
         args.checkpoint,
         dataset=args.dataset,
+        val_dataset=args.val_dataset,
         split=args.split,
         samples=args.samples,
         estimator=args.estimator,

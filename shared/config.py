@@ -64,6 +64,14 @@ def check_field_types(config: Any) -> None:
             )
 
 
+_ROPE_SCALING_FIELDS = (
+    "rope_scaling_factor",
+    "rope_low_freq_factor",
+    "rope_high_freq_factor",
+    "rope_original_max_len",
+)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Shape of the Llama-style backbone shared by every objective.
@@ -83,6 +91,18 @@ class ModelConfig:
     max_seq_len: int = 256
     tie_embeddings: bool = False
     sliding_window: int = 0  # 0 = full attention; otherwise each query sees this many keys
+    # Features of imported checkpoints, off by default (and then left out of ``to_dict``, so a
+    # config reads as it did before they existed):
+    attention_bias: bool = False  # biases on the q, k and v projections (Qwen2, Dream)
+    # Llama-3's rescaling of long RoPE wavelengths: 0 = off; otherwise the factor by which
+    # wavelengths longer than rope_original_max_len / rope_low_freq_factor are stretched
+    rope_scaling_factor: float = 0.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_len: int = 8192
+    # The output at position i predicts token i + 1 (Dream, DiffuLLaMA): a diffusion model
+    # initialised from an AR model keeps the AR head's alignment. Masked diffusion only.
+    shift_logits: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -119,6 +139,21 @@ class ModelConfig:
             raise ConfigError(f"norm_eps={self.norm_eps!r} must be > 0")
         if not (self.rope_theta > 0):
             raise ConfigError(f"rope_theta={self.rope_theta!r} must be > 0")
+        if self.rope_scaling_factor:
+            if not (self.rope_scaling_factor >= 1):
+                raise ConfigError(
+                    f"rope_scaling_factor={self.rope_scaling_factor!r} must be 0 (off) or >= 1"
+                )
+            if not (0 < self.rope_low_freq_factor < self.rope_high_freq_factor):
+                raise ConfigError(
+                    f"rope_low_freq_factor={self.rope_low_freq_factor!r} and "
+                    f"rope_high_freq_factor={self.rope_high_freq_factor!r} must satisfy "
+                    "0 < low < high"
+                )
+            if self.rope_original_max_len < 1:
+                raise ConfigError(
+                    f"rope_original_max_len={self.rope_original_max_len!r} must be positive"
+                )
         if not isinstance(self.sliding_window, int) or self.sliding_window < 0:
             raise ConfigError(
                 f"sliding_window={self.sliding_window!r} must be 0 (off) or a positive integer"
@@ -126,7 +161,14 @@ class ModelConfig:
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        for name in ("attention_bias", "shift_logits"):
+            if not data[name]:
+                del data[name]
+        if not self.rope_scaling_factor:
+            for name in _ROPE_SCALING_FIELDS:
+                del data[name]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:

@@ -52,9 +52,51 @@ def rope_frequencies(head_dim: int, theta: float) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, ...]:
-    """cos and sin tables [..., T, head_dim] for integer positions [..., T] (float32)."""
-    angles = positions.to(torch.float64)[..., None] * rope_frequencies(head_dim, theta)
+def llama3_scaled_frequencies(
+    frequencies: torch.Tensor,
+    factor: float,
+    low_freq_factor: float,
+    high_freq_factor: float,
+    original_max_len: int,
+) -> torch.Tensor:
+    """Llama-3's long-context rescaling of RoPE inverse frequencies.
+
+    Wavelengths (2 pi / frequency) shorter than original_max_len / high_freq_factor are kept,
+    those longer than original_max_len / low_freq_factor are stretched by ``factor``, and the
+    band between blends the two linearly in original_max_len / wavelength, so the short-range
+    channels that resolve nearby tokens stay as trained while the long-range ones reach further.
+    """
+    wavelength = 2 * math.pi / frequencies
+    stretched = frequencies / factor
+    blend = (original_max_len / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    between = (1 - blend) * stretched + blend * frequencies
+    short = wavelength < original_max_len / high_freq_factor
+    long = wavelength > original_max_len / low_freq_factor
+    return torch.where(short, frequencies, torch.where(long, stretched, between))
+
+
+def model_rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
+    """The backbone's RoPE inverse frequencies: plain, or Llama-3-scaled when the config says."""
+    frequencies = rope_frequencies(cfg.head_dim, cfg.rope_theta)
+    if not cfg.rope_scaling_factor:
+        return frequencies
+    return llama3_scaled_frequencies(
+        frequencies,
+        cfg.rope_scaling_factor,
+        cfg.rope_low_freq_factor,
+        cfg.rope_high_freq_factor,
+        cfg.rope_original_max_len,
+    )
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, frequencies: torch.Tensor | None = None
+) -> tuple[torch.Tensor, ...]:
+    """cos and sin tables [..., T, head_dim] for integer positions [..., T] (float32);
+    ``frequencies`` replaces the plain ``rope_frequencies(head_dim, theta)`` (scaled RoPE)."""
+    if frequencies is None:
+        frequencies = rope_frequencies(head_dim, theta)
+    angles = positions.to(torch.float64)[..., None] * frequencies
     angles = torch.cat([angles, angles], dim=-1)  # rotate-half layout: first and second halves pair
     return angles.cos().float(), angles.sin().float()
 
@@ -66,6 +108,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     if torch.is_grad_enabled() and x.requires_grad:
         return RotaryFunction.apply(x, cos, sin)
     return rotate_pairs(x, cos, sin, direction=1.0)
+
+
+def shift_predictions(hidden: torch.Tensor) -> torch.Tensor:
+    """Hidden states [B, T, d] moved one position right, so the head's output at position i is
+    read from position i - 1 (a shifted-logit model: position i - 1 predicts token i, the AR
+    layout). Position 0 has nothing before it and keeps its own state: it is BOS in every row,
+    never masked and never read, and a cached forward that starts later is widened by one slot
+    so that its first output is not read either (``dllm.predictors``)."""
+    return torch.cat([hidden[:, :1], hidden[:, :-1]], dim=1)
 
 
 class KVCache:
@@ -123,9 +174,10 @@ class GroupedQueryAttention(nn.Module):
         self.n_heads = cfg.n_heads
         self.n_kv_heads = cfg.n_kv_heads
         self.head_dim = cfg.head_dim
-        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
-        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        bias = cfg.attention_bias  # Qwen2-style q/k/v biases; off adds no parameters at all
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=bias)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=bias)
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=bias)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.dim, bias=False)
 
     def forward(
@@ -229,13 +281,23 @@ class Transformer(nn.Module):
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        cos, sin = rope_cos_sin(torch.arange(cfg.max_seq_len), cfg.head_dim, cfg.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        self.build_rope_tables()
         # Sliding windows through flex attention: None = where it pays and works (CUDA,
         # shared.attention.use_flex_attention); True or False forces one path.
         self.flex_attention: bool | None = None
         self.reset_parameters()
+
+    def build_rope_tables(self, device: torch.device | str | None = None) -> None:
+        """(Re)compute the RoPE cos/sin tables; a model built on the meta device (to load
+        weights in place without a first random copy) calls this once it is real."""
+        cfg = self.config
+        positions = torch.arange(cfg.max_seq_len, device=device)
+        frequencies = model_rope_frequencies(cfg).to(positions.device)
+        self.rope_cos, self.rope_sin = rope_cos_sin(
+            positions, cfg.head_dim, cfg.rope_theta, frequencies
+        )
 
     def reset_parameters(self) -> None:
         # GPT-2 style: N(0, 0.02), with the projections that write into the residual stream scaled
@@ -243,6 +305,8 @@ class Transformer(nn.Module):
         for name, param in self.named_parameters():
             if name.endswith("norm.weight"):
                 nn.init.ones_(param)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(param)
             elif name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
                 nn.init.normal_(param, std=0.02 / math.sqrt(2 * self.config.n_layers))
             else:
@@ -315,6 +379,8 @@ class Transformer(nn.Module):
         for layer, layer_kv in zip(self.layers, layer_cache):
             x = layer(x, cos, sin, mask, is_causal, layer_kv)
         x = self.norm(x)
+        if self.config.shift_logits:
+            x = shift_predictions(x)
         if output_mask is not None:
             # Every position selected (an AR batch without padding) is a reshape, not a gather
             # whose backward scatters into a zeroed copy. Boolean indexing syncs with the device

@@ -156,9 +156,27 @@ class Tokenizer:
         return cls._wrap_hf(spec, load_hf_backend(spec))
 
     @classmethod
-    def _wrap_hf(cls, kind: str, backend: HFTokenizer) -> Tokenizer:
+    def from_hf_backend(
+        cls, kind: str, backend: HFTokenizer, *, eos_id: int, pad_id: int, vocab_size: int
+    ) -> Tokenizer:
+        """A Hugging Face tokenizer with its special ids and size given, as an imported
+        checkpoint has them: ``vocab_size`` may exceed the backend's ids (embedding rows no text
+        maps to, as Qwen2 has), and the pad id may be any id but the end-of-text one."""
+        return cls._wrap_hf(kind, backend, (eos_id, pad_id, vocab_size))
+
+    @classmethod
+    def _wrap_hf(
+        cls, kind: str, backend: HFTokenizer, given: tuple[int, int, int] | None = None
+    ) -> Tokenizer:
         backend = plain_backend(backend)
         n_backend = 1 + max(backend.get_vocab(with_added_tokens=True).values())
+        if given is not None:
+            eos_id, pad_id, vocab_size = given
+            if vocab_size < n_backend:
+                raise ValueError(
+                    f"tokenizer={kind!r} has {n_backend} ids, more than vocab_size={vocab_size}"
+                )
+            return cls(kind, eos_id=eos_id, pad_id=pad_id, vocab_size=vocab_size, backend=backend)
         eos_id = first_token_id(backend, HF_EOS_CANDIDATES)
         if eos_id is None:
             found = sorted(t.content for t in backend.get_added_tokens_decoder().values())
@@ -194,8 +212,12 @@ class Tokenizer:
                 backend=backend,
             )
         elif isinstance(kind, str) and is_hf_kind(kind):
-            # the saved tokenizer.json, not the original spec: loading never touches the hub
-            tok = cls._wrap_hf(kind, HFTokenizer.from_file(str(directory / BACKEND_FILE)))
+            # the saved tokenizer.json, not the original spec: loading never touches the hub.
+            # The saved special ids and size are taken as given (an imported checkpoint chose
+            # them); the fingerprint below still checks them against the vocabulary.
+            given = (meta["eos_id"], meta["pad_id"], meta["vocab_size"])
+            backend = HFTokenizer.from_file(str(directory / BACKEND_FILE))
+            tok = cls._wrap_hf(kind, backend, given)
         else:
             raise ValueError(f"{meta_path}: unknown tokenizer kind {kind!r}")
         if (tok.eos_id, tok.pad_id, tok.vocab_size) != (

@@ -29,6 +29,7 @@ ENTRY_POINTS = ("eval.experiments", "eval.findings", "eval.cli")
 OPTIONAL = (
     "matplotlib",
     "transformers",
+    "huggingface_hub",
     "mauve",
     "lm_eval",
     "gguf",

@@ -250,6 +250,18 @@ def test_evaluate_checkpoint_records_protocol_and_interval(tmp_path):
     assert main([str(tmp_path / "missing")]) == 2
     assert main([str(tmp_path / "mdm"), "--samples", "1", "--cache-dir", str(cache)]) == 2
 
+    # --val-dataset: a file evaluated whole (its bytes all scored), never held out in part
+    text = "".join(f"Document {i} of the validation file.\n\n" for i in range(40))
+    (tmp_path / "valid.txt").write_text(text)
+    whole = evaluate_checkpoint(
+        str(tmp_path / "mdm"), val_dataset=str(tmp_path / "valid.txt"), samples=2,
+        cache_dir=str(cache),
+    )  # fmt: skip
+    splits = whole["protocol"]["splits"]
+    assert splits["validation"]["n_documents"] == splits["train"]["n_documents"] == 40
+    with pytest.raises(ValueError, match="give it alone"):
+        evaluate_checkpoint(str(tmp_path / "mdm"), dataset="kjv", val_dataset="x.txt")
+
 
 @pytest.mark.parametrize("batch_size, micro_batch", [(4, None), (5, 2), (3, 1)])
 def test_rank_shares_add_up_and_every_rank_runs_the_same_number_of_forwards(

@@ -30,6 +30,15 @@ FLAG_GROUPS: dict[str, dict[str, str]] = {
         "max_seq_len": "longest row the model supports (>= seq_len)",
         "tie_embeddings": "share the input embedding and the output head (true/false)",
         "sliding_window": "keys each query sees; 0 = full attention",
+        "attention_bias": "biases on the q, k and v projections, as Qwen2 has (true/false)",
+        "rope_scaling_factor": "Llama-3 RoPE scaling: how far long wavelengths stretch; 0 = off",
+        "rope_low_freq_factor": "Llama-3 RoPE scaling: wavelengths above original_max_len / "
+        "this stretch fully",
+        "rope_high_freq_factor": "Llama-3 RoPE scaling: wavelengths below original_max_len / "
+        "this are kept",
+        "rope_original_max_len": "Llama-3 RoPE scaling: the context the model was trained at",
+        "shift_logits": "mdm: position i's output predicts token i+1, the AR layout (Dream, "
+        "DiffuLLaMA; keeps an --init-from AR head aligned) (true/false)",
     },
     "data": {
         "dataset": "kjv, a local .txt/.jsonl/.json/.parquet file or folder, a hub dataset "

@@ -158,4 +158,9 @@ def resolve_config(preset_name: str, overrides: dict[str, Any]) -> tuple[ModelCo
             f"seq_len={train_cfg.seq_len} exceeds max_seq_len="
             f"{model_cfg.max_seq_len}; raise --max-seq-len or lower --seq-len"
         )
+    if model_cfg.shift_logits and train_cfg.objective != "mdm":
+        raise ConfigError(
+            f"shift_logits is a masked-diffusion layout (objective mdm); objective="
+            f"{train_cfg.objective!r} reads each position's own output"
+        )
     return model_cfg, train_cfg

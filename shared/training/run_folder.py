@@ -130,6 +130,27 @@ def claim_run_folder(folder: Path, *, resuming: bool, overwrite: bool) -> str | 
     return move_aside(folder)
 
 
+def claim_output_folder(out: Path, overwrite: bool, verb: str) -> str | None:
+    """Check that ``out`` may take what a command writes (``verb``: "export", "import"): a new or
+    empty folder, or with ``overwrite`` one whose contents are moved aside (returns where). A
+    folder in use by a run is never written into, and nothing is written over without
+    ``overwrite``."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} is a file; name a folder to {verb} into")
+    if not out.is_dir() or not any(out.iterdir()):
+        return None
+    holder = holder_if_locked(out)
+    if holder:
+        raise ConfigError(f"{out} is in use by a run ({holder}); {verb} into another folder")
+    what = "a training run" if holds_run(out) else "files"
+    if not overwrite:
+        raise ConfigError(
+            f"{out} already holds {what}; {verb} into a new folder, or pass --overwrite to move "
+            "what is there aside (not deleted)"
+        )
+    return move_aside(out)
+
+
 def move_aside(folder: Path) -> str:
     """Move everything in ``folder`` but its lock into a new sibling folder
     ``<name>.replaced-<time>-<unique>``; returns its path. Nothing is deleted."""

@@ -70,13 +70,19 @@ def check_compatible(
     state: dict[str, Any], model_cfg: ModelConfig, cfg: TrainConfig, where: str
 ) -> None:
     """Refuse a source whose backbone shape (every field but the vocabulary, which the
-    tokenizer and objective decide) or tokenizer setting differs, naming every difference."""
-    source = ModelConfig.from_dict(state["model_config"]).to_dict() | state["train_config"]
-    shape = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "vocab_size")
+    tokenizer and objective decide, and the logit shift) or tokenizer setting differs, naming
+    every difference."""
+    # every field, those to_dict leaves out at their off values included
+    source = dataclasses.asdict(ModelConfig.from_dict(state["model_config"]))
+    source |= state["train_config"]
+    # shift_logits is how the objective reads the head, not a shape: an AR source keeps its
+    # alignment in a shifted MDM (the DiffuLLaMA / Dream recipe)
+    free = ("vocab_size", "shift_logits")
+    shape = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name not in free)
     tokens = ("tokenizer",) + (("tokenizer_vocab_size",) if cfg.tokenizer == "bpe" else ())
     wrong = config_differences(
         source,
-        model_cfg.to_dict() | dataclasses.asdict(cfg),
+        dataclasses.asdict(model_cfg) | dataclasses.asdict(cfg),
         shape + tokens,
         describe=lambda name, theirs, ours: (
             f"{name}={theirs!r} in the source, {ours!r} in this run"

