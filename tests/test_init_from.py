@@ -103,6 +103,21 @@ def test_tied_embeddings_share_the_mean_mask_row(tmp_path, cache_dir):
     assert torch.allclose(model.output.weight[-1], source.mean(0))
 
 
+def test_a_run_takes_its_sources_shape_unless_a_flag_says_otherwise(tmp_path, cache_dir):
+    source = tmp_path / "wide"
+    cli.train_from_argv(
+        tiny(source, cache_dir, "--max-steps", "2", "--tie-embeddings", "true", "--dim", "48",
+             "--hidden-dim", "96", "--rope-theta", "500.0")
+    )  # fmt: skip
+    spec = new_run("tiny", tmp_path / "x", objective="mdm", init_from=str(source))
+    assert (spec.model.dim, spec.model.hidden_dim, spec.model.tie_embeddings) == (48, 96, True)
+    assert spec.model.rope_theta == 500.0 and spec.train.tokenizer == "byte"
+    typed = new_run("tiny", tmp_path / "y", objective="mdm", init_from=str(source), dim=64)
+    assert typed.model.dim == 64  # then refused by check_start, naming the field (tested below)
+    missing = new_run("tiny", tmp_path / "z", init_from=str(tmp_path / "nowhere"))
+    assert missing.model.dim == 32  # the preset's: the missing source is reported by check_start
+
+
 def test_an_adapted_mdm_starts_far_below_a_fresh_one(ar_source, tmp_path, cache_dir):
     fresh = one_mdm_step(tmp_path / "fresh", cache_dir)
     adapted = one_mdm_step(tmp_path / "adapted", cache_dir, "--init-from", str(ar_source))

@@ -19,6 +19,7 @@ the identity.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -169,7 +170,7 @@ class Format:
     name: str
     objective: str
     model: ModelConfig
-    source_name: Any  # our parameter name -> the source's
+    source_name: Callable[[str], str]  # our parameter name -> the source's
     mask_id: int | None = None
 
 

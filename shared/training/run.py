@@ -3,6 +3,7 @@ from a preset, or the continuation of a checkpoint). ``shared.training.train(spe
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,10 +44,36 @@ def new_run(
 ) -> RunSpec:
     """A run of ``preset`` with ``overrides`` (any ModelConfig or TrainConfig field) applied;
     ``out`` defaults to ``runs/<preset>-<objective>``. A folder that already holds a run
-    refuses it unless ``overwrite`` (which moves the old run aside)."""
+    refuses it unless ``overwrite`` (which moves the old run aside). A run with ``init_from``
+    takes the source's backbone shape and tokenizer for every field not given in
+    ``overrides`` (``inherited_from_source``)."""
+    overrides = inherited_from_source(overrides.get("init_from") or "") | overrides
     model_cfg, train_cfg = resolve_config(preset, overrides)
     folder = Path(out) if out else Path("runs") / f"{preset}-{train_cfg.objective}"
     return RunSpec(model_cfg, train_cfg, folder, preset, overwrite=overwrite)
+
+
+# the backbone fields an --init-from source decides (the vocabulary follows the tokenizer and the
+# objective; shift_logits is the new run's choice)
+NOT_INHERITED = ("vocab_size", "shift_logits")
+
+
+def inherited_from_source(init_from: str) -> dict[str, Any]:
+    """The settings a run started from ``init_from`` takes from its source: every backbone field
+    but ``NOT_INHERITED``, and the tokenizer setting. An unreadable source gives nothing here;
+    ``warm_start.check_start`` reports it with the run's other checks."""
+    if not init_from:
+        return {}
+    try:
+        state = read_state(resolve_checkpoint(Path(init_from), log=lambda _: None))
+    except (CheckpointError, OSError, ValueError):
+        return {}
+    shape = dataclasses.asdict(ModelConfig.from_dict(state["model_config"]))
+    inherited = {k: v for k, v in shape.items() if k not in NOT_INHERITED}
+    for name in ("tokenizer", "tokenizer_vocab_size"):
+        if name in state.get("train_config", {}):
+            inherited[name] = state["train_config"][name]
+    return inherited
 
 
 def resume_run(
