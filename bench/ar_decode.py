@@ -233,7 +233,8 @@ def main() -> int:
 
     print()
     print(
-        f"Greedy decode, demo-preset shape ({model.num_parameters() / 1e6:.2f}M parameters, "
+        f"Greedy decode, {f'{args.source} imported' if args.source else 'demo-preset shape'} "
+        f"({model.num_parameters() / 1e6:.2f}M parameters, "
         f"fp32): K={new_tokens} new tokens after a prompt of L - {new_tokens} (best of "
         f"{repeats}); no cache: the last U={uncached_tokens} of them (one run). Tokens "
         "identical across the three engines."

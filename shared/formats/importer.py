@@ -191,7 +191,7 @@ def write_safetensors(
                 tensor = tensor.clone()  # a memory-mapped source is read-only
                 first, second = swap_rows
                 tensor[[first, second]] = tensor[[second, first]]
-            handle.write(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+            handle.write(tensor.reshape(-1).view(torch.uint8).numpy())  # a view: no copy
             del tensor
 
 
