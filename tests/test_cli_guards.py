@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from arlm import export as ar_export
 from eval import cli as duolm
 from shared.cli_args import CommandParser
 from shared.training import cli as train_cli
@@ -67,9 +68,13 @@ def test_export_refuses_a_training_run_an_earlier_export_and_a_file(runs, tmp_pa
     assert "is a file" in error_line(capsys) and a_file.read_text() == "keep me"
 
 
-def test_exporting_an_mdm_says_export_takes_ar_checkpoints(runs, tmp_path, capsys):
+def test_duolm_export_writes_an_mdm_as_llada_and_the_llama_export_refuses_it(
+    runs, tmp_path, capsys
+):
     pytest.importorskip("transformers")
-    assert duolm.main(["export", str(runs["mdm"]), str(tmp_path / "hf")]) == 2
+    assert duolm.main(["export", str(runs["mdm"]), str(tmp_path / "llada")]) == 0
+    assert '"model_type": "llada"' in (tmp_path / "llada" / "config.json").read_text()
+    assert ar_export.main([str(runs["mdm"]), str(tmp_path / "hf")]) == 2
     line = error_line(capsys)
     assert "'mdm' checkpoint" in line and "LlamaForCausalLM" in line
 
