@@ -28,15 +28,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from shared.checkpoint import load_model_from_checkpoint
-from shared.cli_args import CommandParser
+from shared.cli_args import export_parser
 from shared.config import ModelConfig
 from shared.errors import report_user_errors
 from shared.formats.hf_tokenizer import hf_tokenizer, require_transformers
 from shared.formats.llama import hf_weight_name, model_config_from_hf, our_weight_name
 from shared.formats.llama import llama_config_fields as llama_fields
+from shared.formats.reader import open_safetensors, shard_files
 from shared.model import Transformer
 from shared.tokenizer import Tokenizer
 from shared.training.run_folder import claim_output_folder
@@ -144,7 +144,8 @@ def load_exported(
     if config.get("model_type") != "llama":
         raise ValueError(f"model_type={config.get('model_type')!r}: only 'llama' folders load")
     cfg = model_config_from_hf(config)
-    weights = _read_safetensors(folder)
+    shapes, _, read = open_safetensors(shard_files(folder))
+    weights = {name: read(name) for name in shapes}
     state = {our_weight_name(k): v for k, v in weights.items() if "rotary_emb" not in k}
     model = Transformer(cfg)
     dtype = next(iter(state.values())).dtype
@@ -164,36 +165,14 @@ def load_exported(
     return model.to(device=device, dtype=dtype).eval(), tokenizer
 
 
-def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
-    single = folder / "model.safetensors"
-    if single.is_file():
-        return load_file(str(single))
-    index = folder / "model.safetensors.index.json"
-    if not index.is_file():
-        raise FileNotFoundError(f"{folder}: no model.safetensors or model.safetensors.index.json")
-    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    weights: dict[str, torch.Tensor] = {}
-    for shard in shards:
-        weights.update(load_file(str(folder / shard)))
-    return weights
-
-
 # ---------------------------------------------------------------- command line
 
 
-def build_parser() -> CommandParser:
-    parser = CommandParser(
-        description="Export a checkpoint: AR as a Hugging Face LlamaForCausalLM folder (an MDM "
-        "checkpoint exports as a LLaDA folder through duolm export or python -m dllm.export)."
+def build_parser():
+    return export_parser(
+        "Export a checkpoint: AR as a Hugging Face LlamaForCausalLM folder (an MDM checkpoint "
+        "exports as a LLaDA folder through duolm export or python -m dllm.export)."
     )
-    parser.add_argument("checkpoint", help="checkpoint directory or run directory")
-    parser.add_argument("out", help="folder to write (new or empty)")
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="export into a folder that holds files, moving them aside first (not deleted)",
-    )
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

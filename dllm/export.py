@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 
 from dllm.canvas import mask_token_id
 from shared.checkpoint import full_model_state, load_model_from_checkpoint
-from shared.cli_args import CommandParser
+from shared.cli_args import export_parser
 from shared.errors import ConfigError, report_user_errors
 from shared.formats.diffusion import llada_config_fields, llada_weight_name
 from shared.formats.hf_tokenizer import hf_tokenizer, require_transformers
@@ -87,14 +87,7 @@ def export_llada_checkpoint(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = CommandParser(description="Export an MDM checkpoint as a LLaDA folder.")
-    parser.add_argument("checkpoint", help="checkpoint directory or run directory")
-    parser.add_argument("out", help="folder to write (new or empty)")
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="export into a folder that holds files, moving them aside first (not deleted)",
-    )
+    parser = export_parser("Export an MDM checkpoint as a LLaDA folder.")
     args = parser.parse_args(argv)
     return report_user_errors(
         lambda: print(

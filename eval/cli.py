@@ -52,9 +52,7 @@ def sample(argv: list[str]) -> int:
             "  block-diffusion checkpoints those of `python -m dllm.sample --help`."
         )
         return 0 if {"-h", "--help"} & set(argv) else 2
-    objective, status = result_or_status(
-        lambda: read_state(resolve_checkpoint(Path(paths[0])))["objective"]
-    )
+    objective, status = checkpoint_objective(paths[0])
     if status:
         return status
     return (ar_sample.main if objective == "ar" else diffusion_sample.main)(argv)
@@ -66,12 +64,16 @@ def export(argv: list[str]) -> int:
     unknown, paths = positional_arguments(argv, [ar_export.build_parser()])
     if unknown or not paths:
         return ar_export.main(argv)  # its parser prints the usage or names the bad flag
-    objective, status = result_or_status(
-        lambda: read_state(resolve_checkpoint(Path(paths[0])))["objective"]
-    )
+    objective, status = checkpoint_objective(paths[0])
     if status:
         return status
     return (diffusion_export.main if objective == "mdm" else ar_export.main)(argv)
+
+
+def checkpoint_objective(path: str) -> tuple[str | None, int]:
+    """(the objective a checkpoint was trained with, 0), or (None, exit status) with the error
+    printed when the path holds no valid checkpoint."""
+    return result_or_status(lambda: read_state(resolve_checkpoint(Path(path)))["objective"])
 
 
 def positional_arguments(argv: list[str], parsers: list) -> tuple[str | None, list[str]]:

@@ -137,3 +137,16 @@ def fitting_length(requested: int | None, context: int, fixed_tokens: int, flag:
             f"max_seq_len={context}: nothing is left to generate; shorten the prompt"
         )
     return min(DEFAULT_GENERATED_TOKENS, room)
+
+
+def export_parser(description: str) -> CommandParser:
+    """The flags every export command takes: a checkpoint, a new folder, ``--overwrite``."""
+    parser = CommandParser(description=description)
+    parser.add_argument("checkpoint", help="checkpoint directory or run directory")
+    parser.add_argument("out", help="folder to write (new or empty)")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="export into a folder that holds files, moving them aside first (not deleted)",
+    )
+    return parser
