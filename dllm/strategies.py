@@ -17,6 +17,7 @@ float64 by inverse CDF, one CPU generator per row, so a row never depends on its
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -45,12 +46,13 @@ class StepContext:
     logits: torch.Tensor
     sampling: SamplingConfig
     generators: list[torch.Generator]
+    confidence_dtype: torch.dtype = torch.float64  # float32 reproduces LLaDA's confidences
 
     @cached_property
     def probs(self) -> torch.Tensor:
-        """The model's own distribution (before temperature / top-p), float64: what confidence
-        is measured on, as in LLaDA and Fast-dLLM."""
-        return torch.softmax(self.logits.double(), dim=-1)
+        """The model's own distribution (before temperature / top-p), float64 unless asked
+        otherwise: what confidence is measured on, as in LLaDA and Fast-dLLM."""
+        return torch.softmax(self.logits.to(self.confidence_dtype), dim=-1)
 
     def uniforms(self) -> torch.Tensor:
         """[B, Lb] float64 uniforms from each row's generator. A row draws Lb of them at every
@@ -256,7 +258,7 @@ class FixedCount:
     def step(self, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = ctx.draw_tokens(ctx.masked)
         if self.confidence == "float32":
-            ctx.probs = torch.softmax(ctx.logits.float(), dim=-1)  # replaces the cached float64
+            ctx = dataclasses.replace(ctx, confidence_dtype=torch.float32)
         scores = REMASKING[self.remasking](ctx, tokens)
         if self.split == "front":
             counts = front_loaded_counts(ctx.masked_at_start, ctx.steps)[:, ctx.index]
