@@ -10,6 +10,12 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 
+def cache_root() -> Path:
+    """Where duolm keeps what it can rebuild (tokenized corpora, the converted judge):
+    ``$DUOLM_CACHE``, else ``~/.cache/duolm``."""
+    return Path(os.environ.get("DUOLM_CACHE", Path.home() / ".cache" / "duolm"))
+
+
 def current_umask() -> int:
     mask = os.umask(0)  # the only way to read it is to set it; put it straight back
     os.umask(mask)

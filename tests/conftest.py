@@ -1,8 +1,21 @@
-"""One thread per test process: the machine is shared and two OpenMP threads can stall badly."""
+"""One thread per test process, two test processes on a two-core machine.
 
+Each process runs one thread: the machine is shared and two OpenMP threads can stall badly. The
+README's command runs the suite in two pytest-xdist workers (``-n 2`` in pyproject.toml); how the
+tests are shared between them is in ``tests/scheduling.py``. Tiny runs that several modules read
+are built once per test run for both workers (``shared_run_dir``).
+"""
+
+import fcntl
+import json
 import os
+import shutil
 import sys
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -20,6 +33,8 @@ if str(ROOT) not in sys.path:
 TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
+
+import scheduling  # noqa: E402
 
 # The tests whose numbers depend on the CPU's kernels: they compare against numbers recorded on
 # another machine (the compat fixture), against outside implementations (transformers' Llama,
@@ -43,7 +58,93 @@ NUMERICS_MODULES = {
 }
 
 
+def pytest_configure(config):
+    # In the main process, before the workers start (they inherit the environment): one folder
+    # for this test run, holding the scheduler's units and duolm's cache (tokenized corpora, the
+    # converted judge), shared by the workers and removed at the end.
+    if hasattr(config, "workerinput"):
+        return
+    scratch = Path(tempfile.mkdtemp(prefix="duolm-tests-"))
+    config.duolm_scratch = scratch
+    os.environ["DUOLM_TEST_SCRATCH"] = str(scratch)
+    os.environ["DUOLM_CACHE"] = str(scratch / "cache")
+    os.environ[scheduling.UNITS_FOLDER] = str(scratch / "units")
+    (scratch / "units").mkdir()
+
+
+def pytest_unconfigure(config):
+    scratch = getattr(config, "duolm_scratch", None)
+    if scratch is not None:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    return scheduling.GroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in NUMERICS_MODULES:
             item.add_marker("numerics")
+    scheduling.order(items)
+    scheduling.write_units(items)
+
+
+@contextmanager
+def _exclusive(lock_path: Path):
+    with open(lock_path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _fingerprint(folder: Path) -> list[tuple[str, int, int]]:
+    return sorted(
+        (str(path.relative_to(folder)), path.stat().st_size, path.stat().st_mtime_ns)
+        for path in folder.rglob("*")
+        if path.is_file()
+    )
+
+
+@pytest.fixture(scope="session")
+def shared_run_dir():
+    """``build(name, make)``: the folder ``name`` made once per test run by ``make(folder)``,
+    by whichever worker asks first (the other waits for it), then read by every test that asks.
+    The tests must not change it (one that writes into a run copies it first): at the end of
+    the session every worker checks that each folder it used is as it was built."""
+    root = Path(os.environ["DUOLM_TEST_SCRATCH"]) / "shared-runs"
+    root.mkdir(exist_ok=True)
+    used: dict[Path, list] = {}
+
+    def build(name: str, make) -> Path:
+        folder = root / name
+        with _exclusive(root / f"{name}.lock"):
+            if not (root / f"{name}.done").exists():
+                make(folder)
+                (root / f"{name}.done").write_text(json.dumps(_fingerprint(folder)))
+        used[folder] = json.loads((root / f"{name}.done").read_text())
+        return folder
+
+    yield build
+    for folder, built in used.items():
+        now = [list(entry) for entry in _fingerprint(folder)]
+        assert now == built, f"a test changed the shared run {folder.name}; copy it first"
+
+
+@pytest.fixture(scope="session")
+def tiny_runs(shared_run_dir) -> dict[str, Path]:
+    """A tiny AR run and a tiny MDM run (5 steps, one validation at the end), trained once per
+    test run for the modules that only read them."""
+    from shared.training import cli
+
+    def make(folder: Path) -> None:
+        for objective in ("ar", "mdm"):
+            cli.train_from_argv(
+                ["--preset", "tiny", "--objective", objective, "--out", str(folder / objective)]
+                + ["--max-steps", "5", "--eval-every", "100", "--cache-dir", str(folder / "cache")]
+            )
+
+    root = shared_run_dir("tiny-runs", make)
+    return {"ar": root / "ar", "mdm": root / "mdm"}

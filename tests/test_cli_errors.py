@@ -22,12 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "tiny_mdm_run"
 
 
-@pytest.fixture(scope="module")
-def tiny_ar(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("ar")
-    argv = ["--preset", "tiny", "--out", str(out / "run"), "--cache-dir", str(out / "cache")]
-    cli.train_from_argv([*argv, "--max-steps", "2", "--eval-every", "100"])
-    return out / "run"
+@pytest.fixture
+def tiny_ar(tiny_runs) -> Path:
+    return tiny_runs["ar"]
 
 
 def one_line_error(command: list[str | bytes]) -> str:

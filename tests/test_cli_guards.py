@@ -14,22 +14,13 @@ import pytest
 from arlm import export as ar_export
 from eval import cli as duolm
 from shared.cli_args import CommandParser
-from shared.training import cli as train_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("runs")
-    made = {}
-    for objective in ("ar", "mdm"):
-        made[objective] = root / objective
-        train_cli.train_from_argv(
-            ["--preset", "tiny", "--objective", objective, "--out", str(made[objective])]
-            + ["--max-steps", "2", "--cache-dir", str(root / "cache")]
-        )
-    return made
+@pytest.fixture
+def runs(tiny_runs) -> dict[str, Path]:
+    return tiny_runs
 
 
 def status_of(argv: list[str]) -> int:

@@ -31,6 +31,7 @@ def compare_flags(out: Path, cache: Path, *extra: str) -> list[str]:
     return ["--preset", "smoke", "--out", str(out), "--no-mauve", "--cache-dir", str(cache), *extra]
 
 
+@pytest.mark.serial
 def test_force_sets_the_earlier_job_aside_and_a_stopped_forced_job_resumes_without_it(tmp_path):
     out, cache = tmp_path / "job", tmp_path / "cache"
     (out / "stages").mkdir(parents=True)  # what an earlier job leaves
@@ -127,6 +128,7 @@ def test_a_run_that_cannot_continue_names_out_and_force(change, said, tmp_path):
     assert "--allow-config-change" not in text and "raise the budget" not in text
 
 
+@pytest.mark.serial
 def test_a_signal_during_an_evaluation_stage_stops_it_at_once_and_names_it(tmp_path):
     stop = StopRequest(on_stop="stopping at the end of the current stage")
     job_stages = stages.Stages(tmp_path, False, stop)

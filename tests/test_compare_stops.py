@@ -17,6 +17,7 @@ from shared.errors import ConfigError
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.serial
 def test_sigterm_during_training_stops_the_job_and_the_rerun_reports_true_budgets(tmp_path):
     out = tmp_path / "job"
     flags = ["--preset", "smoke", "--out", str(out), "--no-mauve", "--max-steps", "300"]

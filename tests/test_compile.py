@@ -19,6 +19,7 @@ def compiler():
         pytest.skip(f"torch.compile does not work on this machine: {problem}")
 
 
+@pytest.mark.slow
 def test_compiled_and_eager_losses_and_gradients_agree(compiler):
     config = new_run("tiny").model.with_vocab(260)
     torch.manual_seed(0)
@@ -42,6 +43,7 @@ def test_compiled_and_eager_losses_and_gradients_agree(compiler):
     assert list(compiled.state_dict()) == list(eager.state_dict())
 
 
+@pytest.mark.slow
 def test_a_compiled_run_trains_and_records_it(tmp_path, compiler):
     args = ["--preset", "tiny", "--max-steps", "2", "--eval-every", "2", "--out", str(tmp_path)]
     summary = train_from_argv([*args, "--compile", "on", "--cache-dir", str(tmp_path / "c")])

@@ -505,6 +505,7 @@ def test_adaptation_is_not_trained_when_the_scratch_mdm_stays_on_the_plateau(tmp
 # ---- end to end ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_every_finding_runs_at_smoke_scale_and_writes_its_index(tmp_path):
     """The plumbing of every finding (the verdicts at this scale mean nothing)."""
     out = tmp_path / "findings"

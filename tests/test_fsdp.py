@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from launch import free_port
 from safetensors.torch import load_file
 from torch import nn
 
@@ -102,6 +103,7 @@ def assert_close_runs(a: Path, b: Path) -> None:
     assert abs(va - vb) < 1e-5 * va
 
 
+@pytest.mark.serial
 def test_fsdp_matches_one_process_resumes_exactly_and_checkpoints_cross_layouts(
     tmp_path, cache_dir
 ):
@@ -109,7 +111,7 @@ def test_fsdp_matches_one_process_resumes_exactly_and_checkpoints_cross_layouts(
     cli.train_from_argv([*COMMON, "--out", str(one), "--cache-dir", str(cache_dir)])
 
     sharded = tmp_path / "fsdp"
-    output = launch_fsdp(sharded, cache_dir, *COMMON, port=29551)
+    output = launch_fsdp(sharded, cache_dir, *COMMON, port=free_port())
     assert "2 process(es) (FSDP2)" in output
     assert final(sharded)["parallel_layout"] == "FSDP2" and final(sharded)["processes"] == 2
     assert len(train_losses(sharded)) == 8
@@ -120,10 +122,10 @@ def test_fsdp_matches_one_process_resumes_exactly_and_checkpoints_cross_layouts(
 
     # FSDP stopped at step 4 and resumed under FSDP: bit for bit the uninterrupted FSDP run.
     split = tmp_path / "split"
-    launch_fsdp(split, cache_dir, *COMMON, "--stop-after-steps", "4", port=29552)
+    launch_fsdp(split, cache_dir, *COMMON, "--stop-after-steps", "4", port=free_port())
     halfway = list_checkpoints(split / "checkpoints")[-1]
     assert halfway.name.endswith("4")
-    launch_fsdp(split, cache_dir, "--resume", str(split), port=29553)
+    launch_fsdp(split, cache_dir, "--resume", str(split), port=free_port())
     resumed, straight = last_weights(split), last_weights(sharded)
     for name in straight:
         assert torch.equal(resumed[name], straight[name]), name
@@ -136,7 +138,7 @@ def test_fsdp_matches_one_process_resumes_exactly_and_checkpoints_cross_layouts(
     one_then_fsdp = tmp_path / "one_then_fsdp"
     one_halfway = one / "checkpoints" / halfway.name
     output = launch_fsdp(
-        one_then_fsdp, cache_dir, "--resume", str(one_halfway), "--log-every", "1", port=29554
+        one_then_fsdp, cache_dir, "--resume", str(one_halfway), "--log-every", "1", port=free_port()
     )
     assert "(FSDP2)" in output and "resumed from" in output
     for continued in (fsdp_then_one, one_then_fsdp):

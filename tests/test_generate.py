@@ -17,7 +17,6 @@ from shared.config import ModelConfig
 from shared.model import KVCache, Transformer, attention_mask
 from shared.sampling import SamplingConfig
 from shared.tokenizer import Tokenizer
-from shared.training import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ModelConfig(
@@ -434,25 +433,9 @@ def test_mdm_checkpoint_is_refused(tmp_path):
 # ---------------------------------------------------------------- command line
 
 
-@pytest.fixture(scope="module")
-def ar_run(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("ar-run")
-    cache = tmp_path_factory.mktemp("cache")
-    cli.train_from_argv(
-        [
-            "--objective",
-            "ar",
-            "--preset",
-            "tiny",
-            "--max-steps",
-            "5",
-            "--out",
-            str(out),
-            "--cache-dir",
-            str(cache),
-        ]
-    )
-    return out
+@pytest.fixture
+def ar_run(tiny_runs) -> Path:
+    return tiny_runs["ar"]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -5,6 +5,7 @@ import math
 import random
 
 import pytest
+import torch
 
 from eval.quality import (
     JudgeScore,
@@ -98,3 +99,83 @@ def test_judge_perplexity_interval_is_the_delta_method_over_samples():
         (math.exp(7 / 3 - 1.959964 * se), math.exp(7 / 3 + 1.959964 * se))
     )
     assert JudgeScore(10.0, 5, [2.0], [5]).perplexity_interval() is None
+
+
+# ---- the converted judge kept in the cache ------------------------------------------------------
+
+
+def tiny_causal_lm():
+    """A random two-layer Llama and a word-level tokenizer, standing in for the GGUF judge."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    vocab = {word: i for i, word in enumerate(["<unk>", "<s>", "</s>", *"abcdefgh"])}
+    backend = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = Whitespace()
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    config = transformers.LlamaConfig(
+        vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return tokenizer, transformers.LlamaForCausalLM(config).eval()
+
+
+def test_the_converted_judge_is_converted_once_and_reads_back_identically(tmp_path, monkeypatch):
+    from eval import quality
+
+    tokenizer, model = tiny_causal_lm()
+    conversions = []
+
+    def load(source, **kwargs):
+        if "gguf_file" in kwargs:  # the slow conversion, counted
+            conversions.append(source)
+            return tokenizer, model
+        return real_load(source, **kwargs)
+
+    real_load = quality.load_pretrained
+    monkeypatch.setattr(quality, "load_pretrained", load)
+    monkeypatch.setenv("DUOLM_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "wheel" / "judge.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"GGUF stand-in")
+
+    assert quality.load_gguf_judge(gguf) == (tokenizer, model) and len(conversions) == 1
+    folder = quality.converted_judge_folder(gguf)
+    assert folder.parent == tmp_path / "cache" / "judge" and (folder / "config.json").is_file()
+    kept_tokenizer, kept_model = quality.load_gguf_judge(gguf)
+    assert len(conversions) == 1  # read from the cache, not converted
+    ours, theirs = model.state_dict(), kept_model.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[name], theirs[name]) for name in ours)
+    assert kept_model.lm_head.weight.data_ptr() == kept_model.model.embed_tokens.weight.data_ptr()
+    text = "a b c x h g"
+    assert kept_tokenizer(text)["input_ids"] == tokenizer(text)["input_ids"]
+    assert (kept_tokenizer.bos_token_id, kept_tokenizer.eos_token_id) == (1, 2)
+    row = torch.tensor([[1, 3, 4, 5, 6]])
+    with torch.no_grad():
+        assert torch.equal(kept_model(row).logits, model(row).logits)
+
+    # a damaged folder is converted again; another file's content gets a folder of its own
+    (folder / "model.safetensors").unlink()
+    quality.load_gguf_judge(gguf)
+    assert len(conversions) == 2 and (folder / "model.safetensors").is_file()
+    gguf.write_bytes(b"another GGUF stand-in")
+    assert quality.converted_judge_folder(gguf) != folder
+
+
+def test_a_judge_cache_that_cannot_be_written_is_skipped(tmp_path, monkeypatch):
+    from eval import quality
+
+    tokenizer, model = tiny_causal_lm()
+    monkeypatch.setattr(quality, "load_pretrained", lambda source, **kwargs: (tokenizer, model))
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("DUOLM_CACHE", str(blocked))
+    gguf = tmp_path / "judge.gguf"
+    gguf.write_bytes(b"GGUF stand-in")
+    assert quality.load_gguf_judge(gguf) == (tokenizer, model)

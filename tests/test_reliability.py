@@ -15,7 +15,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from launch import two_cpu_processes
+from launch import free_port, two_cpu_processes
 from safetensors.torch import load_file
 
 from shared import checkpoint as ckpt
@@ -66,6 +66,7 @@ def newest_weights(out: Path) -> dict[str, torch.Tensor]:
     return load_file(str(ckpt.list_checkpoints(out / "checkpoints")[-1] / "model.safetensors"))
 
 
+@pytest.mark.serial
 def test_kill_during_checkpoint_write_then_resume_matches_uninterrupted(tmp_path, cache_dir):
     common = ["--objective", "mdm", "--max-steps", "24", "--eval-every", "6"]
     straight = tmp_path / "straight"
@@ -88,6 +89,7 @@ def test_kill_during_checkpoint_write_then_resume_matches_uninterrupted(tmp_path
     assert all(torch.equal(a[name], b[name]) for name in a)
 
 
+@pytest.mark.serial
 def test_sigterm_saves_the_step_reached_and_exits_zero(tmp_path, cache_dir):
     out = tmp_path / "run"
     proc = run_train(
@@ -112,6 +114,7 @@ def test_sigterm_saves_the_step_reached_and_exits_zero(tmp_path, cache_dir):
     assert "SIGTERM received" in err
 
 
+@pytest.mark.serial
 def test_second_signal_exits_at_once(monkeypatch):
     request = faults.StopRequest()
     exits = []
@@ -127,6 +130,7 @@ def test_second_signal_exits_at_once(monkeypatch):
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+@pytest.mark.serial
 def test_a_signal_is_noted_by_the_watcher_thread():
     request = faults.StopRequest()
     try:
@@ -253,6 +257,7 @@ def test_cli_parser_gives_clear_errors_for_any_text(field, text):
         assert field in str(error) or "max_seq_len" in str(error) or "budget" in str(error)
 
 
+@pytest.mark.serial
 def test_sigterm_to_the_accelerate_launcher_stops_every_process_at_one_step(tmp_path, cache_dir):
     import shutil
 
@@ -262,7 +267,7 @@ def test_sigterm_to_the_accelerate_launcher_stops_every_process_at_one_step(tmp_
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
     launcher = subprocess.Popen(
         [
-            *two_cpu_processes(port=29541),
+            *two_cpu_processes(port=free_port()),
             "train.py",
             *tiny(
                 out,

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from launch import two_cpu_processes
+from launch import free_port, two_cpu_processes
 
 from shared import checkpoint as ckpt
 from shared.config import ModelConfig
@@ -90,6 +90,7 @@ def test_out_naming_a_file_or_an_unwritable_place_is_one_line(tmp_path, cache_di
         assert len(lines) == 1 and message in lines[0], done.stderr
 
 
+@pytest.mark.serial
 def test_a_second_run_on_a_locked_folder_exits_at_once_and_the_first_finishes(tmp_path, cache_dir):
     out = tmp_path / "run"
     first = start_train(
@@ -119,6 +120,7 @@ def test_a_second_run_on_a_locked_folder_exits_at_once_and_the_first_finishes(tm
     assert all(r["step"] <= summary["step"] for r in records(out))
 
 
+@pytest.mark.serial
 def test_a_stale_lock_of_a_killed_run_is_reported_and_taken_over(tmp_path, cache_dir):
     out = tmp_path / "run"
     proc = start_train(
@@ -188,6 +190,7 @@ def test_every_flag_has_a_group_and_a_description():
     assert "ar | mdm | bd (block diffusion)" in usage
 
 
+@pytest.mark.serial
 def test_a_refusal_under_accelerate_launch_is_printed_once_and_stops_every_process(
     tmp_path, cache_dir
 ):
@@ -196,7 +199,11 @@ def test_a_refusal_under_accelerate_launch_is_printed_once_and_stops_every_proce
     out = tmp_path / "run"
     cli.train_from_argv(tiny(out, cache_dir, "--max-steps", "2", "--eval-every", "100"))
     done = subprocess.run(
-        [*two_cpu_processes(port=29533), "train.py", *tiny(out, cache_dir, "--max-steps", "4")],
+        [
+            *two_cpu_processes(port=free_port()),
+            "train.py",
+            *tiny(out, cache_dir, "--max-steps", "4"),
+        ],
         cwd=ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"},
         capture_output=True,

@@ -3,25 +3,11 @@
 import pytest
 
 from eval.experiments import side_by_side
-from shared.training import cli
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sbs")
-    args = [
-        "--preset",
-        "tiny",
-        "--max-steps",
-        "5",
-        "--eval-every",
-        "100",
-        "--cache-dir",
-        str(root / "cache"),
-    ]
-    for objective in ("ar", "mdm"):
-        cli.train_from_argv([*args, "--objective", objective, "--out", str(root / objective)])
-    return root
+@pytest.fixture
+def runs(tiny_runs):
+    return tiny_runs["ar"].parent
 
 
 def test_prints_both_models_for_prompts_and_infilling(runs, capsys):

@@ -4,10 +4,13 @@ import json
 import math
 import re
 
+import pytest
+
 from eval.experiments import compare
 from eval.experiments.stages import training_seed
 
 
+@pytest.mark.slow
 def test_synthetic_smoke_report_has_exact_metrics_and_plots(tmp_path):
     out = tmp_path / "synthetic"
     args = ["--preset", "synthetic-smoke", "--out", str(out), "--cache-dir", str(tmp_path / "c")]

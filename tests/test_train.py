@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launch import two_cpu_processes
+from launch import free_port, two_cpu_processes
 from safetensors.torch import load_file
 
 from shared.checkpoint import list_checkpoints
@@ -133,13 +133,14 @@ def run_cli(*args: str, env_extra: dict | None = None, timeout: int = 300):
 
 def launch_two_processes(*train_args: str):
     return run_cli(
-        *two_cpu_processes(port=29517),
+        *two_cpu_processes(port=free_port()),
         "train.py",
         *train_args,
         env_extra={"ACCELERATE_USE_CPU": "1"},
     )
 
 
+@pytest.mark.serial
 def test_two_processes_reproduce_one_process(tmp_path, cache_dir):
     if shutil.which("accelerate") is None:
         pytest.skip("accelerate launcher not on PATH")

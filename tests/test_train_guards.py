@@ -146,6 +146,7 @@ def test_one_validation_row_writes_a_null_standard_error_and_warns(tmp_path, cac
 # ---- stops --------------------------------------------------------------------------------------
 
 
+@pytest.mark.serial
 def test_a_second_sigterm_ends_a_step_that_never_returns_to_python(tmp_path, cache_dir):
     out = tmp_path / "run"
     proc = start_train(
@@ -168,6 +169,7 @@ def test_a_second_sigterm_ends_a_step_that_never_returns_to_python(tmp_path, cac
     assert "SIGTERM received" in err and "again: exiting now" in err
 
 
+@pytest.mark.serial
 def test_a_signal_during_start_up_is_said_not_silent(tmp_path, cache_dir):
     """SIGTERM while train.py is still importing (or checking its flags) exits 143 with a line
     saying no step was interrupted; if it lands once the run holds the signals, the run stops
@@ -197,6 +199,7 @@ def wait_for_sigterm_handler(pid: int, timeout: float = 60.0) -> None:
         time.sleep(0.01)
 
 
+@pytest.mark.serial
 def test_the_start_up_handler_exits_with_the_signal_code(capsys):
     sys.path.insert(0, str(ROOT))
     try:
@@ -231,6 +234,7 @@ def test_a_folder_left_before_the_first_checkpoint_names_overwrite(tmp_path, cac
     assert summary["finished"]
 
 
+@pytest.mark.serial
 def test_resume_on_a_locked_folder_without_checkpoints_says_in_use(tmp_path):
     out = tmp_path / "run"
     lock = RunFolderLock(out).acquire()
@@ -251,6 +255,7 @@ def test_resume_with_overwrite_refuses(tmp_path, cache_dir):
 # ---- tracebacks ---------------------------------------------------------------------------------
 
 
+@pytest.mark.serial
 def test_a_batch_beyond_the_machine_is_refused_before_anything_is_written(tmp_path, cache_dir):
     out = tmp_path / "run"
     with pytest.raises(ConfigError, match="needs at least .* GiB.*--batch-size"):
@@ -258,6 +263,7 @@ def test_a_batch_beyond_the_machine_is_refused_before_anything_is_written(tmp_pa
     assert not (out / "config.json").exists()
 
 
+@pytest.mark.serial
 def test_running_out_of_memory_in_a_step_is_one_line_and_blocks_no_rerun(tmp_path, cache_dir):
     out = tmp_path / "run"
     proc = subprocess.run(

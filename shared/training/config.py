@@ -7,15 +7,14 @@ them (see ``shared.training.resume``).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from shared.config import TOKENIZER_CHOICES, check_field_types
 from shared.errors import ConfigError
+from shared.files import cache_root
 from shared.objective import objective_class, objective_names
 
-DEFAULT_CACHE = Path(os.environ.get("DUOLM_CACHE", Path.home() / ".cache" / "duolm"))
+DEFAULT_CACHE = cache_root()
 
 
 @dataclass(frozen=True)
