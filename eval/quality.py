@@ -13,6 +13,7 @@ where a hub is reachable (``gpt2-large`` is the judge of the published tables).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import math
@@ -22,6 +23,7 @@ import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -147,16 +149,33 @@ def load_gguf_judge(gguf: Path):
     """(tokenizer, model) of a GGUF judge. Converting the GGUF file (parsing it, dequantizing
     the weights, building the tokenizer) takes tens of seconds, so the result is kept as a
     transformers folder under the cache and later processes load that in a few seconds; a
-    folder that does not load is converted again."""
+    folder that does not load is converted again. Processes that start together convert once:
+    the others wait for the first."""
     folder = converted_judge_folder(gguf)
-    if (folder / "config.json").is_file():
-        try:
-            return load_pretrained(str(folder))
-        except (OSError, ValueError):
-            shutil.rmtree(folder, ignore_errors=True)  # damaged: replaced below
-    tokenizer, model = load_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    keep_converted(folder, tokenizer, model)
-    return tokenizer, model
+    with _converting(folder):
+        if (folder / "config.json").is_file():
+            try:
+                return load_pretrained(str(folder))
+            except (OSError, ValueError):
+                shutil.rmtree(folder, ignore_errors=True)  # damaged: replaced below
+        tokenizer, model = load_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        keep_converted(folder, tokenizer, model)
+        return tokenizer, model
+
+
+@contextmanager
+def _converting(folder: Path):
+    """Hold the lock file beside ``folder`` while it is read or made (none where the cache
+    cannot be written: then every process converts for itself)."""
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(folder.parent / f".{folder.name}.lock", "w")
+    except OSError:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def keep_converted(folder: Path, tokenizer, model) -> None:

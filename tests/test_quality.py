@@ -179,3 +179,37 @@ def test_a_judge_cache_that_cannot_be_written_is_skipped(tmp_path, monkeypatch):
     gguf = tmp_path / "judge.gguf"
     gguf.write_bytes(b"GGUF stand-in")
     assert quality.load_gguf_judge(gguf) == (tokenizer, model)
+
+
+def test_a_process_that_finds_a_conversion_under_way_waits_for_it(tmp_path, monkeypatch):
+    import fcntl
+    import threading
+
+    from eval import quality
+
+    tokenizer, model = tiny_causal_lm()
+    conversions = []
+    real_load = quality.load_pretrained
+
+    def load(source, **kwargs):
+        if "gguf_file" in kwargs:
+            conversions.append(source)
+            return tokenizer, model
+        return real_load(source, **kwargs)
+
+    monkeypatch.setattr(quality, "load_pretrained", load)
+    monkeypatch.setenv("DUOLM_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "judge.gguf"
+    gguf.write_bytes(b"GGUF stand-in")
+    folder = quality.converted_judge_folder(gguf)
+    folder.parent.mkdir(parents=True)
+    loaded = []
+    with open(folder.parent / f".{folder.name}.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another process is converting
+        waiting = threading.Thread(target=lambda: loaded.append(quality.load_gguf_judge(gguf)))
+        waiting.start()
+        waiting.join(0.5)
+        assert waiting.is_alive() and not conversions
+        quality.keep_converted(folder, tokenizer, model)  # ... and finishes
+    waiting.join(60)
+    assert loaded and not conversions  # read what the other process kept
