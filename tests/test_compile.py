@@ -12,7 +12,7 @@ from shared.training import new_run, setup
 from shared.training.cli import train_from_argv
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")  # one worker runs the module: torch.compile warms up once
 def compiler():
     problem = setup.compiler_problem()
     if problem is not None:
