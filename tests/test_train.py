@@ -37,7 +37,7 @@ def final_weights(out: Path) -> dict[str, torch.Tensor]:
     return load_file(str(list_checkpoints(out / "checkpoints")[-1] / "model.safetensors"))
 
 
-@pytest.mark.parametrize("objective", ["ar", "mdm"])
+@pytest.mark.parametrize("objective", ["ar", "mdm", "udm"])
 def test_loss_falls_on_a_tiny_corpus(objective, tmp_path, cache_dir):
     summary = cli.train_from_argv(
         tiny_args(
@@ -68,7 +68,7 @@ def test_loss_falls_on_a_tiny_corpus(objective, tmp_path, cache_dir):
     assert (tmp_path / "final.json").exists() and (tmp_path / "config.json").exists()
 
 
-@pytest.mark.parametrize("objective", ["ar", "mdm"])
+@pytest.mark.parametrize("objective", ["ar", "mdm", "udm"])
 def test_resume_is_exact(objective, tmp_path, cache_dir):
     common = [
         "--objective",

@@ -1,0 +1,206 @@
+"""Uniform-state diffusion (UDLM / Duo family, continuous time) as a training objective.
+
+Forward process: each scored token stays with probability alpha_t, else it is replaced by a
+token drawn uniformly from the prior's support, so z_t ~ Cat(alpha_t x + (1 - alpha_t) / N).
+The support is every tokenizer id but padding (N = vocabulary - 1): the BOS/EOS id is data in
+packed rows, so it can be noised into and predicted; padding is never data here (the padded
+protocol is refused). There is no ``[MASK]`` row: the backbone has the AR model's vocabulary.
+
+Schedule: alpha_t = 1 - (1 - delta) t with delta = 1e-3 (Duo's), so alpha_1 = delta and the
+loss weight stays finite; t is drawn stratified over the global batch from [t_eps, 1].
+
+The model sees the whole noised row (bidirectional attention) and gives, at every scored
+position, x_theta = softmax of its logits over the support. Unlike masked diffusion, every
+scored position carries loss, changed or not (the model cannot tell which tokens are clean).
+With xbar = N alpha_t x + (1 - alpha_t) and xbar_theta = N alpha_t x_theta + (1 - alpha_t), the
+continuous-time NELBO of one position whose noised token is i (Schiff et al. 2024; Sahoo et al.
+2025) is
+
+    L_t = (-alpha'_t / (N alpha_t)) [ N / xbar_theta_i - N / xbar_i
+          + sum_j (xbar_j / xbar_i) log( xbar_theta_i xbar_j / (xbar_theta_j xbar_i) ) ],
+
+zero when x_theta = x. Since xbar takes two values, the sum needs one pass over the support,
+sum_j log xbar_theta_j (``position_nelbo``). The reported bound adds the prior term
+KL(q(z_1 | x) || uniform), a constant of the schedule, so that it bounds -log p(x) and is
+reported in nats per token on exactly the tokens AR and MDM are scored on.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from dllm.objective import check_time_range, stratified_times
+from shared.errors import ConfigError
+from shared.objective import (
+    LossOutput,
+    annealed_attention,
+    loss_positions,
+    register_objective,
+    sum_per_row,
+)
+
+DELTA = 1e-3  # alpha_1: the clean share left at t = 1
+
+
+def alpha(t: torch.Tensor) -> torch.Tensor:
+    return 1.0 - (1.0 - DELTA) * t
+
+
+def alpha_derivative(t: torch.Tensor) -> torch.Tensor:
+    return torch.full_like(t, -(1.0 - DELTA))
+
+
+def support_index(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Position of each (non-padding) token id in the support: ids above padding move down one."""
+    return ids - (ids > pad_id).long()
+
+
+def support_ids(index: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """The token id of each support position (the inverse of ``support_index``)."""
+    return index + (index >= pad_id).long()
+
+
+def position_nelbo(
+    log_x_theta: torch.Tensor, clean: torch.Tensor, noised: torch.Tensor, t: torch.Tensor
+) -> torch.Tensor:
+    """L_t above for each position: ``log_x_theta`` [n, N] the model's log-probabilities over
+    the support, ``clean`` and ``noised`` [n] support positions of x and z_t, ``t`` [n]."""
+    n_support = log_x_theta.shape[-1]
+    a = alpha(t).to(log_x_theta.dtype)
+    noise_share = 1.0 - a  # the weight of the uniform part of xbar
+    # log xbar_theta_j = log(N alpha x_theta_j + 1 - alpha), computed in log space
+    log_xbar_theta = torch.logaddexp(
+        torch.log(n_support * a)[:, None] + log_x_theta, torch.log(noise_share)[:, None]
+    )
+    log_theta_i = log_xbar_theta.gather(1, noised[:, None])[:, 0]
+    log_theta_x = log_xbar_theta.gather(1, clean[:, None])[:, 0]
+    sum_log_theta = log_xbar_theta.sum(-1)
+    # xbar has two values: N alpha + 1 - alpha at x, 1 - alpha elsewhere
+    xbar_clean = n_support * a + noise_share
+    xbar_i = torch.where(noised == clean, xbar_clean, noise_share)
+    entropy_part = xbar_clean * torch.log(xbar_clean) + (n_support - 1) * noise_share * torch.log(
+        noise_share
+    )
+    cross_part = n_support * a * log_theta_x + noise_share * sum_log_theta
+    bracket = (
+        n_support * torch.exp(-log_theta_i)
+        - n_support / xbar_i
+        + (n_support / xbar_i) * (log_theta_i - torch.log(xbar_i))
+        + (entropy_part - cross_part) / xbar_i
+    )
+    weight = -alpha_derivative(t).to(log_x_theta.dtype) / (n_support * a)
+    return weight * bracket
+
+
+def prior_nats(n_support: int) -> float:
+    """KL(q(z_1 | x) || uniform) of one position: the same for every token x."""
+    clean = DELTA + (1.0 - DELTA) / n_support
+    other = (1.0 - DELTA) / n_support
+    return clean * math.log(clean * n_support) + (n_support - 1) * other * math.log(
+        other * n_support
+    )
+
+
+@register_objective
+class UniformDiffusionObjective:
+    name = "udm"
+    attention = "bidirectional"
+    metric = "nelbo"
+    streams = 1
+    estimator = "time"  # t drawn per row (the MDM's count estimator has no uniform analogue)
+
+    def __init__(self, *, pad_id: int, t_eps: float = 1e-3, schedule: str = "linear"):
+        check_time_range(t_eps)
+        if schedule != "linear":
+            raise ValueError(
+                f"schedule={schedule!r}: udm uses alpha_t = 1 - (1 - 1e-3) t; use --schedule linear"
+            )
+        self.pad_id = pad_id
+        self.t_eps = t_eps
+        self.n_support: int | None = None  # set by model_vocab_size
+
+    @classmethod
+    def options_from_config(cls, train_config: dict, *, full_noise_range: bool) -> dict:
+        return {"t_eps": train_config["t_eps"], "schedule": train_config["schedule"]}
+
+    @classmethod
+    def check_config(cls, train_config) -> None:
+        if train_config.protocol == "padded":
+            raise ConfigError(
+                "objective='udm' trains on packed rows: padding is not in its support; use "
+                "--protocol packed"
+            )
+        if train_config.schedule != "linear":
+            raise ConfigError(
+                f"schedule={train_config.schedule!r}: objective='udm' has its own schedule "
+                "(alpha_t = 1 - (1 - 1e-3) t); use --schedule linear"
+            )
+
+    def model_vocab_size(self, tokenizer_vocab_size: int) -> int:
+        if not 0 <= self.pad_id < tokenizer_vocab_size:
+            raise ValueError(f"pad_id={self.pad_id} is outside the vocabulary")
+        self.n_support = tokenizer_vocab_size - 1
+        if self.n_support < 2:
+            raise ConfigError("objective='udm' needs at least two token ids besides padding")
+        return tokenizer_vocab_size
+
+    def sample_noise(
+        self, n_rows: int, seq_len: int, generator: torch.Generator
+    ) -> dict[str, torch.Tensor]:
+        t = stratified_times(n_rows, generator, self.t_eps)
+        keep = torch.rand((n_rows, seq_len), generator=generator, dtype=torch.float64)
+        draw = torch.rand((n_rows, seq_len), generator=generator, dtype=torch.float64)
+        return {"t": t, "uniforms": keep, "draws": draw}
+
+    def repeated_noise(
+        self, n_rows: int, samples: int, seq_len: int, generator: torch.Generator
+    ) -> dict[str, torch.Tensor]:
+        """Noise for ``samples`` copies of each of ``n_rows`` rows (copies of row 0 first), t
+        stratified across the copies of each row, for Monte-Carlo evaluation."""
+        t = torch.cat([stratified_times(samples, generator, self.t_eps) for _ in range(n_rows)])
+        shape = (n_rows * samples, seq_len)
+        keep = torch.rand(shape, generator=generator, dtype=torch.float64)
+        draw = torch.rand(shape, generator=generator, dtype=torch.float64)
+        return {"t": t, "uniforms": keep, "draws": draw}
+
+    def noise_rows(
+        self, tokens: torch.Tensor, noise: dict[str, torch.Tensor], scored: torch.Tensor
+    ) -> torch.Tensor:
+        """The forward process on the ``scored`` positions: each is replaced with probability
+        1 - alpha_t by a uniform draw from the support (which may be the token itself)."""
+        if self.n_support is None:
+            raise RuntimeError("call model_vocab_size() before loss() so the support is known")
+        t = noise["t"].to(tokens.device)
+        replaced = (noise["uniforms"].to(tokens.device) < (1.0 - alpha(t))[:, None]) & scored
+        drawn = (noise["draws"].to(tokens.device) * self.n_support).long()
+        drawn = support_ids(drawn.clamp(max=self.n_support - 1), self.pad_id)
+        return torch.where(replaced, drawn, tokens)
+
+    def loss(
+        self,
+        model: nn.Module,
+        tokens: torch.Tensor,
+        noise: dict[str, torch.Tensor],
+        scored: torch.Tensor | None = None,
+    ) -> LossOutput:
+        if scored is None:
+            scored = loss_positions(tokens, self.pad_id)
+        noised = self.noise_rows(tokens, noise, scored)
+        attention = annealed_attention(noise, self.attention, tokens.shape[1], tokens.device)
+        logits = model(noised, attention=attention, output_mask=scored)
+        support = support_ids(torch.arange(self.n_support, device=logits.device), self.pad_id)
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        log_x_theta = torch.log_softmax(logits[:, support].to(dtype), dim=-1)
+        row_of_token = scored.nonzero()[:, 0]
+        t = noise["t"].to(tokens.device)[row_of_token]
+        token_nats = position_nelbo(
+            log_x_theta,
+            support_index(tokens[scored], self.pad_id),
+            support_index(noised[scored], self.pad_id),
+            t,
+        ) + prior_nats(self.n_support)
+        row_nats = sum_per_row(token_nats.double(), row_of_token, len(tokens))
+        return LossOutput(nats=token_nats.sum(), n_tokens=scored.sum(), row_nats=row_nats)

@@ -1,0 +1,210 @@
+"""Uniform-state diffusion (``udm``) against exact enumeration on a tiny vocabulary: the forward
+process, the continuous-time NELBO as the limit of the discrete-time ELBO and a bound on the
+exact NLL, an unbiased estimator, its gradient, and bad configurations."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from dllm.uniform_objective import (
+    UniformDiffusionObjective,
+    alpha,
+    position_nelbo,
+    prior_nats,
+    support_ids,
+    support_index,
+)
+from shared.errors import ConfigError
+from shared.objective import build_objective
+
+PAD = 3  # vocabulary 0..4 with padding at 3: the support is {0, 1, 2, 4}
+VOCAB = 5
+N = VOCAB - 1
+BOS = 4
+CLEAN = torch.tensor([[BOS, 1, 4]])  # BOS, then two scored tokens (support positions 1 and 3)
+
+
+class PairModel(nn.Module):
+    """Logits at each scored position depend on both noised tokens (so the model is not a
+    product of independent positions): logits[p] = W[p, z_1] + U[p, z_2], in float64."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        generator = torch.Generator().manual_seed(seed)
+        self.first = nn.Parameter(
+            torch.randn(3, VOCAB, VOCAB, generator=generator, dtype=torch.float64)
+        )
+        self.second = nn.Parameter(
+            torch.randn(3, VOCAB, VOCAB, generator=generator, dtype=torch.float64)
+        )
+
+    def all_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1])
+        return self.first[positions, tokens[:, 1:2]] + self.second[positions, tokens[:, 2:3]]
+
+    def forward(self, tokens, attention="bidirectional", output_mask=None):
+        assert attention == "bidirectional"
+        return self.all_logits(tokens)[output_mask]
+
+
+def objective(t_eps: float = 1e-3) -> UniformDiffusionObjective:
+    made = build_objective("udm", pad_id=PAD, t_eps=t_eps)
+    assert made.model_vocab_size(VOCAB) == VOCAB and made.n_support == N
+    return made
+
+
+SUPPORT = support_ids(torch.arange(N), PAD)
+STATES = torch.cartesian_prod(SUPPORT, SUPPORT)  # every noised pair (z_1, z_2), as token ids
+
+
+def x_theta(model: PairModel) -> torch.Tensor:
+    """[states, 2, N]: the model's distribution over the support at both scored positions."""
+    rows = torch.cat([torch.full((len(STATES), 1), BOS), STATES], dim=1)
+    return model.all_logits(rows)[:, 1:][..., SUPPORT].softmax(-1)
+
+
+def forward_marginal(t: float, clean: torch.Tensor) -> torch.Tensor:
+    """q(z_t = j | x) over the support for each clean support index: [len(clean), N]."""
+    a = float(alpha(torch.tensor(t, dtype=torch.float64)))
+    return a * nn.functional.one_hot(clean, N).double() + (1 - a) / N
+
+
+CLEAN_INDEX = support_index(CLEAN[0, 1:], PAD)  # support positions of the two scored tokens
+
+
+def state_probability(t: float) -> torch.Tensor:
+    """q(z_t = state | x) for every state of the two scored positions: [states]."""
+    marginal = forward_marginal(t, CLEAN_INDEX)
+    index = support_index(STATES, PAD)
+    return marginal[0, index[:, 0]] * marginal[1, index[:, 1]]
+
+
+def exact_continuous_nelbo(model: PairModel, low: float = 0.0, points: int = 400) -> float:
+    """prior + integral over [low, 1] of E_{z_t ~ q}[sum of L_t], by Gauss-Legendre quadrature."""
+    nodes, weights = np.polynomial.legendre.leggauss(points)
+    theta = x_theta(model).log()
+    index = support_index(STATES, PAD)
+    total = 0.0
+    for node, weight in zip(nodes, weights):
+        t = low + (1 - low) * (node + 1) / 2
+        times = torch.full((len(STATES),), t, dtype=torch.float64)
+        per_state = sum(
+            position_nelbo(theta[:, p], CLEAN_INDEX[p].repeat(len(STATES)), index[:, p], times)
+            for p in range(2)
+        )
+        total += weight * (1 - low) / 2 * float((state_probability(t) * per_state).sum().detach())
+    return 2 * prior_nats(N) + total
+
+
+def reverse_step(t: float, s: float, theta: torch.Tensor) -> torch.Tensor:
+    """p(z_s = j | z_t) at each position of each state, with x_theta for x: [states, 2, N]."""
+    a_t, a_s = (float(alpha(torch.tensor(v, dtype=torch.float64))) for v in (t, s))
+    a_ts = a_t / a_s
+    stay = nn.functional.one_hot(support_index(STATES, PAD), N).double()
+    numerator = (a_ts * stay + (1 - a_ts) / N) * (a_s * theta + (1 - a_s) / N)
+    return numerator / numerator.sum(-1, keepdim=True)
+
+
+def discrete_elbo_and_nll(model: PairModel, steps: int) -> tuple[float, float]:
+    """(-ELBO, -log p(x)) of the ``steps``-step model, both exact by enumeration."""
+    theta = x_theta(model)
+    index = support_index(STATES, PAD)
+    clean = nn.functional.one_hot(CLEAN_INDEX, N).double()
+    negative_elbo = 2 * prior_nats(N)
+    marginal = torch.full((len(STATES),), 1.0 / len(STATES), dtype=torch.float64)
+    for k in range(steps, 0, -1):
+        t, s = k / steps, (k - 1) / steps
+        model_step = reverse_step(t, s, theta)
+        a_t, a_s = (float(alpha(torch.tensor(v, dtype=torch.float64))) for v in (t, s))
+        stay = nn.functional.one_hot(index, N).double()
+        true = ((a_t / a_s) * stay + (1 - a_t / a_s) / N) * (a_s * clean + (1 - a_s) / N)
+        true = true / true.sum(-1, keepdim=True)
+        kl = (torch.xlogy(true, true) - torch.xlogy(true, model_step)).sum(-1).sum(-1)
+        negative_elbo += float((state_probability(t) * kl).sum())
+        # one step of the generative chain: state -> state, a product over the two positions
+        move = model_step[:, 0, index[:, 0]] * model_step[:, 1, index[:, 1]]
+        marginal = marginal @ move
+    at_x = (index == CLEAN_INDEX).all(-1)
+    return negative_elbo, -math.log(float(marginal[at_x]))
+
+
+def test_support_skips_padding_both_ways():
+    ids = torch.tensor([0, 1, 2, 4])
+    assert torch.equal(support_index(ids, PAD), torch.tensor([0, 1, 2, 3]))
+    assert torch.equal(support_ids(support_index(ids, PAD), PAD), ids)
+
+
+def test_forward_process_keeps_bos_and_draws_from_the_support_only():
+    made = objective()
+    rows = 20000
+    tokens = CLEAN.repeat(rows, 1)
+    generator = torch.Generator().manual_seed(0)
+    noise = made.sample_noise(rows, 3, generator)
+    noise["t"] = torch.full((rows,), 0.6, dtype=torch.float64)
+    scored = torch.tensor([[False, True, True]]).repeat(rows, 1)
+    noised = made.noise_rows(tokens, noise, scored)
+    assert (noised[:, 0] == BOS).all() and not (noised == PAD).any()
+    expected = forward_marginal(0.6, CLEAN_INDEX)
+    for p in range(2):
+        counts = torch.bincount(support_index(noised[:, p + 1], PAD), minlength=N).double()
+        chi2 = float(((counts - rows * expected[p]) ** 2 / (rows * expected[p])).sum())
+        assert chi2 < 16.3, (p, counts)  # chi-square, 3 degrees of freedom, p = 0.001
+
+
+def test_the_position_nelbo_is_zero_for_the_true_distribution():
+    t = torch.tensor([0.01, 0.3, 0.99], dtype=torch.float64)
+    clean = torch.tensor([2, 0, 1])
+    log_true = nn.functional.one_hot(clean, N).double().log()
+    for noised in (clean, torch.tensor([0, 0, 3])):
+        assert position_nelbo(log_true, clean, noised, t).abs().max() < 1e-12
+
+
+def test_continuous_nelbo_is_the_limit_of_the_discrete_elbo_and_bounds_the_nll():
+    for seed in (0, 1):
+        model = PairModel(seed)
+        continuous = exact_continuous_nelbo(model)
+        negative_elbo, nll = discrete_elbo_and_nll(model, steps=1000)
+        assert abs(continuous - negative_elbo) < 1e-3 * continuous, (continuous, negative_elbo)
+        assert nll <= negative_elbo and nll < continuous, (nll, negative_elbo, continuous)
+        # and the discrete ELBO tightens as steps are added (coarse chains bound more loosely)
+        assert discrete_elbo_and_nll(model, steps=50)[0] >= negative_elbo - 1e-9
+
+
+def test_the_estimator_is_unbiased():
+    model, made = PairModel(3), objective(t_eps=1e-3)
+    rows = 4000
+    noise = made.sample_noise(rows, 3, torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out = made.loss(model, CLEAN.repeat(rows, 1), noise)
+    assert int(out.n_tokens) == 2 * rows
+    estimates = out.row_nats
+    # t ~ U[1e-3, 1]: its mean is the integral over [1e-3, 1] divided by the interval
+    integral = exact_continuous_nelbo(model, low=1e-3) - 2 * prior_nats(N)
+    exact = 2 * prior_nats(N) + integral / (1 - 1e-3)
+    standard_error = float(estimates.std()) / math.sqrt(rows)
+    assert abs(float(estimates.mean()) - exact) < 4 * standard_error, (estimates.mean(), exact)
+    assert float(out.nats) == pytest.approx(float(estimates.sum()), rel=1e-9)
+
+
+def test_the_gradient_of_the_position_nelbo_matches_finite_differences():
+    generator = torch.Generator().manual_seed(2)
+    logits = torch.randn(4, N, generator=generator, dtype=torch.float64, requires_grad=True)
+    clean, noised = torch.tensor([0, 1, 2, 3]), torch.tensor([0, 2, 2, 1])
+    t = torch.tensor([0.05, 0.4, 0.7, 0.95], dtype=torch.float64)
+    assert torch.autograd.gradcheck(
+        lambda x: position_nelbo(x.log_softmax(-1), clean, noised, t), (logits,)
+    )
+
+
+def test_bad_configurations_name_what_fits():
+    from shared.training.config import TrainConfig
+
+    with pytest.raises(ConfigError, match="padding is not in its support.*--protocol packed"):
+        TrainConfig(objective="udm", protocol="padded").validate()
+    with pytest.raises(ConfigError, match="udm.*--schedule linear"):
+        TrainConfig(objective="udm", schedule="cosine").validate()
+    with pytest.raises(ValueError, match="schedule='cosine'"):
+        build_objective("udm", pad_id=0, schedule="cosine")
