@@ -9,6 +9,7 @@
     duolm sweep --preset smoke --out runs/sweep                      # eval.experiments.block_sweep
     duolm side-by-side runs/demo/ar runs/demo/mdm                    # eval.experiments.side_by_side
     duolm findings --scale cpu --out runs/findings-cpu               # eval.findings
+    duolm convert-checkpoint runs/old-mdm --trust                    # shared.training.convert
 
 Each subcommand takes exactly the flags of the module it stands for (``duolm train --help``);
 ``python -m <module>`` and ``accelerate launch train.py`` keep working.
@@ -31,6 +32,7 @@ from shared.checkpoint import read_state, resolve_checkpoint
 from shared.errors import result_or_status
 from shared.formats import importer
 from shared.training import cli as train_cli
+from shared.training import convert as convert_checkpoint
 
 
 def sample(argv: list[str]) -> int:
@@ -107,12 +109,17 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "sweep": (block_sweep.main, "block-size sweep: AR, block diffusion sizes, MDM"),
     "side-by-side": (side_by_side.main, "the same prompts through an AR and an MDM checkpoint"),
     "findings": (findings.main, "reproduce published AR-vs-diffusion findings, with verdicts"),
+    "convert-checkpoint": (
+        convert_checkpoint.main,
+        "convert a checkpoint of an earlier release (pickled state) so it resumes",
+    ),
 }
 
 
 def usage() -> str:
     lines = ["usage: duolm COMMAND [flags]   (duolm COMMAND --help for its flags)", ""]
-    lines += [f"  {name:<13} {help}" for name, (_, help) in COMMANDS.items()]
+    width = max(map(len, COMMANDS))
+    lines += [f"  {name:<{width}} {help}" for name, (_, help) in COMMANDS.items()]
     return "\n".join(lines)
 
 

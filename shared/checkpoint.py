@@ -2,12 +2,18 @@
 
 A checkpoint is a directory ``step_000123/`` holding
 
-- ``model.safetensors``   the weights (tied weights stored once),
-- ``optimizer.pt``        optimizer and LR-scheduler state,
-- ``rng.pt``              torch / numpy / python RNG states,
-- ``state.json``          step, model and training config, objective, data protocol,
-- ``tokenizer/``          the tokenizer, so the checkpoint decodes on its own,
-- ``manifest.json``       sha256 of every file above, written last.
+- ``model.safetensors``       the weights (tied weights stored once),
+- ``optimizer.safetensors``   the optimizer's tensors (moments, step counts) by parameter name,
+- ``optimizer.json``          its parameter groups and the LR-scheduler state,
+- ``rng.json``                torch / numpy / python RNG states,
+- ``state.json``              step, model and training config, objective, data protocol,
+- ``tokenizer/``              the tokenizer, so the checkpoint decodes on its own,
+- ``manifest.json``           sha256 of every file above, written last.
+
+Nothing in it can carry code: tensors are safetensors, the rest is JSON
+(``shared.training_state``). Checkpoints of earlier releases hold the training state as Python
+pickles (``optimizer.pt``, ``rng.pt``); a resume refuses them and says how to convert them
+(``duolm convert-checkpoint``), and their weights still load for sampling and evaluation.
 
 It is built in a temporary sibling directory, every file is fsynced, and one ``rename`` makes it
 visible: a crash leaves either the previous checkpoints or the complete new one, never half of it.
@@ -23,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import re
 import shutil
 import tempfile
@@ -31,7 +36,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_model, save_file
@@ -50,6 +54,15 @@ from shared.faults import kill_now_if
 from shared.files import follow_umask, fsync_dir, fsync_tree
 from shared.model import Transformer
 from shared.tokenizer import Tokenizer
+from shared.training_state import (
+    PICKLED_FILES,
+    RNG_RECORD,
+    read_optimizer_state,
+    read_rng_state,
+    restore_rng_state,
+    rng_state,
+    write_training_state,
+)
 
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d{6,})$")
 MANIFEST = "manifest.json"
@@ -60,31 +73,12 @@ def checkpoint_name(step: int) -> str:
     return f"step_{step:06d}"
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def rng_state() -> dict[str, Any]:
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": np.random.get_state(),
-        "python": random.getstate(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 # Gathered in full on rank 0 and moved to CPU there; the other ranks get empty dicts.
@@ -216,16 +210,16 @@ def save_checkpoint(
         else:
             save_file(weights, str(staging / "model.safetensors"), metadata={"format": "pt"})
         kill_now_if("kill_in_checkpoint", step)  # tests: a crash in the middle of a save
-        if optimizer_state is not None:
-            torch.save(
-                {"optimizer": optimizer_state, "scheduler": scheduler_state},
-                staging / "optimizer.pt",
-            )
-        torch.save(rng_state(), staging / "rng.pt")
+        write_training_state(
+            staging,
+            optimizer_state=optimizer_state,
+            scheduler_state=scheduler_state,
+            rng=rng_state(),
+        )
         (staging / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
         tokenizer.save(staging / "tokenizer")
         files = sorted(p for p in staging.rglob("*") if p.is_file())
-        manifest = {str(p.relative_to(staging)): _sha256(p) for p in files}
+        manifest = {str(p.relative_to(staging)): file_sha256(p) for p in files}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
         follow_umask(staging)
         fsync_tree(staging)
@@ -252,8 +246,8 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(CHECKPOINT_PATTERN.match(p.name).group(1)))
 
 
-def verify_checkpoint(path: Path) -> None:
-    """Raise ``CheckpointError`` unless every file listed in the manifest is present and intact."""
+def read_manifest(path: Path) -> dict[str, str]:
+    """{file name: sha256} of a checkpoint."""
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
         raise CheckpointError(f"{path}: no {MANIFEST} (incomplete checkpoint)")
@@ -261,11 +255,21 @@ def verify_checkpoint(path: Path) -> None:
         manifest = json.loads(manifest_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CheckpointError(f"{path}: unreadable {MANIFEST}: {error}") from None
-    for name, expected in manifest.items():
+    if not isinstance(manifest, dict) or not all(isinstance(v, str) for v in manifest.values()):
+        raise CheckpointError(f"{path}: {MANIFEST} is not a mapping of files to checksums")
+    outside = [name for name in manifest if Path(name).is_absolute() or ".." in Path(name).parts]
+    if outside:  # a checkpoint describes its own files, never others on this machine
+        raise CheckpointError(f"{path}: {MANIFEST} lists files outside the checkpoint: {outside}")
+    return manifest
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Raise ``CheckpointError`` unless every file listed in the manifest is present and intact."""
+    for name, expected in read_manifest(path).items():
         file = path / name
         if not file.is_file():
             raise CheckpointError(f"{path}: missing file {name}")
-        if _sha256(file) != expected:
+        if file_sha256(file) != expected:
             raise CheckpointError(f"{path}: checksum mismatch in {name} (corrupted or truncated)")
 
 
@@ -318,16 +322,46 @@ def load_weights(path: Path, model: nn.Module) -> None:
         )
 
 
+def check_training_state(path: Path) -> None:
+    """Raise ``CheckpointError`` unless the checkpoint's manifest lists its training state in the
+    files this release reads. One of an earlier release, whose state is pickled, is refused
+    with the command that converts it: reading a pickle can run code."""
+    listed = read_manifest(path)
+    pickled = [name for name in PICKLED_FILES if name in listed]
+    if pickled:
+        raise CheckpointError(
+            f"{path}: its training state is in Python pickles ({', '.join(pickled)}, written by "
+            "an earlier release), which a resume does not read because unpickling can run "
+            f"code; if you trust where it came from, convert it: duolm convert-checkpoint "
+            f"{path} --trust"
+        )
+    if RNG_RECORD not in listed:
+        raise CheckpointError(f"{path}: no training state ({RNG_RECORD}) in its {MANIFEST}")
+
+
 def load_training_state(
     path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
 ) -> None:
     """Optimizer, scheduler and RNG state from a checkpoint; ``model`` is the (possibly sharded)
     model the optimizer steps. Every rank calls this."""
-    blob = torch.load(Path(path) / "optimizer.pt", map_location="cpu", weights_only=False)
-    load_optimizer_state(model, optimizer, blob["optimizer"])
-    if scheduler is not None and blob["scheduler"] is not None:
-        scheduler.load_state_dict(blob["scheduler"])
-    restore_rng_state(torch.load(Path(path) / "rng.pt", weights_only=False))
+    path = Path(path)
+    check_training_state(path)
+    optimizer_state, scheduler_state = read_optimizer_state(path)
+    rng = read_rng_state(path)
+    try:
+        load_optimizer_state(model, optimizer, optimizer_state)
+    except (KeyError, ValueError) as error:
+        raise CheckpointError(
+            f"{path}: its optimizer state does not fit this model ({error!r})"
+        ) from None
+    if scheduler is not None and scheduler_state is not None:
+        scheduler.load_state_dict(scheduler_state)
+    try:
+        restore_rng_state(rng)
+    except (RuntimeError, TypeError, ValueError) as error:
+        raise CheckpointError(
+            f"{path / RNG_RECORD}: not a usable generator state ({error})"
+        ) from None
 
 
 def load_model_from_checkpoint(path: Path, device: str | torch.device = "cpu"):

@@ -1,7 +1,9 @@
-"""Checkpoints written before the restructure still load, score and sample exactly as they did,
-and the typed training API runs the same training as the command line."""
+"""Checkpoints written before the restructure still load, score and sample exactly as they did
+(and resume once their pickled training state is converted), and the typed training API runs
+the same training as the command line."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.strategies import Ancestral
 from eval.likelihood import evaluate_checkpoint
-from shared.training import cli, new_run, resume_run, train
+from shared.training import cli, convert, new_run, resume_run, train
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "tiny_mdm_run"
 
@@ -65,7 +67,10 @@ def test_a_checkpoint_written_by_the_earlier_layout_scores_and_samples_as_before
 
 
 def test_a_checkpoint_written_by_the_earlier_layout_resumes(tmp_path):
-    spec = resume_run(FIXTURE, tmp_path / "resumed", max_steps=14, cache_dir=str(tmp_path))
+    # Its training state is pickled, which a resume refuses: converted first, as a user would.
+    old = Path(shutil.copytree(FIXTURE, tmp_path / "old"))
+    assert convert.convert(old, log=lambda _: None) == 1
+    spec = resume_run(old, tmp_path / "resumed", max_steps=14, cache_dir=str(tmp_path))
     assert spec.resume_from.name == "step_000012" and spec.train.objective == "mdm"
     summary = train(spec)
     assert summary["step"] == 14 and summary["finished"]

@@ -152,9 +152,9 @@ def test_corrupted_checkpoint_is_detected_and_skipped(damage, tmp_path, cache_di
         weights = newest / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[:100])
     elif damage == "bitflip":
-        blob = bytearray((newest / "optimizer.pt").read_bytes())
+        blob = bytearray((newest / "optimizer.safetensors").read_bytes())
         blob[len(blob) // 2] ^= 0x01
-        (newest / "optimizer.pt").write_bytes(bytes(blob))
+        (newest / "optimizer.safetensors").write_bytes(bytes(blob))
     else:
         (newest / ckpt.MANIFEST).unlink()
     messages = []

@@ -154,7 +154,7 @@ def _load_cache(folder: Path, protocol: str, seq_len: int) -> dict[str, Tokenize
         out = {}
         for name in ("train", "validation"):
             info = meta["splits"][name]
-            tokens = np.load(folder / f"{name}.npy")
+            tokens = np.load(folder / f"{name}.npy", allow_pickle=False)  # data, never objects
             if list(tokens.shape) != info["shape"] or tokens.dtype != np.int32:
                 raise ValueError(f"{name}.npy does not match meta.json")
             out[name] = TokenizedSplit(

@@ -7,7 +7,8 @@ preset plus overrides) or ``resume_run`` (a checkpoint plus overrides).
 Modules: ``config`` (TrainConfig), ``presets``, ``run`` (RunSpec), ``setup`` (accelerator, data,
 optimizer), ``loop`` (the step loop), ``checkpoints`` (keeping and best), ``resume`` (what a
 resumed run may change), ``warm_start`` (``--init-from``: another run's weights), ``schedule``
-(LR and budgets), ``metrics``, ``cli`` (train.py's flags).
+(LR and budgets), ``metrics``, ``cli`` (train.py's flags), ``convert`` (checkpoints of earlier
+releases, whose training state is pickled, to the current format).
 """
 
 from shared.training.config import TrainConfig, TrainingDiverged

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shared.checkpoint import read_state, resolve_checkpoint
+from shared.checkpoint import check_training_state, read_state, resolve_checkpoint
 from shared.config import ModelConfig
 from shared.errors import CheckpointError, ConfigError
 from shared.training.config import TrainConfig
@@ -102,14 +102,14 @@ def resume_run(
 def resumable_checkpoint(path: Path) -> Path:
     """The checkpoint ``--resume path`` continues from. A run folder in use by a live run is
     reported as such (its checkpoints may still be being written); one with no checkpoint says
-    how to start over it."""
+    how to start over it, and one of an earlier release how to convert it."""
     holder = holder_if_locked(path)
     if holder:
         raise ConfigError(
             f"the run folder {path} is in use by another run ({holder}); wait for it to end"
         )
     try:
-        return resolve_checkpoint(path)
+        checkpoint = resolve_checkpoint(path)
     except CheckpointError as error:
         if path.is_dir() and not (path / "state.json").exists():
             raise CheckpointError(
@@ -117,3 +117,5 @@ def resumable_checkpoint(path: Path) -> Path:
                 f"start a new run there with --out {path} --overwrite"
             ) from None
         raise
+    check_training_state(checkpoint)  # before anything else: it may need converting first
+    return checkpoint
