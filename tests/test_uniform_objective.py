@@ -3,6 +3,7 @@ process, the continuous-time NELBO as the limit of the discrete-time ELBO and a 
 exact NLL, an unbiased estimator, its gradient, and bad configurations."""
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -45,9 +46,12 @@ class PairModel(nn.Module):
         positions = torch.arange(tokens.shape[1])
         return self.first[positions, tokens[:, 1:2]] + self.second[positions, tokens[:, 2:3]]
 
+    config = SimpleNamespace(vocab_size=VOCAB)
+
     def forward(self, tokens, attention="bidirectional", output_mask=None):
         assert attention == "bidirectional"
-        return self.all_logits(tokens)[output_mask]
+        logits = self.all_logits(tokens)
+        return logits if output_mask is None else logits[output_mask]
 
 
 def objective(t_eps: float = 1e-3) -> UniformDiffusionObjective:
@@ -63,7 +67,7 @@ STATES = torch.cartesian_prod(SUPPORT, SUPPORT)  # every noised pair (z_1, z_2),
 def x_theta(model: PairModel) -> torch.Tensor:
     """[states, 2, N]: the model's distribution over the support at both scored positions."""
     rows = torch.cat([torch.full((len(STATES), 1), BOS), STATES], dim=1)
-    return model.all_logits(rows)[:, 1:][..., SUPPORT].softmax(-1)
+    return model.all_logits(rows)[:, 1:][..., SUPPORT].softmax(-1).detach()
 
 
 def forward_marginal(t: float, clean: torch.Tensor) -> torch.Tensor:
@@ -123,7 +127,7 @@ def discrete_elbo_and_nll(model: PairModel, steps: int) -> tuple[float, float]:
         true = ((a_t / a_s) * stay + (1 - a_t / a_s) / N) * (a_s * clean + (1 - a_s) / N)
         true = true / true.sum(-1, keepdim=True)
         kl = (torch.xlogy(true, true) - torch.xlogy(true, model_step)).sum(-1).sum(-1)
-        negative_elbo += float((state_probability(t) * kl).sum())
+        negative_elbo += float((state_probability(t) * kl).sum().detach())
         # one step of the generative chain: state -> state, a product over the two positions
         move = model_step[:, 0, index[:, 0]] * model_step[:, 1, index[:, 1]]
         marginal = marginal @ move
@@ -208,3 +212,90 @@ def test_bad_configurations_name_what_fits():
         TrainConfig(objective="udm", schedule="cosine").validate()
     with pytest.raises(ValueError, match="schedule='cosine'"):
         build_objective("udm", pad_id=0, schedule="cosine")
+
+
+# ---- the sampler --------------------------------------------------------------------------------
+
+
+def test_the_posterior_is_bayes_with_x_drawn_from_x_theta():
+    from dllm.uniform_generate import posterior
+
+    generator = torch.Generator().manual_seed(4)
+    theta = torch.rand(3, N, generator=generator, dtype=torch.float64)
+    theta = theta / theta.sum(-1, keepdim=True)
+    noised = torch.tensor([0, 2, 3])
+    for t, s in ((1.0, 0.5), (0.5, 0.2), (0.3, 0.0)):
+        a_t, a_s = (float(alpha(torch.tensor(v, dtype=torch.float64))) for v in (t, s))
+        eye = torch.eye(N, dtype=torch.float64)
+        q_s_given_x = a_s * eye + (1 - a_s) / N  # [x, z_s]
+        q_t_given_s = (a_t / a_s) * eye + (1 - a_t / a_s) / N  # [z_s, z_t]
+        # joint p(x, z_s, z_t = i) with x ~ x_theta, summed over x, conditioned on z_t = i
+        joint = torch.einsum("nx,xs,sn->ns", theta, q_s_given_x, q_t_given_s[:, noised])
+        expected = joint / joint.sum(-1, keepdim=True)
+        assert torch.allclose(posterior(theta, noised, t, s), expected, atol=1e-12)
+
+
+def run_sampler(model, rows: int, steps: int, seed: int, **options):
+    from dllm.generate import row_generators
+    from dllm.uniform_generate import UniformSamplerConfig, sample_uniform, uniform_canvas
+
+    tokens = CLEAN.repeat(rows, 1)
+    free = torch.tensor([[False, True, True]]).repeat(rows, 1)
+    generators = row_generators(torch.Generator().manual_seed(seed), rows)
+    canvas = uniform_canvas(tokens, free, N, PAD, generators)
+    config = UniformSamplerConfig(steps=steps, **options)
+    return sample_uniform(model, canvas, free, config, generators, PAD)
+
+
+def test_many_steps_sample_the_chains_exact_marginal():
+    model, steps, rows = PairModel(5), 6, 3000
+    result = run_sampler(model, rows, steps, seed=0)
+    assert result.nfe == steps and (result.tokens[:, 0] == BOS).all()
+    assert not (result.tokens == PAD).any()
+    # the generative chain's exact marginal by enumeration (as in discrete_elbo_and_nll)
+    theta = x_theta(model)
+    index = support_index(STATES, PAD)
+    marginal = torch.full((len(STATES),), 1.0 / len(STATES), dtype=torch.float64)
+    for k in range(steps, 0, -1):
+        step = reverse_step(k / steps, (k - 1) / steps, theta)
+        marginal = marginal @ (step[:, 0, index[:, 0]] * step[:, 1, index[:, 1]])
+    drawn = support_index(result.tokens[:, 1:], PAD)
+    state = drawn[:, 0] * N + drawn[:, 1]  # STATES is (z_1, z_2) in row-major support order
+    counts = torch.bincount(state, minlength=len(STATES)).double()
+    expected = rows * marginal
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 37.7, (counts, expected)  # chi-square, 15 degrees of freedom, p = 0.001
+
+
+def test_rows_do_not_depend_on_their_batch_and_seeds_repeat():
+    model = PairModel(6)
+    alone = run_sampler(model, 1, 4, seed=3).tokens
+    batched = run_sampler(model, 5, 4, seed=3).tokens
+    assert torch.equal(alone[0], batched[0])
+    assert torch.equal(batched, run_sampler(model, 5, 4, seed=3).tokens)
+
+
+def test_greedy_tail_ends_on_the_argmax_of_x_theta():
+    model = PairModel(7)
+    result = run_sampler(model, 50, 3, seed=1, greedy_tail=True)
+    # every final canvas is a fixed point of x_theta's argmax at the position it was taken from:
+    # the last step's input differs per row, so check the rule directly on one step
+    from dllm.uniform_generate import UniformSamplerConfig, sample_uniform
+
+    free = torch.tensor([[False, True, True]]).repeat(50, 1)
+    one_step = sample_uniform(
+        model, result.tokens, free, UniformSamplerConfig(steps=1, greedy_tail=True),
+        [torch.Generator().manual_seed(i) for i in range(50)], PAD,
+    )  # fmt: skip
+    logits = model.all_logits(result.tokens)[:, 1:][..., SUPPORT]
+    assert torch.equal(one_step.tokens[:, 1:], support_ids(logits.argmax(-1), PAD))
+
+
+def test_sampler_options_that_do_not_apply_are_refused():
+    from dllm.uniform_generate import UniformSamplerConfig
+    from shared.sampling import SamplingConfig
+
+    with pytest.raises(ValueError, match="steps=0 must be a positive integer"):
+        UniformSamplerConfig(steps=0).validate()
+    with pytest.raises(ValueError, match="min_p and repetition_penalty are not applied"):
+        UniformSamplerConfig(steps=4, sampling=SamplingConfig(min_p=0.1)).validate()

@@ -1,0 +1,123 @@
+"""Sampling from a uniform-state diffusion (udm) model: ancestral steps through the posterior.
+
+    canvas = uniform_canvas(tokens, free, n_support, pad_id, generators)
+    result = sample_uniform(model, canvas, free, UniformSamplerConfig(steps=64), generators, pad)
+
+The generation positions (``free``) start as uniform draws from the support (z_1 is the prior);
+the other positions (BOS, a prompt, an infilling suffix) are held clean throughout. Step k of
+``steps`` goes from t = k / steps to s = (k - 1) / steps: the model gives x_theta at every
+position, and each free position draws z_s from the uniform-state posterior with x_theta in
+place of the clean token (reference: Duo's ``_compute_posterior``),
+
+    p(z_s = j | z_t = i) oc [alpha_{t|s} 1{j = i} + (1 - alpha_{t|s}) / N]
+                            * [alpha_s x_theta_j + (1 - alpha_s) / N],
+
+with alpha_{t|s} = alpha_t / alpha_s; at s = 0 (alpha_0 = 1) this is x_theta reweighted by the
+chance of having reached z_t.
+``greedy_tail``: the last step takes the argmax of x_theta instead. Temperature, top-k and top-p
+apply to x_theta, never to the posterior (greedy on the posterior gives near-random text).
+Every draw is in float64 from the row's own CPU generator, so a row's sample does not depend on
+the rows batched with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from dllm.uniform_objective import alpha, support_ids, support_index
+from shared.sampling import SamplingConfig, process_logits, sample_categorical
+
+
+@dataclass(frozen=True)
+class UniformSamplerConfig:
+    """``steps``: denoising steps (one network evaluation each); ``greedy_tail``: the last step
+    takes argmax x_theta; ``sampling``: temperature / top-k / top-p on x_theta (temperature 0
+    is greedy at every step)."""
+
+    steps: int
+    greedy_tail: bool = False
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+    def validate(self) -> UniformSamplerConfig:
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"steps={self.steps!r} must be a positive integer")
+        if self.sampling.min_p or self.sampling.repetition_penalty != 1.0:
+            raise ValueError(
+                "min_p and repetition_penalty are not applied by the udm sampler; it takes "
+                "temperature, top_k and top_p (on x_theta)"
+            )
+        self.sampling.validate()
+        return self
+
+
+@dataclass
+class UniformSampleResult:
+    tokens: torch.Tensor  # [B, L] the final canvas
+    nfe: int  # network evaluations
+
+
+def posterior(x_theta: torch.Tensor, noised: torch.Tensor, t: float, s: float) -> torch.Tensor:
+    """p(z_s | z_t) over the support [n, N] (float64, normalised) for ``x_theta`` [n, N] and the
+    noised support positions ``noised`` [n]."""
+    n_support = x_theta.shape[-1]
+    alpha_t, alpha_s = (float(alpha(torch.tensor(v, dtype=torch.float64))) for v in (t, s))
+    alpha_ts = alpha_t / alpha_s
+    stay = torch.nn.functional.one_hot(noised, n_support).to(torch.float64)
+    weights = (alpha_ts * stay + (1.0 - alpha_ts) / n_support) * (
+        alpha_s * x_theta.to(torch.float64) + (1.0 - alpha_s) / n_support
+    )
+    return weights / weights.sum(-1, keepdim=True)
+
+
+def uniform_canvas(
+    tokens: torch.Tensor,
+    free: torch.Tensor,
+    n_support: int,
+    pad_id: int,
+    generators: Sequence[torch.Generator],
+) -> torch.Tensor:
+    """``tokens`` with every ``free`` position replaced by a uniform draw from the support (z_1)."""
+    canvas = tokens.clone()
+    for row, generator in enumerate(generators):
+        count = int(free[row].sum())
+        draws = torch.randint(0, n_support, (count,), generator=generator)
+        canvas[row, free[row]] = support_ids(draws, pad_id).to(canvas.device)
+    return canvas
+
+
+@torch.no_grad()
+def sample_uniform(
+    model: nn.Module,
+    canvas: torch.Tensor,
+    free: torch.Tensor,
+    config: UniformSamplerConfig,
+    generators: Sequence[torch.Generator],
+    pad_id: int,
+) -> UniformSampleResult:
+    """Denoise the ``free`` positions of ``canvas`` [B, L] (z_1 already drawn) in
+    ``config.steps`` ancestral steps."""
+    config.validate()
+    tokens = canvas.clone()
+    n_support = model.config.vocab_size - 1
+    support = support_ids(torch.arange(n_support, device=tokens.device), pad_id)
+    for k in range(config.steps, 0, -1):
+        t, s = k / config.steps, (k - 1) / config.steps
+        logits = model(tokens, attention="bidirectional")[..., support]
+        last = k == 1
+        for row, generator in enumerate(generators):
+            positions = free[row]
+            if not positions.any():
+                continue
+            processed = process_logits(logits[row, positions], config.sampling)
+            if config.sampling.greedy or (last and config.greedy_tail):
+                chosen = processed.argmax(-1)
+            else:
+                x_theta = torch.softmax(processed, dim=-1)
+                noised = support_index(tokens[row, positions], pad_id)
+                chosen = sample_categorical(posterior(x_theta, noised, t, s), generator)
+            tokens[row, positions] = support_ids(chosen, pad_id)
+    return UniformSampleResult(tokens=tokens, nfe=config.steps)
