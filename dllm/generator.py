@@ -40,16 +40,29 @@ from dllm.canvas import (
     mask_token_id,
     prompt_canvas,
 )
-from dllm.generate import SamplerConfig, SampleResult, sample
+from dllm.generate import SamplerConfig, SampleResult, row_generators, sample
 from dllm.strategies import Ancestral
+from dllm.uniform_generate import UniformSamplerConfig, sample_uniform, uniform_canvas
 from shared.checkpoint import load_model_from_checkpoint
 from shared.model import Transformer
 from shared.tokenizer import Tokenizer
 
-DIFFUSION_OBJECTIVES = ("mdm", "bd")
+DIFFUSION_OBJECTIVES = ("mdm", "bd", "udm")
 
 Prompt = str | Sequence[int]
 Generators = torch.Generator | Sequence[torch.Generator] | None
+
+
+def free_position_id(model: Transformer, tokenizer: Tokenizer | None = None) -> int:
+    """The id that marks a udm canvas's positions to generate: one past the model's vocabulary,
+    which has exactly the tokenizer's ids (no [MASK] row)."""
+    vocab = model.config.vocab_size
+    if tokenizer is not None and tokenizer.vocab_size != vocab:
+        raise ValueError(
+            f"the model's vocabulary has {vocab} rows, but a udm model has exactly the "
+            f"tokenizer's {tokenizer.vocab_size} ids: is this a udm model with its own tokenizer?"
+        )
+    return vocab
 
 
 def with_model_schedule(config: SamplerConfig, state: Mapping[str, Any]) -> SamplerConfig:
@@ -62,12 +75,12 @@ def with_model_schedule(config: SamplerConfig, state: Mapping[str, Any]) -> Samp
 
 
 def objective_of(state: Mapping[str, Any], source: str = "the checkpoint") -> str:
-    """The run's diffusion objective ("mdm" or "bd"); refuses anything else."""
+    """The run's diffusion objective ("mdm", "bd" or "udm"); refuses anything else."""
     objective = state.get("objective")
     if objective not in DIFFUSION_OBJECTIVES:
         raise ValueError(
             f"{source} was trained with objective {objective!r}: diffusion generation needs an "
-            "'mdm' or 'bd' checkpoint (an autoregressive model generates with "
+            "'mdm', 'bd' or 'udm' checkpoint (an autoregressive model generates with "
             "arlm.generate.ARGenerator)"
         )
     return objective
@@ -120,7 +133,14 @@ class DiffusionGenerator:
         self.objective = objective_of(self.state)
         self.model = model
         self.tokenizer = tokenizer
-        self.mask_id = mask_token_id(model, tokenizer)
+        # A uniform-state model has no [MASK] row: its canvas marks the positions to generate
+        # with the id one past its vocabulary, and the sampler replaces them with z_1 draws
+        # before the first forward.
+        self.mask_id = (
+            free_position_id(model, tokenizer)
+            if self.objective == "udm"
+            else mask_token_id(model, tokenizer)
+        )
         self.eos_id = eos_id if eos_id is not None else getattr(tokenizer, "eos_id", None)
         self.pad_id = pad_id if pad_id is not None else getattr(tokenizer, "pad_id", None)
         self.block_size = (
@@ -254,6 +274,8 @@ class DiffusionGenerator:
     ) -> SampleResult:
         """The sampler of this objective under the model's schedule (see the module docstring);
         ``stop_id``: the EOS id a bd sampler stops after (None: decode every block)."""
+        if self.objective == "udm" or isinstance(config, UniformSamplerConfig):
+            return self._sample_uniform(canvas, config, generator, kv_cache=kv_cache)
         config = with_model_schedule(config, self.state)
         if self.block_size is None:
             if not kv_cache:
@@ -270,6 +292,34 @@ class DiffusionGenerator:
             generator,
             kv_cache=kv_cache,
             eos_id=stop_id,
+        )
+
+    def _sample_uniform(
+        self, canvas: Canvas, config: UniformSamplerConfig, generator: Generators, *, kv_cache
+    ) -> SampleResult:
+        """The uniform-state sampler (``dllm.uniform_generate``) on a udm model's canvas."""
+        if self.objective != "udm" or not isinstance(config, UniformSamplerConfig):
+            raise ValueError(
+                f"a {self.objective!r} model samples with SamplerConfig and a udm model with "
+                f"UniformSamplerConfig; got {type(config).__name__}"
+            )
+        if not kv_cache:
+            raise ValueError("kv_cache=False applies to block diffusion (bd) models only")
+        free = canvas.masked
+        generators = row_generators(generator, canvas.batch_size)
+        n_support = self.model.config.vocab_size - 1
+        pad_id = self._pad_id()
+        noised = uniform_canvas(canvas.tokens, free, n_support, pad_id, generators)
+        result = sample_uniform(self.model, noised, free, config, generators, pad_id)
+        return SampleResult(
+            tokens=result.tokens,
+            region=canvas.region,
+            nfe=result.nfe,
+            revealed=result.changed,
+            nfe_per_step=[1] * config.steps,
+            block_of_step=[0] * config.steps,
+            cache="none",
+            approximate=False,
         )
 
     # ---- helpers

@@ -32,6 +32,7 @@ from dllm.canvas import EOS_POLICIES
 from dllm.generate import CACHES, SamplerConfig
 from dllm.generator import DiffusionGenerator, DiffusionResult
 from dllm.strategies import REMASKING, Ancestral, FixedCount, Threshold
+from dllm.uniform_generate import UniformSamplerConfig
 from shared.cli_args import (
     CommandParser,
     DefaultsHelpFormatter,
@@ -56,7 +57,11 @@ OBJECTIVE_ONLY = {
     "cache": ("mdm", "none"),
     "cfg_scale": ("mdm", 0.0),
     "no_kv_cache": ("bd", False),
+    "greedy_tail": ("udm", False),
 }
+# Options of the masked samplers that a uniform-state (udm) model has no use for.
+MASKED_ONLY = ("remasking", "llada_reference", "threshold", "schedule", "block_length")
+UDM_OPTIONS = "--steps, --greedy-tail, --temperature and --top-p"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,7 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="positions to generate (default: 64, or what fits the model's context)",
     )
     parser.add_argument("--num-samples", type=int, default=1, help="samples per prompt")
-    parser.add_argument("--sampler", choices=["ancestral", "fixed", "threshold"], default="fixed")
+    parser.add_argument(
+        "--sampler",
+        choices=["ancestral", "fixed", "threshold"],
+        default=None,
+        help="mdm and bd: default fixed; udm samples ancestrally through its posterior",
+    )
     parser.add_argument(
         "--steps",
         type=int,
@@ -115,6 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="ancestral sampler: noise schedule (default: the checkpoint's)",
     )
     parser.add_argument("--cfg-scale", type=float, default=0.0, help="mdm only")
+    parser.add_argument(
+        "--greedy-tail",
+        action="store_true",
+        help="udm only: the last step takes the argmax of the model's prediction",
+    )
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -151,10 +166,10 @@ def check_sampler_options(args: argparse.Namespace) -> None:
     if args.suffix is not None:
         utf8_argument(args.suffix, "--suffix")
     for option, sampler in SAMPLER_ONLY.items():
-        if getattr(args, option) is not None and args.sampler != sampler:
+        if getattr(args, option) is not None and (args.sampler or "fixed") != sampler:
             raise ValueError(
                 f"--{option.replace('_', '-')} only applies to --sampler {sampler}, not "
-                f"--sampler {args.sampler}"
+                f"--sampler {args.sampler or 'fixed'}"
             )
     if args.sampler == "threshold" and args.steps is not None:
         raise ValueError("--steps does not apply to --sampler threshold (it stops when done)")
@@ -168,13 +183,28 @@ def check_objective_options(args: argparse.Namespace, objective: str) -> None:
                 f"--{option.replace('_', '-')} only applies to {applies_to} checkpoints, and "
                 f"{args.checkpoint} was trained with objective {objective!r}"
             )
+    if objective != "udm":
+        return
+    given = [f"--sampler {args.sampler}"] if args.sampler not in (None, "ancestral") else []
+    given += [f"--{o.replace('_', '-')}" for o in MASKED_ONLY if getattr(args, o) is not None]
+    given += ["--no-reuse"] if args.no_reuse else []
+    if given:
+        raise ValueError(
+            f"{given[0]} does not apply to {args.checkpoint}, a udm (uniform-state) model: it "
+            f"samples ancestrally through its posterior and takes {UDM_OPTIONS}"
+        )
+
+
+def udm_config_from_args(args: argparse.Namespace, steps: int) -> UniformSamplerConfig:
+    sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
+    return UniformSamplerConfig(steps, args.greedy_tail, sampling).validate()
 
 
 def config_from_args(args: argparse.Namespace, steps: int) -> SamplerConfig:
     """The sampler configuration of the command line, with ``steps`` for the stepped rules."""
     if args.sampler == "ancestral":
         strategy = Ancestral(steps, schedule=args.schedule)
-    elif args.sampler == "fixed":
+    elif args.sampler in (None, "fixed"):
         reference = {"split": "front", "confidence": "float32"} if args.llada_reference else {}
         strategy = FixedCount(steps, remasking=args.remasking or "low_confidence", **reference)
     else:
@@ -203,7 +233,10 @@ def sample_from_args(args: argparse.Namespace) -> tuple[str, SamplerConfig, Diff
     gen_length = fitting_length(args.gen_length, context, longest + suffix, "--gen-length")
     canvas = generator.prompt_canvas(prompts, gen_length, suffix=args.suffix)
     steps = generator.steps_per_position(canvas) if args.steps is None else args.steps
-    config = config_from_args(args, steps)
+    if generator.objective == "udm":
+        config = udm_config_from_args(args, steps)
+    else:
+        config = config_from_args(args, steps)
     result = generator.fill(
         canvas, config, seed=args.seed, eos=args.eos, kv_cache=not args.no_kv_cache
     )
@@ -219,7 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     raw = result.raw
     stats = {
         "objective": objective,
-        "sampler": config.strategy.name,
+        "sampler": config.name
+        if isinstance(config, UniformSamplerConfig)
+        else config.strategy.name,
         "nfe": raw.nfe,
         "steps": raw.steps,
         "steps_asked": steps_asked,

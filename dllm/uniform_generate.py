@@ -42,6 +42,8 @@ class UniformSamplerConfig:
     greedy_tail: bool = False
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
+    name = "uniform-ancestral"
+
     def validate(self) -> UniformSamplerConfig:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
             raise ValueError(f"steps={self.steps!r} must be a positive integer")
@@ -58,6 +60,7 @@ class UniformSamplerConfig:
 class UniformSampleResult:
     tokens: torch.Tensor  # [B, L] the final canvas
     nfe: int  # network evaluations
+    changed: torch.Tensor  # [steps, B] free positions whose token changed at each step
 
 
 def posterior(x_theta: torch.Tensor, noised: torch.Tensor, t: float, s: float) -> torch.Tensor:
@@ -104,6 +107,7 @@ def sample_uniform(
     tokens = canvas.clone()
     n_support = model.config.vocab_size - 1
     support = support_ids(torch.arange(n_support, device=tokens.device), pad_id)
+    changed = torch.zeros(config.steps, len(tokens), dtype=torch.long)
     for k in range(config.steps, 0, -1):
         t, s = k / config.steps, (k - 1) / config.steps
         logits = model(tokens, attention="bidirectional")[..., support]
@@ -119,5 +123,7 @@ def sample_uniform(
                 x_theta = torch.softmax(processed, dim=-1)
                 noised = support_index(tokens[row, positions], pad_id)
                 chosen = sample_categorical(posterior(x_theta, noised, t, s), generator)
-            tokens[row, positions] = support_ids(chosen, pad_id)
-    return UniformSampleResult(tokens=tokens, nfe=config.steps)
+            new = support_ids(chosen, pad_id)
+            changed[config.steps - k, row] = int((new != tokens[row, positions]).sum())
+            tokens[row, positions] = new
+    return UniformSampleResult(tokens=tokens, nfe=config.steps, changed=changed)

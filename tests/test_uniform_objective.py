@@ -299,3 +299,74 @@ def test_sampler_options_that_do_not_apply_are_refused():
         UniformSamplerConfig(steps=0).validate()
     with pytest.raises(ValueError, match="min_p and repetition_penalty are not applied"):
         UniformSamplerConfig(steps=4, sampling=SamplingConfig(min_p=0.1)).validate()
+
+
+# ---- a trained udm run through the generator and the command line -------------------------------
+
+
+@pytest.fixture(scope="module")
+def udm_run(tmp_path_factory):
+    from shared.training import cli
+
+    out = tmp_path_factory.mktemp("udm") / "run"
+    cli.train_from_argv(
+        ["--preset", "tiny", "--objective", "udm", "--out", str(out), "--max-steps", "2"]
+        + ["--eval-every", "100", "--cache-dir", str(out.parent / "cache")]
+    )
+    return out
+
+
+def test_the_generator_keeps_the_prompt_and_fills_every_free_position(udm_run):
+    from dllm.generate import SamplerConfig
+    from dllm.generator import DiffusionGenerator
+    from dllm.strategies import FixedCount
+    from dllm.uniform_generate import UniformSamplerConfig
+
+    generator = DiffusionGenerator.from_checkpoint(udm_run)
+    vocab = generator.model.config.vocab_size
+    assert generator.objective == "udm" and generator.mask_id == vocab
+    config = UniformSamplerConfig(steps=5)
+    prompts = ["And God", "In thee"]
+    result = generator.generate(prompts, 12, config, seed=3, eos="none")
+    raw = result.raw
+    assert raw.nfe == 5 and raw.steps == 5 and not raw.approximate
+    start, end = raw.region
+    assert end - start == 12 and (raw.tokens < vocab).all()
+    assert not (raw.tokens[:, start:end] == generator.pad_id).any()
+    for row, prompt in zip(raw.tokens, prompts):
+        ids = generator.tokenizer.encode(prompt)
+        assert row[0] == generator.eos_id and row[1 : 1 + len(ids)].tolist() == ids
+    again = generator.generate(prompts, 12, config, seed=3, eos="none")
+    assert torch.equal(again.raw.tokens, raw.tokens)
+    with pytest.raises(ValueError, match="udm model with UniformSamplerConfig"):
+        generator.generate(prompts, 12, SamplerConfig(FixedCount(4)))
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--remasking", "random"], "--remasking does not apply to .* a udm"),
+        (["--sampler", "threshold"], "--sampler threshold does not apply to .* a udm"),
+        (["--cache", "approx_prefix"], "--cache only applies to mdm checkpoints"),
+        (["--steps", "0"], "steps=0 must be a positive integer"),
+    ],
+)
+def test_sampler_flags_of_other_families_are_one_line(udm_run, flags, message, capsys):
+    from dllm import sample
+
+    assert sample.main([str(udm_run), "--gen-length", "4", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ")
+    assert __import__("re").search(message, err[0]), err[0]
+
+
+def test_the_command_line_samples_a_udm_run(udm_run, capsys):
+    import json
+
+    from dllm import sample
+
+    argv = [str(udm_run), "--prompt", "And", "--gen-length", "6", "--steps", "3", "--json"]
+    assert sample.main([*argv, "--greedy-tail"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["objective"] == "udm" and out["sampler"] == "uniform-ancestral"
+    assert out["nfe"] == 3 and len(out["texts"]) == 1
