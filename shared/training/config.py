@@ -15,6 +15,9 @@ from shared.config import TOKENIZER_CHOICES, check_field_types
 from shared.errors import ConfigError
 from shared.objective import objective_class, objective_names
 
+# The largest training or validation seed: the generators of the data order and the noise are
+# seeded through 32-bit words.
+MAX_SEED = 2**32 - 1
 DEFAULT_CACHE = Path(os.environ.get("DUOLM_CACHE", Path.home() / ".cache" / "duolm"))
 
 
@@ -150,6 +153,12 @@ class TrainConfig:
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
+        for name in ("seed", "eval_seed"):
+            if getattr(self, name) > MAX_SEED:
+                raise ConfigError(
+                    f"{name}={getattr(self, name)} (--{name.replace('_', '-')}) must be at most "
+                    f"{MAX_SEED} = 2**32 - 1 (seeds are 32-bit words)"
+                )
         if self.answer_after and self.protocol != "padded":
             raise ConfigError(
                 f"answer_after={self.answer_after!r} needs protocol='padded' (one prompt and "
