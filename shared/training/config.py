@@ -15,9 +15,6 @@ from shared.config import TOKENIZER_CHOICES, check_field_types
 from shared.errors import ConfigError
 from shared.objective import objective_class, objective_names
 
-# The largest training or validation seed: the generators of the data order and the noise are
-# seeded through 32-bit words.
-MAX_SEED = 2**32 - 1
 DEFAULT_CACHE = Path(os.environ.get("DUOLM_CACHE", Path.home() / ".cache" / "duolm"))
 
 
@@ -212,6 +209,11 @@ class TrainConfig:
                 "no budget: set max_steps, max_tokens, max_flops or epochs to a value > 0"
             )
         return self
+
+
+# The largest training or validation seed: the generators of the data order and the noise are
+# seeded through 32-bit words.
+MAX_SEED = 2**32 - 1
 
 
 def parse_budgets(text: str) -> list[int]:
