@@ -129,3 +129,10 @@ def test_a_stopped_run_names_resume_only_where_train_py_is_the_command(
     assert inner["step"] == 1 and "at step 1 (checkpoint saved)" in said and "--resume" not in said
     cli.train_from_argv(tiny(tmp_path / "cli", cache_dir, "--max-steps", "5"))
     assert f"resume with --resume {tmp_path / 'cli'}" in capsys.readouterr().out
+
+
+def test_a_refused_branch_into_a_new_folder_leaves_nothing(ar_run, tmp_path):
+    argv = ["--resume", str(ar_run), "--out", str(tmp_path / "branch"), "--max-steps", "1"]
+    with pytest.raises(ConfigError, match="past this run's budget"):
+        cli.train_from_argv(argv)
+    assert names(tmp_path) == []
