@@ -136,3 +136,18 @@ def test_a_refused_branch_into_a_new_folder_leaves_nothing(ar_run, tmp_path):
     with pytest.raises(ConfigError, match="past this run's budget"):
         cli.train_from_argv(argv)
     assert names(tmp_path) == []
+
+
+def test_the_progress_bar_counts_the_step_its_validation_and_checkpoint_name(
+    tmp_path, cache_dir, monkeypatch
+):
+    shown = []
+    validate = Trainer.validate_on_schedule
+
+    def recorded(self, done):
+        shown.append((done, self.progress.n))
+        return validate(self, done)
+
+    monkeypatch.setattr(Trainer, "validate_on_schedule", recorded)
+    cli.train_from_argv(tiny(tmp_path / "run", cache_dir, "--max-steps", "3"))
+    assert shown == [(1, 1), (2, 2), (3, 3)]  # not 292/3000 while step 293 is saved
