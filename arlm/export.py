@@ -33,6 +33,8 @@ from shared.checkpoint import load_model_from_checkpoint
 from shared.cli_args import export_parser
 from shared.config import ModelConfig
 from shared.errors import report_user_errors
+from shared.files import follow_umask
+from shared.formats.exported import EXPORT_INFO, EXPORTS_BY_OBJECTIVE, export_record
 from shared.formats.hf_tokenizer import hf_tokenizer, require_transformers
 from shared.formats.llama import hf_weight_name, model_config_from_hf, our_weight_name
 from shared.formats.llama import llama_config_fields as llama_fields
@@ -42,7 +44,6 @@ from shared.tokenizer import Tokenizer
 from shared.training.run_folder import claim_output_folder
 
 TOKENIZER_DIR = "duolm_tokenizer"
-EXPORT_INFO = "duolm_export.json"
 
 
 def llama_config_fields(cfg: ModelConfig, tokenizer: Tokenizer | None) -> dict[str, Any]:
@@ -88,7 +89,8 @@ def export_model(
     """Write ``model`` and ``tokenizer`` as a Hugging Face Llama folder; returns its path. The
     folder must be new or empty (``overwrite`` moves what is there aside)."""
     require_transformers()  # its missing-dependency message comes before any other complaint
-    aside = claim_output_folder(Path(out_dir), overwrite, "export")
+    sources = [Path(info["source_checkpoint"])] if info and "source_checkpoint" in info else []
+    aside = claim_output_folder(Path(out_dir), overwrite, "export", sources)
     if aside:
         print(f"moved what was in {out_dir} aside to {aside}")
     cfg = model.config
@@ -110,6 +112,7 @@ def export_model(
     hf_tokenizer(tokenizer, out / TOKENIZER_DIR, cfg.max_seq_len).save_pretrained(out)
     record = {"format": "duolm-llama", "tokenizer_kind": tokenizer.kind, **(info or {})}
     (out / EXPORT_INFO).write_text(json.dumps(record, indent=2))
+    follow_umask(out)  # save_pretrained writes its weights 0600; the rest of the folder is 0644
     return out
 
 
@@ -120,10 +123,10 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, overwrite: bo
     if state.get("objective") != "ar":
         raise ValueError(
             f"{checkpoint} holds an {state.get('objective')!r} checkpoint; export writes a Hugging "
-            "Face LlamaForCausalLM folder, which only an 'ar' (autoregressive) checkpoint is"
+            "Face LlamaForCausalLM folder, which only an 'ar' (autoregressive) checkpoint is; "
+            f"{EXPORTS_BY_OBJECTIVE}"
         )
-    info = {"source_checkpoint": str(checkpoint), "step": state.get("step")}
-    return export_model(model, tokenizer, out_dir, info, overwrite)
+    return export_model(model, tokenizer, out_dir, export_record(checkpoint, state), overwrite)
 
 
 # ---------------------------------------------------------------- load back

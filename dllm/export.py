@@ -23,14 +23,15 @@ from dllm.canvas import mask_token_id
 from shared.checkpoint import full_model_state, load_model_from_checkpoint
 from shared.cli_args import export_parser
 from shared.errors import ConfigError, report_user_errors
+from shared.files import follow_umask
 from shared.formats.diffusion import llada_config_fields, llada_weight_name
+from shared.formats.exported import EXPORT_INFO, EXPORTS_BY_OBJECTIVE, export_record
 from shared.formats.hf_tokenizer import hf_tokenizer, require_transformers
 from shared.model import Transformer
 from shared.tokenizer import Tokenizer
 from shared.training.run_folder import claim_output_folder
 
 TOKENIZER_DIR = "duolm_tokenizer"
-EXPORT_INFO = "duolm_export.json"
 LLADA_AUTO_MAP = {
     "AutoConfig": "configuration_llada.LLaDAConfig",
     "AutoModel": "modeling_llada.LLaDAModelLM",
@@ -52,7 +53,8 @@ def export_llada_model(
     mask = mask_token_id(model, tokenizer)
     cfg = model.config
     config = llada_config_fields(cfg, mask, tokenizer.eos_id, tokenizer.pad_id)
-    aside = claim_output_folder(out, overwrite, "export")
+    sources = [Path(info["source_checkpoint"])] if info and "source_checkpoint" in info else []
+    aside = claim_output_folder(out, overwrite, "export", sources)
     if aside:
         print(f"moved what was in {out} aside to {aside}")
     weights = {llada_weight_name(name): t for name, t in full_model_state(model).items()}
@@ -69,6 +71,7 @@ def export_llada_model(
     hf_tokenizer(tokenizer, out / TOKENIZER_DIR, cfg.max_seq_len).save_pretrained(out)
     record = {"format": "duolm-llada", "tokenizer_kind": tokenizer.kind, **(info or {})}
     (out / EXPORT_INFO).write_text(json.dumps(record, indent=2))
+    follow_umask(out)  # save_file and save_pretrained write some files 0600
     return out
 
 
@@ -80,9 +83,9 @@ def export_llada_checkpoint(
     if state.get("objective") != "mdm":
         raise ConfigError(
             f"{checkpoint} holds an {state.get('objective')!r} checkpoint; the LLaDA format is a "
-            "masked diffusion model's (objective mdm)"
+            f"masked diffusion model's (objective mdm); {EXPORTS_BY_OBJECTIVE}"
         )
-    info = {"source_checkpoint": str(checkpoint), "step": state.get("step")}
+    info = export_record(checkpoint, state)
     return export_llada_model(model, tokenizer, out_dir, info, overwrite)
 
 

@@ -3,6 +3,8 @@ the CPU's name. Reports and benchmarks record them beside their numbers."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import platform
 import resource
@@ -12,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from shared.files import write_atomic
 
 # Dense bf16 peak of common accelerators (FLOP/s), for MFU.
 GPU_PEAK_BF16 = {
@@ -28,9 +32,13 @@ GPU_PEAK_BF16 = {
 
 
 def peak_flops(
-    device: torch.device, dtype: torch.dtype, override_tflops: float
+    device: torch.device,
+    dtype: torch.dtype,
+    override_tflops: float,
+    cache_dir: Path | None = None,
 ) -> tuple[float, str]:
-    """Hardware peak FLOP/s and where the number came from."""
+    """Hardware peak FLOP/s and where the number came from: ``--peak-tflops``, the table of
+    common GPUs, else a matmul measurement that is kept per device (``measured_peak``)."""
     if override_tflops:
         return override_tflops * 1e12, "--peak-tflops"
     if device.type == "cuda":
@@ -38,10 +46,54 @@ def peak_flops(
         for key, value in GPU_PEAK_BF16.items():
             if key in name:
                 return (value if dtype == torch.bfloat16 else value / 4), f"table ({name})"
-    # Unknown hardware: measure a large matmul in the training dtype (an attainable peak). The
-    # best of several short windows after a warm-up: a single cold 0.3 s window read from 0.076
-    # to 0.16 TFLOP/s across the runs of one job on an idle 2-core EPYC, at times below the rate
-    # training then reached (MFU above 100%).
+    return measured_peak(device, dtype, cache_dir)
+
+
+PEAK_CACHE = "peak-flops.json"
+
+
+def measured_peak(
+    device: torch.device, dtype: torch.dtype, cache_dir: Path | None
+) -> tuple[float, str]:
+    """The highest matmul rate ever measured on this device, dtype and thread count (kept in
+    ``cache_dir``/peak-flops.json), raised by this start-up's measurement when it is higher.
+
+    Other work on the machine only ever lowers a measurement (a single 0.3 s window read 0.076
+    TFLOP/s on a busy 2-core EPYC, against 0.16 idle, and the MFU it gave read 222%); the best
+    one seen is the machine's attainable peak, so an MFU does not depend on what else ran at the
+    second a run started once any run has measured the device idle."""
+    key = f"{device_name(device)} | {dtype} | {torch.get_num_threads()} threads"
+    measured = matmul_rate(device, dtype)
+    path = Path(cache_dir) / PEAK_CACHE if cache_dir is not None else None
+    known = read_peaks(path)
+    best = max(measured, known.get(key, 0.0))
+    if path is not None and best > known.get(key, 0.0):
+        with contextlib.suppress(OSError):  # a read-only cache costs only the memory of it
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, json.dumps(known | {key: best}, indent=2))
+    if best > measured:
+        return best, f"best matmul rate measured on this {key} (now {measured / 1e12:.3g})"
+    return best, "measured matmul (best of 4 windows)"
+
+
+def read_peaks(path: Path | None) -> dict[str, float]:
+    if path is None or not path.is_file():
+        return {}
+    try:
+        peaks = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # a damaged cache is measured again
+    return {k: float(v) for k, v in peaks.items() if isinstance(v, int | float)}
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+
+
+def matmul_rate(device: torch.device, dtype: torch.dtype) -> float:
+    """A large matmul's FLOP/s in the training dtype (an attainable peak): the best of several
+    short windows after a warm-up (a single cold window read from 0.076 to 0.16 TFLOP/s across
+    the runs of one job on an idle 2-core EPYC)."""
     size = 1024
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
@@ -56,8 +108,7 @@ def peak_flops(
         return 2 * size**3 * repeats / (time.perf_counter() - start)
 
     rate(0.2)  # warm-up
-    best = max(rate(0.1) for _ in range(4))
-    return best, "measured matmul (best of 4 windows)"
+    return max(rate(0.1) for _ in range(4))
 
 
 def bf16_is_fast() -> bool:

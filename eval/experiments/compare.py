@@ -35,7 +35,7 @@ from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.strategies import Ancestral, FixedCount, Threshold
 from eval.curves import entropy_of_counts
-from eval.experiments.compare_budgets import seed_folder, train_budget_points
+from eval.experiments.compare_budgets import earlier_work, seed_folder, train_budget_points
 from eval.experiments.compare_curves import sampling_checkpoint
 from eval.experiments.compare_report import write_report
 from eval.experiments.compare_settings import CompareSettings, headline_sets, settings_for
@@ -60,6 +60,7 @@ from shared.faults import StopRequest
 from shared.model import flops_per_token
 from shared.sampling import SamplingConfig, sample_categorical
 from shared.training import resolve_config
+from shared.training.config import MAX_SEED
 
 
 def likelihood_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
@@ -328,12 +329,7 @@ def run_comparison(
     sets = stages.run("generate", key, lambda: generation_stage(main, settings))
     quality = stages.run("quality", key, lambda: quality_stage(main, sets, settings))
     examples = stages.run("examples", key, lambda: examples_stage(main, settings))
-    reused = [
-        f"train seed {seed} {name}"
-        for seed, run in runs.items()
-        for name, summary in run["summaries"].items()
-        if summary.get("reused")
-    ]
+    reused = earlier_work(runs)
     paths = write_report(
         out,
         preset,
@@ -363,9 +359,32 @@ def seeds_asked(seeds: str | None, seed: int | None) -> tuple[int, ...] | None:
         values = tuple(int(part) for part in seeds.split(","))
     except ValueError:
         raise ConfigError(f"--seeds {seeds!r} must be integers separated by commas") from None
-    if len(set(values)) != len(values) or any(v < 0 for v in values):
-        raise ConfigError(f"--seeds {seeds!r} must be distinct integers >= 0")
+    if len(set(values)) != len(values) or any(not 0 <= v <= MAX_SEED for v in values):
+        raise ConfigError(
+            f"--seeds {seeds!r} must be distinct integers >= 0 and <= {MAX_SEED} (2**32 - 1)"
+        )
     return values
+
+
+def refuse_other_seeds(out: Path, seeds: tuple[int, ...]) -> None:
+    """A job folder's report covers the seeds it trained: a job asking for other seeds would
+    rewrite that report (and its stages) for fewer or different seeds. More seeds than the
+    folder has are a continuation (the trained ones are reused)."""
+    trained = sorted(
+        int(folder.name.removeprefix("seed-"))
+        for folder in out.glob("seed-*")
+        if folder.is_dir() and folder.name.removeprefix("seed-").isdigit()
+    )
+    missing = [seed for seed in trained if seed not in seeds]
+    if missing:
+        asked = ",".join(str(seed) for seed in seeds)
+        have = ",".join(str(seed) for seed in trained)
+        raise ConfigError(
+            f"{out} holds the job of seeds {have}; --seeds {asked} would rewrite its report "
+            f"without seed(s) {','.join(str(s) for s in missing)}: use another --out for these "
+            f"seeds, add them to the folder's (--seeds {have},...), or --force to set the earlier "
+            "job aside (moved, not deleted)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -399,10 +418,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
 
     def job(stop: StopRequest) -> None:
+        # Every setting is checked before the job takes its folder: a refusal writes nothing.
         overrides = training_overrides(extra)
         if args.preset.startswith("synthetic"):
-            paths = run_synthetic(args.preset, out, overrides, args.force, stop)
-            print(f"report: {paths['markdown']}")
+            locked_job(out, args.force, lambda stop: synthetic_job(overrides, stop))(stop)
             return
         settings = settings_for(args.preset, resolve_config(args.preset, overrides)[0].max_seq_len)
         if args.no_mauve or args.judge:
@@ -414,6 +433,17 @@ def main(argv: list[str] | None = None) -> int:
         seeds = seeds_asked(args.seeds, overrides.pop("seed", None))
         if seeds:
             settings = dataclasses.replace(settings, seeds=seeds)
+        locked_job(out, args.force, lambda stop: comparison_job(overrides, settings, stop))(stop)
+
+    def synthetic_job(overrides: dict[str, Any], stop: StopRequest) -> None:
+        paths = run_synthetic(args.preset, out, overrides, args.force, stop)
+        print(f"report: {paths['markdown']}")
+
+    def comparison_job(
+        overrides: dict[str, Any], settings: CompareSettings, stop: StopRequest
+    ) -> None:
+        if not args.force:
+            refuse_other_seeds(out, settings.seeds)
         likelihood, paths = run_comparison(
             args.preset,
             out,
@@ -432,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"report: {paths['markdown']} ({(time.perf_counter() - started) / 60:.1f} min)")
 
-    return run_stoppable(locked_job(out, args.force, job))
+    return run_stoppable(job)
 
 
 if __name__ == "__main__":

@@ -166,7 +166,8 @@ def train_branch(trunk: Path, branch: Path, steps: int, force: bool) -> dict[str
 
 
 def point_record(summary: dict[str, Any]) -> dict[str, Any]:
-    """One budget point from its run's summary: the final validation on the whole split."""
+    """One budget point from its run's summary: the final validation on the whole split, and
+    what of it an earlier invocation did (reused whole, or the steps before it continued)."""
     return {
         "steps": summary["step"],
         "flops": summary["tokens_seen"] * summary["flops_per_token"],
@@ -174,7 +175,33 @@ def point_record(summary: dict[str, Any]) -> dict[str, Any]:
         "loss_se": summary.get("val_nats_per_token_se"),
         "bpb": summary["val_bpb"],
         "epochs": summary["epochs_seen"],
+        "reused": bool(summary.get("reused")),
+        "earlier_steps": earlier_steps(summary),
     }
+
+
+def earlier_steps(summary: dict[str, Any]) -> int:
+    """The steps of a run that an earlier invocation trained: those before the step this one
+    continued it from (a branch's steps count from its branch point, the trunk's)."""
+    branched = summary.get("branched_from")
+    origin = int(branched.rsplit("_", 1)[-1]) if branched else 0
+    return max(0, summary.get("start_step", 0) - origin)
+
+
+def earlier_work(runs: dict[int, dict[str, Any]]) -> list[str]:
+    """The training this invocation's wall time does not include: every trunk and branch reused
+    whole, and the steps an earlier invocation trained of those this one continued."""
+    said = []
+    for seed, run in runs.items():
+        for name, points in run["points"].items():
+            for index, point in enumerate(points):
+                trunk = index == len(points) - 1
+                what = f"seed {seed} {name}" + ("" if trunk else f" {point['steps']}-step branch")
+                if point["reused"]:
+                    said.append(f"train {what}")
+                elif point["earlier_steps"]:
+                    said.append(f"{point['earlier_steps']} steps of train {what}")
+    return said
 
 
 def attention_pattern(objective: str, window: int) -> str:

@@ -85,10 +85,10 @@ def budgets_section(
         if windowed
         else f"{PUBLISHED_MULTIPLIER:.0f}x (Nie et al. 2024, SMDM; full attention)"
     )
-    counts = {
-        seed: f"AR {s['past_plateau']['ar']}, MDM {s['past_plateau']['mdm']}"
+    counts = "; ".join(
+        f"seed {seed}: AR {s['past_plateau']['ar']}, MDM {s['past_plateau']['mdm']}"
         for seed, s in analysis["seeds"].items()
-    }
+    )
     if headline is None:
         summary = (
             "**not measured**: in no seed do both frontiers, past the plateau, cover the "
@@ -105,7 +105,8 @@ def budgets_section(
             if s["multiplier"] is not None
         )
     if analysis["unmeasured_seeds"]:
-        summary += f"; not measured at seed(s) {analysis['unmeasured_seeds']}"
+        unmeasured = ", ".join(str(seed) for seed in analysis["unmeasured_seeds"])
+        summary += f"; not measured at seed(s) {unmeasured}"
     if len(seeds) == 1:
         summary += (
             f". This run trained one seed ({seeds[0]}), so no interval covers training "
@@ -163,15 +164,23 @@ def budgets_section(
         )
     )
     grid = sorted({round(loss, 3) for s in analysis["seeds"].values() for loss, _ in s["curve"]})
-    report.table(
-        Table(
-            "M(L) per seed at evenly spaced losses of each seed's shared range",
-            ["seed", "loss (nats/token)", "M"],
-            [[seed, loss, m] for seed, s in analysis["seeds"].items() for loss, m in s["curve"]],
-            note=f"{len(grid)} loss levels in all; interpolated in log-log between budget "
-            "points, never extrapolated.",
+    title = "M(L) per seed at evenly spaced losses of each seed's shared range"
+    rows = [[seed, loss, m] for seed, s in analysis["seeds"].items() for loss, m in s["curve"]]
+    if rows:
+        report.table(
+            Table(
+                title,
+                ["seed", "loss (nats/token)", "M"],
+                rows,
+                note=f"{len(grid)} loss levels in all; interpolated in log-log between budget "
+                "points, never extrapolated.",
+            )
         )
-    )
+    else:  # a table of no rows would read as if something were measured
+        report.text(
+            f"**{title}:** none; in no seed do the two frontiers, past the plateau, share a "
+            "range of losses, so M(L) is read nowhere."
+        )
     return {
         "points": {seed: run["points"] for seed, run in runs.items()},
         "analysis": analysis,

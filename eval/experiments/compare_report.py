@@ -190,12 +190,13 @@ def write_report(
                     s["parameters"],
                     s["tokens_seen"],
                     s["train_tokens_per_s"],
-                    (s["train_tokens_per_s"] or 0) * s["flops_per_token"] / peak,
+                    f"{(s['train_tokens_per_s'] or 0) * s['flops_per_token'] / peak:.1%}",
                     s["precision"],
                 ]
                 for k, s in summaries.items()
             ],
-            note=f"MFU against one peak of {peak / 1e12:.3g} TFLOP/s for both rows "
+            note=f"MFU (a percentage, as the progress bar shows it; metrics.jsonl keeps the "
+            f"fraction) against one peak of {peak / 1e12:.3g} TFLOP/s for both rows "
             f"({summaries['ar']['peak_flops_source']}); FLOPs by the config count "
             "(6N + attention), the same formula for both objectives.",
         )

@@ -133,7 +133,12 @@ def claim_job_folder(out: Path, force: bool) -> RunFolderLock:
     so the job starts over and a rerun without ``--force`` resumes it."""
     lock = RunFolderLock(out).acquire()
     if force and any(entry.name != LOCK_FILE for entry in out.iterdir()):
-        print(f"--force: moved the earlier job in {out} aside to {move_aside(out)}")
+        try:
+            aside = move_aside(out)
+        except ConfigError:
+            lock.release()
+            raise
+        print(f"--force: moved the earlier job in {out} aside to {aside}")
     return lock
 
 

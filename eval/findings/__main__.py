@@ -26,7 +26,7 @@ from eval.findings.registration import fresh_job_folder
 from eval.findings.registry import FINDINGS
 from eval.findings.table import findings_table
 from shared.cli_args import CommandParser
-from shared.errors import ConfigError
+from shared.errors import ConfigError, report_user_errors
 from shared.faults import StopRequest
 
 
@@ -51,9 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.table:
-        index = json.loads(Path(args.table[0]).read_text())
-        print(findings_table(index, args.table[1], costs()))
-        return 0
+        return report_user_errors(lambda: print_table(*args.table))
     out = Path(args.out or f"runs/findings-{args.scale}")
 
     def job(stop: StopRequest) -> None:
@@ -81,6 +79,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"index: {paths['markdown']}")
 
     return run_stoppable(job)
+
+
+def print_table(index_path: str, reports: str) -> None:
+    """``--table``: the findings table of an index.json; an index that is missing or not one is
+    one line."""
+    path = Path(index_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--table {path}: no such file (give a findings index.json)")
+    try:
+        index = json.loads(path.read_text())
+        table = findings_table(index, reports, costs())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(
+            f"--table {path}: not JSON ({error}); give a findings index.json"
+        ) from None
+    except (KeyError, TypeError, AttributeError) as error:
+        raise ConfigError(
+            f"--table {path}: not a findings index ({type(error).__name__}: {error}); give the "
+            "index.json that python -m eval.findings writes"
+        ) from None
+    print(table)
 
 
 def costs() -> dict[str, str]:

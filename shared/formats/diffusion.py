@@ -25,7 +25,7 @@ from typing import Any
 
 from shared.config import ModelConfig
 from shared.errors import ConfigError
-from shared.formats.llama import hf_weight_name, model_config_from_hf
+from shared.formats.llama import check_fields, hf_weight_name, model_config_from_hf
 
 # our names -> LLaDA's, inside each block
 _LLADA_BLOCK = {
@@ -73,6 +73,16 @@ def our_name_from_llada(name: str) -> str:
     return f"layers.{layer}.{by_theirs[module]}.{kind}"
 
 
+LLADA_OPTIONAL_SIZES = (
+    "embedding_size",
+    "vocab_size",
+    "n_kv_heads",
+    "mlp_hidden_size",
+    "mlp_ratio",
+    "max_sequence_length",
+)
+
+
 def model_config_from_llada(config: dict[str, Any]) -> ModelConfig:
     """Our ``ModelConfig`` from a LLaDA ``config.json``; refuses the OLMo options LLaDA does not
     use (ALiBi, biases everywhere, LayerNorm, q/k norms, logit scaling, ...)."""
@@ -92,6 +102,14 @@ def model_config_from_llada(config: dict[str, Any]) -> ModelConfig:
         found = config.get(name, value)
         if found != value and not (name == "multi_query_attention" and found is False):
             raise ConfigError(f"LLaDA config {name}={found!r} is not supported (only {value!r})")
+    check_fields(
+        config,
+        "llada",
+        integers=("d_model", "n_heads", "n_layers"),
+        optional=LLADA_OPTIONAL_SIZES,
+    )
+    if not (config.get("embedding_size") or config.get("vocab_size")):
+        raise ConfigError("config.json has no 'vocab_size' or 'embedding_size'; is it complete?")
     heads = config["n_heads"]
     dim = config["d_model"]
     if dim % heads:
@@ -113,10 +131,16 @@ def model_config_from_llada(config: dict[str, Any]) -> ModelConfig:
 
 def llada_config_fields(cfg: ModelConfig, mask_id: int, eos_id: int, pad_id: int) -> dict:
     """A LLaDA ``config.json`` describing our backbone (``LLaDAModelLM``'s fields)."""
-    if cfg.sliding_window or cfg.shift_logits or cfg.rope_scaling_factor:
+    unsupported = {
+        f"a sliding window (sliding_window={cfg.sliding_window})": cfg.sliding_window,
+        "shifted logits (shift_logits=true)": cfg.shift_logits,
+        f"RoPE scaling (rope_scaling_factor={cfg.rope_scaling_factor})": cfg.rope_scaling_factor,
+    }
+    has = [name for name, value in unsupported.items() if value]
+    if has:
         raise ConfigError(
-            "LLaDA's format has no sliding window, logit shift or RoPE scaling; only models "
-            "without them can be exported to it"
+            f"this model has {' and '.join(has)}, which LLaDA's format cannot express; only "
+            "models without a sliding window, shifted logits or RoPE scaling export to it"
         )
     if cfg.dim // cfg.n_heads != cfg.head_dim:
         raise ConfigError(f"head_dim={cfg.head_dim} must be dim / n_heads for LLaDA")

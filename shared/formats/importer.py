@@ -25,8 +25,11 @@ everywhere, so which id pads changes no result.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import shutil
+import signal
 import struct
 import sys
 from pathlib import Path
@@ -43,7 +46,11 @@ from shared.model import Transformer
 from shared.tokenizer import HF_EOS_CANDIDATES, HF_PAD_CANDIDATES, Tokenizer
 from shared.tokenizer_backends import first_token_id
 from shared.training.config import TrainConfig
-from shared.training.run_folder import claim_output_folder
+from shared.training.run_folder import (
+    claim_output_folder,
+    missing_folders,
+    output_folder_is_used,
+)
 
 IMPORT_RECORD = "import.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -61,6 +68,14 @@ IMPORT_PAD_CANDIDATES = (*HF_PAD_CANDIDATES, "<|finetune_right_pad_id|>")
 # ---------------------------------------------------------------- special ids and tokenizer
 
 
+def backend_ids(source: Source) -> int:
+    """How many token ids the source's tokenizer uses (one past its largest)."""
+    vocab = source.tokenizer.get_vocab(with_added_tokens=True)
+    if not vocab:
+        raise ConfigError(f"{source.description}: its tokenizer has no tokens")
+    return 1 + max(vocab.values())
+
+
 def choose_special_ids(source: Source, ids: int, reserved: int | None) -> tuple[int, int]:
     """(end-of-text id, pad id) for an imported vocabulary of ``ids`` token ids (``reserved``:
     an id that may not pad, the source's [MASK]); the order of preference is the module
@@ -75,7 +90,7 @@ def choose_special_ids(source: Source, ids: int, reserved: int | None) -> tuple[
             f"{source.description}: no end-of-text token ({list(IMPORT_EOS_CANDIDATES)}) in the "
             "vocabulary and no eos_token_id declared"
         )
-    n_backend = 1 + max(backend.get_vocab(with_added_tokens=True).values())
+    n_backend = backend_ids(source)
     candidates = [
         declared.get("pad_token_id"),
         first_token_id(backend, IMPORT_PAD_CANDIDATES),
@@ -94,8 +109,7 @@ def choose_special_ids(source: Source, ids: int, reserved: int | None) -> tuple[
 def imported_tokenizer(source: Source, fmt: Format) -> Tokenizer:
     """The checkpoint's tokenizer as an ``hf:`` Tokenizer over every embedding row, less the
     last one in a diffusion model (where its [MASK] row goes)."""
-    backend = source.tokenizer
-    n_backend = 1 + max(backend.get_vocab(with_added_tokens=True).values())
+    n_backend = backend_ids(source)
     rows = fmt.model.vocab_size
     if n_backend > rows:
         raise ConfigError(
@@ -114,7 +128,7 @@ def imported_tokenizer(source: Source, fmt: Format) -> Tokenizer:
         )
     eos, pad = choose_special_ids(source, ids, fmt.mask_id)
     kind = f"hf:{source.description}"
-    return Tokenizer.from_hf_backend(kind, backend, eos_id=eos, pad_id=pad, vocab_size=ids)
+    return Tokenizer.from_hf_backend(kind, source.tokenizer, eos_id=eos, pad_id=pad, vocab_size=ids)
 
 
 # ---------------------------------------------------------------- weights
@@ -216,21 +230,30 @@ def import_checkpoint(
     if seq_len < 0:
         raise ConfigError(f"seq_len={seq_len} must be >= 0 (0: the model's context, at most 2048)")
     out = Path(out)
-    if not overwrite:
-        claim_output_folder(out, False, "import")  # refuse a used folder before the slow read
+    local = [Path(spec)] if Path(spec).exists() else []  # never moved aside by --overwrite
+    output_folder_is_used(out, overwrite, "import", local)  # refuse before the slow read
     source = open_source(spec)
     for note in source.notes:
         log(note)
-    fmt = checkpoint_format(source.config)
+    try:
+        fmt = checkpoint_format(source.config)
+    except (KeyError, TypeError) as error:  # what check_fields does not foresee, still one line
+        raise ConfigError(
+            f"{source.description}: its config.json does not describe a model this format can "
+            f"read ({type(error).__name__}: {error})"
+        ) from None
     cfg = fmt.model
     tokenizer = imported_tokenizer(source, fmt)
     plan = weight_plan(source, fmt)
     last = cfg.vocab_size - 1
     swap = None if fmt.mask_id in (None, last) else (fmt.mask_id, last)
-    rows = seq_len or min(cfg.max_seq_len, 2048)
+    # the row length: as asked, else the one an export of this project recorded, else the
+    # model's context (at most 2048)
+    rows = seq_len or source.seq_len or min(cfg.max_seq_len, 2048)
     if rows > cfg.max_seq_len:
         raise ConfigError(f"seq_len={rows} exceeds the model's context ({cfg.max_seq_len})")
-    aside = claim_output_folder(out, overwrite, "import")
+    created = missing_folders(out)
+    aside = claim_output_folder(out, overwrite, "import", local)
     if aside:
         log(f"moved what was in {out} aside to {aside}")
     # the data protocol commands read (row length, tokenizer); its training fields are defaults
@@ -256,15 +279,44 @@ def import_checkpoint(
         "total_steps": 0,
     }
     wanted = None if dtype == "keep" else DTYPES[dtype]
-    checkpoint = save_checkpoint(
-        out / "checkpoints",
-        0,
-        weights=lambda path: write_safetensors(path, plan, source, wanted, swap),
-        tokenizer=tokenizer,
-        state=state,
-    )
-    (out / IMPORT_RECORD).write_text(json.dumps(origin | {"checkpoint": str(checkpoint)}, indent=2))
+    try:
+        checkpoint = save_checkpoint(
+            out / "checkpoints",
+            0,
+            weights=lambda path: write_safetensors(path, plan, source, wanted, swap),
+            tokenizer=tokenizer,
+            state=state,
+        )
+        record = origin | {"checkpoint": str(checkpoint)}
+        (out / IMPORT_RECORD).write_text(json.dumps(record, indent=2))
+    except BaseException as error:
+        # Everything in ``out`` is this import's (it was new, empty or moved aside): an import
+        # stopped half-way leaves nothing that would make its rerun refuse.
+        remove_partial_import(out, created)
+        if isinstance(error, KeyboardInterrupt):
+            kept = f"; what was there before is in {aside}" if aside else ""
+            raise ImportInterrupted(
+                f"import stopped by Ctrl-C (SIGINT) while writing {out}: nothing of it was "
+                f"left{kept}; rerun the command to import"
+            ) from None
+        raise
     return checkpoint
+
+
+class ImportInterrupted(Exception):
+    """Ctrl-C stopped an import while it wrote; what it had written is gone."""
+
+
+def remove_partial_import(out: Path, created: list[Path]) -> None:
+    """Remove what an unfinished import wrote into ``out``, and the folders it created."""
+    for entry in out.iterdir() if out.is_dir() else []:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+    for folder in created:  # deepest first
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 # ---------------------------------------------------------------- command line
@@ -305,7 +357,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"imported {args.source} into {checkpoint}")
 
     # ImportError: an optional dependency (transformers, gguf) is missing; the message says which
-    return report_user_errors(run, also=(ImportError,))
+    try:
+        return report_user_errors(run, also=(ImportError,))
+    except KeyboardInterrupt:  # before anything was written (reading the source)
+        print("error: import stopped by Ctrl-C (SIGINT); nothing was written", file=sys.stderr)
+    except ImportInterrupted as stopped:
+        print(f"error: {stopped}", file=sys.stderr)
+    return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":

@@ -120,6 +120,45 @@ def _rope_settings(config: dict[str, Any]) -> dict[str, Any]:
     raise ConfigError(f"rope_type={rope_type!r} is not supported (only 'default' and 'llama3')")
 
 
+# the sizes a Llama or Qwen2 config.json must give
+LLAMA_SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+)
+
+
+def check_fields(
+    config: dict[str, Any],
+    format_name: str,
+    integers: tuple[str, ...],
+    optional: tuple[str, ...] = (),
+    numbers: tuple[str, ...] = (),
+) -> None:
+    """Refuse a config.json that lacks a field the conversion reads or holds one of another type,
+    naming the field (``integers`` and ``numbers`` are required, ``optional`` integers may be
+    absent or null); otherwise the conversion fails deep inside with a KeyError or TypeError."""
+    for name in (*integers, *numbers):
+        if name not in config:
+            raise ConfigError(
+                f"config.json has no {name!r}, which a {format_name} config gives; is the file "
+                "complete?"
+            )
+    for name in (*integers, *optional):
+        value = config.get(name)
+        if value is None and name in optional:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"config.json: {name}={value!r} must be a positive integer")
+    for name in numbers:
+        value = config[name]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"config.json: {name}={value!r} must be a number")
+
+
 def model_config_from_hf(config: dict[str, Any]) -> ModelConfig:
     """Our ``ModelConfig`` from a Llama or Qwen2 ``config.json``; refuses what we do not have."""
     model_type = config.get("model_type")
@@ -137,6 +176,13 @@ def model_config_from_hf(config: dict[str, Any]) -> ModelConfig:
     for name, value in expected.items():
         if config.get(name, value) != value:
             raise ConfigError(f"{name}={config[name]!r} is not supported (only {value!r})")
+    check_fields(
+        config,
+        model_type,
+        integers=LLAMA_SIZES,
+        optional=("num_key_value_heads", "head_dim"),
+        numbers=("rms_norm_eps",),
+    )
     heads = config["num_attention_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     if head_dim * heads != config["hidden_size"]:

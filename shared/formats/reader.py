@@ -22,6 +22,7 @@ from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer as HFTokenizer
 
 from shared.errors import ConfigError, ResourceUnavailableError
+from shared.formats.exported import EXPORT_INFO
 
 SAFETENSORS_DTYPES = {
     "F64": torch.float64,
@@ -45,6 +46,7 @@ class Source:
     tokenizer: HFTokenizer
     special_ids: dict[str, int | None]
     notes: list[str] = field(default_factory=list)
+    seq_len: int | None = None  # the row length an export of this project recorded
 
 
 # ---------------------------------------------------------------- safetensors folders
@@ -60,9 +62,11 @@ def shard_files(folder: Path) -> list[Path]:
     if not index.is_file():
         found = sorted(p.name for p in folder.glob("*.safetensors"))
         hint = f" (it has {found}, but no index naming them)" if found else ""
+        binaries = sorted(p.name for p in folder.glob("*.bin"))
+        convert = f" (convert its {binaries[0]} with transformers first)" if binaries else ""
         raise ConfigError(
             f"{folder}: no model.safetensors or model.safetensors.index.json{hint}; only "
-            "safetensors checkpoints are read (convert .bin files with transformers first)"
+            f"safetensors checkpoints are read{convert}"
         )
     try:
         weight_map = json.loads(index.read_text())["weight_map"]
@@ -110,12 +114,32 @@ def open_safetensors(files: list[Path]) -> tuple[dict, dict, Callable[[str], tor
 
 
 def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object file ({} when it is missing)."""
     if not path.is_file():
         return {}
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as error:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ConfigError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: holds a JSON {type(data).__name__}, not an object")
+    return data
+
+
+def read_hf_tokenizer(path: Path) -> HFTokenizer:
+    """A ``tokenizer.json``; an empty, damaged or foreign file is one line naming it."""
+    try:
+        return HFTokenizer.from_file(str(path))
+    except Exception as error:  # the tokenizers library raises plain Exceptions
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        raise ConfigError(
+            f"{path}: not a tokenizer the tokenizers library can read ({reason}); save the "
+            "model's tokenizer with transformers' save_pretrained to write one"
+        ) from None
+
+
+# a folder this project wrote, which every duolm command takes without an import
+DUOLM_RUN_FILES = ("checkpoints", "state.json", "final.json", "metrics.jsonl")
 
 
 def declared_special_ids(folder: Path, backend: HFTokenizer) -> dict[str, int | None]:
@@ -140,6 +164,12 @@ def declared_special_ids(folder: Path, backend: HFTokenizer) -> dict[str, int | 
 
 def read_folder(folder: Path, description: str | None = None) -> Source:
     """A Hugging Face model folder: config.json, safetensors, tokenizer.json."""
+    if any((folder / name).exists() for name in DUOLM_RUN_FILES):
+        raise ConfigError(
+            f"{folder} is a duolm run folder or checkpoint already: every duolm command takes "
+            "it as it is, so there is nothing to import (duolm export writes it in a public "
+            "format)"
+        )
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ConfigError(f"{folder}: no config.json (not a Hugging Face model folder)")
@@ -151,7 +181,7 @@ def read_folder(folder: Path, description: str | None = None) -> Source:
             f"{folder}: no tokenizer.json (only fast tokenizers are read; save the tokenizer "
             "with transformers' save_pretrained to write one)"
         )
-    backend = HFTokenizer.from_file(str(tokenizer_path))
+    backend = read_hf_tokenizer(tokenizer_path)
     return Source(
         description=description or str(folder),
         config=config,
@@ -160,7 +190,15 @@ def read_folder(folder: Path, description: str | None = None) -> Source:
         read=read,
         tokenizer=backend,
         special_ids=declared_special_ids(folder, backend),
+        seq_len=exported_row_length(folder),
     )
+
+
+def exported_row_length(folder: Path) -> int | None:
+    """The row length the run had, as this project's exports record it (``duolm_export.json``),
+    so that an import scores the rows its run scored; None for other folders."""
+    length = read_json(folder / EXPORT_INFO).get("seq_len")
+    return length if isinstance(length, int) and not isinstance(length, bool) else None
 
 
 # ---------------------------------------------------------------- hub names and wheels

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from typing import Any
 
@@ -210,8 +211,14 @@ def spec_from_argv(argv: list[str] | None) -> RunSpec:
 
 
 def train_from_argv(argv: list[str] | None = None) -> dict[str, Any]:
-    """Parse ``train.py`` flags and run; returns the run's summary."""
-    return train(spec_from_argv(argv))
+    """Parse ``train.py`` flags and run; returns the run's summary. A stopped run says how to
+    continue it here, where ``--resume`` is this command's (an experiment that trains says its
+    own way: rerun it)."""
+    spec = spec_from_argv(argv)
+    summary = train(spec)
+    if summary["stopped_by"] and int(os.environ.get("RANK", "0")) == 0:
+        print(f"resume with --resume {spec.out}", flush=True)
+    return summary
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -149,6 +149,12 @@ class TrainConfig:
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
+        for name in ("seed", "eval_seed"):
+            if getattr(self, name) > MAX_SEED:
+                raise ConfigError(
+                    f"{name}={getattr(self, name)} (--{name.replace('_', '-')}) must be at most "
+                    f"{MAX_SEED} = 2**32 - 1 (seeds are 32-bit words)"
+                )
         if self.answer_after and self.protocol != "padded":
             raise ConfigError(
                 f"answer_after={self.answer_after!r} needs protocol='padded' (one prompt and "
@@ -202,6 +208,11 @@ class TrainConfig:
                 "no budget: set max_steps, max_tokens, max_flops or epochs to a value > 0"
             )
         return self
+
+
+# The largest training or validation seed: the generators of the data order and the noise are
+# seeded through 32-bit words.
+MAX_SEED = 2**32 - 1
 
 
 def parse_budgets(text: str) -> list[int]:

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from shared import checkpoint as ckpt
 from shared.errors import ConfigError
+from shared.hardware import peak_flops
 from shared.training.config import TrainConfig
 from shared.training.run import RunSpec
 
@@ -65,6 +68,34 @@ def warn_if_slow(flops_per_step: float, peak: float, steps: int, log) -> None:
             f"{steps} steps need at least {seconds * steps / 3600:.1f} h; Ctrl-C or SIGTERM "
             "twice stops it at once"
         )
+
+
+class MfuMeter:
+    """A run's model FLOPs utilisation: achieved FLOP/s over the peak (``peak_flops``: the
+    ``--peak-tflops`` given, the GPU table, or the best measurement kept for this device). An MFU
+    above 100% means the peak is wrong, not that the run is fast: the first one is said, once,
+    naming the peak used."""
+
+    def __init__(self, peak: float, source: str, say: Callable[[str], None]):
+        self.peak, self.source, self.say = peak, source, say
+        self.warned = False
+
+    @classmethod
+    def for_run(
+        cls, device: torch.device, dtype: torch.dtype, cfg: TrainConfig, say: Callable[[str], None]
+    ) -> MfuMeter:
+        return cls(*peak_flops(device, dtype, cfg.peak_tflops, Path(cfg.cache_dir)), say)
+
+    def __call__(self, flops_per_s: float) -> float:
+        mfu = flops_per_s / self.peak
+        if mfu > 1 and not self.warned:
+            self.warned = True
+            self.say(
+                f"warning: MFU {mfu:.0%} is above 100%: the peak it divides by, "
+                f"{self.peak / 1e12:.3g} TFLOP/s ({self.source}), is below what this run "
+                "reaches; give the hardware's peak with --peak-tflops"
+            )
+        return mfu
 
 
 def steady_rate(rates: list[float]) -> float | None:

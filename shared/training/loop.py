@@ -10,6 +10,7 @@ the step number plus model/optimizer state, and continues bit-exactly.
 from __future__ import annotations
 
 import gc
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -73,7 +74,10 @@ def claim_folder(spec: RunSpec, accelerator: Accelerator) -> RunFolderLock:
         resuming = spec.resume_from is not None and not spec.is_branch
         try:
             lock.acquire()
-            aside = claim_run_folder(spec.out, resuming=resuming, overwrite=spec.overwrite)
+            sources = [Path(p) for p in (spec.resume_from, spec.train.init_from) if p]
+            aside = claim_run_folder(
+                spec.out, resuming=resuming, overwrite=spec.overwrite, sources=sources
+            )
             if resuming:
                 check_resume_point(spec.out, spec.resume_from)
         except ConfigError as refused:

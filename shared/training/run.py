@@ -47,8 +47,15 @@ def new_run(
     refuses it unless ``overwrite`` (which moves the old run aside). A run with ``init_from``
     takes the source's backbone shape and tokenizer for every field not given in
     ``overrides`` (``inherited_from_source``)."""
-    overrides = inherited_from_source(overrides.get("init_from") or "") | overrides
-    model_cfg, train_cfg = resolve_config(preset, overrides)
+    init_from = overrides.get("init_from") or ""
+    inherited = inherited_from_source(init_from)
+    try:
+        model_cfg, train_cfg = resolve_config(preset, inherited | overrides)
+    except ConfigError:
+        # A flag against the source can make the mixed shape invalid (the source's 9 heads with
+        # a typed dim of 128): the conflict is the error to name, as check_start names it.
+        refuse_source_conflicts(init_from, inherited, overrides)
+        raise
     folder = Path(out) if out else Path("runs") / f"{preset}-{train_cfg.objective}"
     return RunSpec(model_cfg, train_cfg, folder, preset, overwrite=overwrite)
 
@@ -74,6 +81,25 @@ def inherited_from_source(init_from: str) -> dict[str, Any]:
         if name in state.get("train_config", {}):
             inherited[name] = state["train_config"][name]
     return inherited
+
+
+def refuse_source_conflicts(
+    init_from: str, inherited: dict[str, Any], overrides: dict[str, Any]
+) -> None:
+    """Refuse a flag that gives a field the source decides another value, naming each one (in
+    ``check_start``'s words)."""
+    checked = {
+        name: value
+        for name, value in inherited.items()
+        if name != "tokenizer_vocab_size" or inherited.get("tokenizer") == "bpe"
+    }
+    wrong = [
+        f"{name}={theirs!r} in the source, {overrides[name]!r} in this run"
+        for name, theirs in checked.items()
+        if name in overrides and overrides[name] != theirs
+    ]
+    if wrong:
+        raise ConfigError(f"--init-from {init_from}: " + "; ".join(wrong))
 
 
 def resume_run(

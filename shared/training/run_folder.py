@@ -2,8 +2,11 @@
 
 Before a run writes anything it takes an exclusive lock on its folder (``<out>/.lock``, an
 ``flock`` the kernel releases when the process dies, holding the owner's PID and host) and checks
-that the folder does not already hold another run: a new run in a used folder refuses unless
-asked to ``--overwrite``, which moves the old run aside rather than deleting it.
+that the folder does not already hold another run (or a user's other files): a new run in a used
+folder refuses unless asked to ``--overwrite``, which moves the old contents aside rather than
+deleting them. A folder is moved aside only after its resolved path is checked: never the current
+folder or one above it, never a folder that holds the command's source, never the root. A command
+refused before it wrote anything leaves no folder and no lock file behind.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import os
 import socket
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from shared.checkpoint import list_checkpoints, verify_checkpoint
@@ -29,6 +33,24 @@ def holds_run(folder: Path) -> bool:
     return any((folder / name).exists() for name in RUN_FILES)
 
 
+def contents(folder: Path) -> list[str]:
+    """The names of what ``folder`` holds besides its lock file (nothing when it is missing)."""
+    if not folder.is_dir():
+        return []
+    return sorted(entry.name for entry in folder.iterdir() if entry.name != LOCK_FILE)
+
+
+def missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and those above it that do not exist yet, deepest first: what ``mkdir -p``
+    would create, and so what a refusal has to remove again."""
+    missing = []
+    for candidate in [folder, *folder.parents]:
+        if candidate.exists():
+            break
+        missing.append(candidate)
+    return missing
+
+
 def _describe(holder: dict) -> str:
     return f"PID {holder.get('pid', '?')} on host {holder.get('host', '?')}"
 
@@ -42,26 +64,29 @@ class RunFolderLock:
         self.path = folder / LOCK_FILE
         self.stale: str | None = None
         self._handle = None
+        # What acquire found, so that release can leave a folder nothing was written to as it
+        # was: the folders it made, whether it made the lock file, the names already there.
+        self._created: list[Path] = []
+        self._made_lock_file = False
+        self._found: list[str] = []
 
     def acquire(self) -> RunFolderLock:
         if self.folder.exists() and not self.folder.is_dir():
             raise ConfigError(f"--out {self.folder} is a file, not a folder; name a folder")
+        refuse_inside_a_run(self.folder)
+        self._created = missing_folders(self.folder)
+        self._made_lock_file = not self.path.exists()
+        self._found = contents(self.folder)
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            handle = open(self.path, "a+")  # held open for the life of the run
-        except OSError as error:
+            handle = self._locked_handle()
+        except (OSError, ConfigError) as error:
+            self._remove_created_folders()
+            if isinstance(error, ConfigError):
+                raise
             raise ConfigError(
                 f"cannot write to the run folder {self.folder}: {error.strerror or error}"
             ) from error
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(handle)
-            handle.close()
-            raise ConfigError(
-                f"the run folder {self.folder} is in use by another run ({_describe(holder)}, "
-                f"since {holder.get('since', '?')}); wait for it to end or choose another --out"
-            ) from None
         previous = _read_holder(handle)
         if previous and previous.get("pid") is not None:
             # The kernel released the flock when its holder died; its record stayed behind.
@@ -78,28 +103,96 @@ class RunFolderLock:
         self._handle = handle
         return self
 
+    def _locked_handle(self):
+        """The lock file, open and flocked. A releasing holder may unlink the file of a folder it
+        leaves empty (``release``): a lock taken on that unlinked file protects nothing, so it is
+        taken again on the file the path names now."""
+        while True:
+            handle = open(self.path, "a+")  # held open for the life of the run
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_holder(handle)
+                handle.close()
+                raise ConfigError(
+                    f"the run folder {self.folder} is in use by another run "
+                    f"({_describe(holder)}, since {holder.get('since', '?')}); wait for it to end "
+                    "or choose another --out"
+                ) from None
+            try:
+                if os.stat(self.path).st_ino == os.fstat(handle.fileno()).st_ino:
+                    return handle
+            except FileNotFoundError:
+                pass
+            handle.close()
+
     def release(self) -> None:
         if self._handle is None:
             return
         self._handle.seek(0)
         self._handle.truncate()  # an empty lock file is a released one, not a stale one
+        # A command that wrote nothing (refused, or failed before its first file) leaves the
+        # folder as it found it: the lock file it made goes while still held, then the folders
+        # it made.
+        untouched = self._made_lock_file and contents(self.folder) == self._found
+        if untouched:
+            self.path.unlink(missing_ok=True)
         fcntl.flock(self._handle, fcntl.LOCK_UN)
         self._handle.close()
         self._handle = None
+        if untouched:
+            self._remove_created_folders()
+
+    def _remove_created_folders(self) -> None:
+        for folder in self._created:  # deepest first; a folder something was written to stays
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        self._created = []
 
 
 def holder_if_locked(folder: Path) -> str | None:
     """Who holds ``folder``'s lock right now (None when nobody does), without taking it."""
+    holder = lock_holder(folder)
+    return None if holder is None else _describe(holder)
+
+
+def lock_holder(folder: Path) -> dict | None:
+    """The record of whoever holds ``folder``'s lock right now (None when nobody does)."""
     path = Path(folder) / LOCK_FILE
-    if not path.is_file():
+    try:
+        with open(path) as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return _read_holder(handle)
+            fcntl.flock(handle, fcntl.LOCK_UN)
+    except OSError:  # no lock file (or none this user may read): nobody holds it
         return None
-    with open(path) as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return _describe(_read_holder(handle))
-        fcntl.flock(handle, fcntl.LOCK_UN)
     return None
+
+
+def refuse_inside_a_run(folder: Path) -> None:
+    """Refuse a folder inside another command's locked folder, or inside a run's
+    ``checkpoints/``: writing there (or moving its contents aside) would change a run behind
+    its back. This process's own locks (an experiment training runs in its job folder) are
+    not another command's."""
+    resolved = folder.resolve()
+    for above in resolved.parents:
+        holder = lock_holder(above)
+        if holder and holder.get("pid") != os.getpid():
+            raise ConfigError(
+                f"{folder} is inside {above}, which is in use by a run ({_describe(holder)}); "
+                "choose a folder outside it"
+            )
+        if (above / "checkpoints" == resolved or above / "checkpoints" in resolved.parents) and (
+            holds_run(above)
+        ):
+            raise ConfigError(
+                f"{folder} is inside the checkpoints of the run in {above}; choose a folder "
+                "outside it"
+            )
 
 
 def _read_holder(handle) -> dict:
@@ -110,12 +203,22 @@ def _read_holder(handle) -> dict:
         return {}
 
 
-def claim_run_folder(folder: Path, *, resuming: bool, overwrite: bool) -> str | None:
+def claim_run_folder(
+    folder: Path, *, resuming: bool, overwrite: bool, sources: Sequence[Path] = ()
+) -> str | None:
     """Check that ``folder`` (already locked by this process) may take a new run. A folder that
-    holds a run refuses unless the run is being resumed there, or ``overwrite`` moves the old run
-    aside; returns where it was moved, if anywhere."""
-    if resuming or not holds_run(folder):
+    holds a run, or other files, refuses unless the run is being resumed there, or
+    ``overwrite`` moves what is there aside (``sources``: what the run starts from, never moved);
+    returns where it was moved, if anywhere."""
+    if resuming or not contents(folder):
         return None
+    if not holds_run(folder):
+        if not overwrite:
+            raise ConfigError(
+                f"{folder} holds files that are not a run ({listing(folder)}); train into a new "
+                "or empty folder, or pass --overwrite to move them aside (not deleted)"
+            )
+        return move_aside(folder, sources)
     if not overwrite:
         if not list_checkpoints(folder / "checkpoints"):
             raise ConfigError(
@@ -127,38 +230,98 @@ def claim_run_folder(folder: Path, *, resuming: bool, overwrite: bool) -> str | 
             f"{folder} already holds a run; continue it with --resume {folder}, or start a new "
             "one over it with --overwrite (the old run is moved aside, not deleted)"
         )
-    return move_aside(folder)
+    return move_aside(folder, sources)
 
 
-def claim_output_folder(out: Path, overwrite: bool, verb: str) -> str | None:
+def listing(folder: Path, shown: int = 3) -> str:
+    names = contents(folder)
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def what_it_holds(folder: Path) -> str:
+    """What a used output folder holds, in words, from the record each command leaves."""
+    if (folder / "duolm_export.json").is_file():
+        return "an export"
+    if (folder / "import.json").is_file():
+        return "a training run (an imported checkpoint)"
+    if (folder / "config.json").is_file() and holds_run(folder):
+        return "a training run"
+    if holds_run(folder):
+        return "the files of a run or import that stopped before it finished"
+    return f"files ({listing(folder)})"
+
+
+def claim_output_folder(
+    out: Path, overwrite: bool, verb: str, sources: Sequence[Path] = ()
+) -> str | None:
     """Check that ``out`` may take what a command writes (``verb``: "export", "import"): a new or
     empty folder, or with ``overwrite`` one whose contents are moved aside (returns where). A
-    folder in use by a run is never written into, and nothing is written over without
-    ``overwrite``."""
+    folder in use by a run (or inside one) is never written into, nothing is written over
+    without ``overwrite``, and nothing is moved that ``move_aside`` refuses (``sources``: what the
+    command reads)."""
+    if not output_folder_is_used(out, overwrite, verb, sources):
+        return None
+    return move_aside(out, sources)
+
+
+def output_folder_is_used(
+    out: Path, overwrite: bool, verb: str, sources: Sequence[Path] = ()
+) -> bool:
+    """``claim_output_folder``'s checks, without moving anything: whether ``out`` holds
+    something that ``overwrite`` may move aside; a refusal otherwise."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out} is a file; name a folder to {verb} into")
+    refuse_inside_a_run(out)
     if not out.is_dir() or not any(out.iterdir()):
-        return None
+        return False
     holder = holder_if_locked(out)
     if holder:
         raise ConfigError(f"{out} is in use by a run ({holder}); {verb} into another folder")
-    what = "a training run" if holds_run(out) else "files"
+    why_not = why_not_movable(out, sources)
+    if why_not:
+        raise ConfigError(
+            f"{out} already holds {what_it_holds(out)} and {why_not}; {verb} into a new folder"
+        )
     if not overwrite:
         raise ConfigError(
-            f"{out} already holds {what}; {verb} into a new folder, or pass --overwrite to move "
-            "what is there aside (not deleted)"
+            f"{out} already holds {what_it_holds(out)}; {verb} into a new folder, or pass "
+            "--overwrite to move what is there aside (not deleted)"
         )
-    return move_aside(out)
+    return True
 
 
-def move_aside(folder: Path) -> str:
+def why_not_movable(folder: Path, sources: Sequence[Path] = ()) -> str | None:
+    """Why moving the contents of ``folder`` aside would scatter files (None when it would
+    not). Judged on resolved paths: ``.`` has no name to build a sibling from, and moving the
+    folder the command runs in (or one above it), or one that holds what the command reads,
+    would pull the ground from under it."""
+    resolved = folder.resolve()
+    if resolved.parent == resolved:
+        return f"cannot be moved aside: {resolved} is the root of the file system"
+    here = Path.cwd().resolve()
+    if here == resolved or resolved in here.parents:
+        return f"cannot be moved aside: {resolved} is the current folder or holds it"
+    for source in sources:
+        source = Path(source).resolve()
+        if source == resolved or resolved in source.parents:
+            return f"cannot be moved aside: {resolved} holds the source {source}"
+    return None
+
+
+def move_aside(folder: Path, sources: Sequence[Path] = ()) -> str:
     """Move everything in ``folder`` but its lock into a new sibling folder
-    ``<name>.replaced-<time>-<unique>``; returns its path. Nothing is deleted."""
+    ``<name>.replaced-<time>-<unique>``; returns its path. Nothing is deleted, and nothing is
+    moved when ``why_not_movable`` refuses (``sources``: what the command reads)."""
+    why_not = why_not_movable(folder, sources)
+    if why_not:
+        raise ConfigError(f"{folder} {why_not}; choose another folder")
+    resolved = folder.resolve()
     # mkdtemp picks a name no other folder has, atomically; then give it the usual mode.
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    aside = Path(tempfile.mkdtemp(prefix=f"{folder.name}.replaced-{stamp}-", dir=folder.parent))
+    aside = Path(tempfile.mkdtemp(prefix=f"{resolved.name}.replaced-{stamp}-", dir=resolved.parent))
     os.chmod(aside, 0o777 & ~current_umask())
-    for entry in folder.iterdir():
+    for entry in resolved.iterdir():
         if entry.name != LOCK_FILE:
             entry.rename(aside / entry.name)
     return str(aside)

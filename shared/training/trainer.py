@@ -21,12 +21,13 @@ from tqdm.auto import tqdm
 from shared import checkpoint as ckpt
 from shared.data.rows import EpochSampler
 from shared.faults import StopRequest, fault_active, run_out_of_memory_if, stall_if
-from shared.hardware import peak_flops, peak_memory, total_memory
+from shared.hardware import peak_memory, total_memory
 from shared.model import Transformer
 from shared.objective import annealing_noise, loss_positions, objective_for_run, slice_noise
 from shared.training.checkpoints import CheckpointKeeper
 from shared.training.config import TrainingDiverged
 from shared.training.guards import (
+    MfuMeter,
     check_budget_left,
     check_step_memory,
     data_notes,
@@ -179,17 +180,17 @@ class Trainer:
         if self.spec.resume_from is not None and self.metrics.drop_after(self.start_step):
             self.log(f"dropped the metric records after step {self.start_step}, which it redoes")
         dtype = torch.bfloat16 if accelerator.mixed_precision == "bf16" else torch.float32
-        self.peak, self.peak_source = peak_flops(self.device, dtype, cfg.peak_tflops)
+        self.meter = MfuMeter.for_run(self.device, dtype, cfg, self.say)
         self.log(
             f"{self.objective.name}: {self.n_parameters / 1e6:.2f}M parameters, "
             f"{len(self.train_rows)} train rows x {cfg.seq_len}, {self.total_steps} steps, "
             f"{self.world} process(es) ({self.layout}), "
             f"micro-batch {self.micro_batch} x {cfg.grad_accum} accumulation, "
             f"precision {precision_name(accelerator.mixed_precision)}, "
-            f"peak {self.peak / 1e12:.3g} TFLOP/s ({self.peak_source})"
+            f"peak {self.meter.peak / 1e12:.3g} TFLOP/s ({self.meter.source})"
         )
         step_flops = self.flops_token * self.tokens_per_step / self.world
-        warn_if_slow(step_flops, self.peak, self.total_steps - self.start_step, self.log)
+        warn_if_slow(step_flops, self.meter.peak, self.total_steps - self.start_step, self.log)
         self.schedules = schedule_history(
             self.saved,
             self.start_step,
@@ -330,7 +331,6 @@ class Trainer:
             self.end_step = min(self.total_steps, self.start_step + cfg.stop_after_steps)
         self.model.train()
         self.progress = tqdm(
-            range(self.start_step, self.end_step),
             initial=self.start_step,
             total=self.total_steps,
             disable=not self.accelerator.is_local_main_process,
@@ -341,37 +341,36 @@ class Trainer:
         # validations and checkpoints between steps never enter tokens/s or MFU.
         window = [0, 0.0]  # tokens, seconds
         stop.on_stop = "saving a checkpoint at the end of this step"
-        for step in self.progress:
-            started = time.perf_counter()
-            result = self.train_step(step, stop)
-            done = step + 1
-            self.count_bad_steps(done, result)
-            window[0] += self.tokens_per_step
-            window[1] += time.perf_counter() - started
-            if done % cfg.log_every == 0 or done == self.end_step:
-                self.log_train(done, result, *window)
-                window = [0, 0.0]
-            evaluated = self.validate_on_schedule(done)
-            if result.stop_requested:
-                self.stopped_by = stop.signal_name or "a signal to another process"
-                self.end_step = done
-            periodic = done % (cfg.checkpoint_every or cfg.eval_every) == 0
-            if periodic or done == self.end_step or done in self.branch_points:
-                self.keeper.save(
-                    done,
-                    evaluated,
-                    self.model,
-                    self.optimizer.optimizer,
-                    self.scheduler,
-                    healthy=self.bad_streak == 0,
-                    announce=self.say,
-                )
-            if self.stopped_by:
-                self.say(
-                    f"stopped by {self.stopped_by} at step {done}; resume with --resume {self.out}"
-                )
-                break
-        self.progress.close()
+        with self.progress:  # closed (its last line drawn) before any error is printed
+            for step in range(self.start_step, self.end_step):
+                started = time.perf_counter()
+                result = self.train_step(step, stop)
+                done = step + 1
+                self.progress.update()  # before the step's log, validation and checkpoint name it
+                self.count_bad_steps(done, result)
+                window[0] += self.tokens_per_step
+                window[1] += time.perf_counter() - started
+                if done % cfg.log_every == 0 or done == self.end_step:
+                    self.log_train(done, result, *window)
+                    window = [0, 0.0]
+                evaluated = self.validate_on_schedule(done)
+                if result.stop_requested:
+                    self.stopped_by = stop.signal_name or "a signal to another process"
+                    self.end_step = done
+                periodic = done % (cfg.checkpoint_every or cfg.eval_every) == 0
+                if periodic or done == self.end_step or done in self.branch_points:
+                    self.keeper.save(
+                        done,
+                        evaluated,
+                        self.model,
+                        self.optimizer.optimizer,
+                        self.scheduler,
+                        healthy=self.bad_streak == 0,
+                        announce=self.say,
+                    )
+                if self.stopped_by:
+                    self.say(f"stopped by {self.stopped_by} at step {done} (checkpoint saved)")
+                    break
 
     def say(self, message: str) -> None:
         """A line above the progress bar, once per run rather than once per process."""
@@ -410,7 +409,7 @@ class Trainer:
         """A training record: the step's loss and the throughput of the steps since the last."""
         tokens_per_s = tokens / seconds
         self.throughput.append(tokens_per_s)
-        mfu = tokens_per_s * self.flops_token / self.peak
+        mfu = self.meter(tokens_per_s * self.flops_token)
         self.metrics.log(
             {
                 "step": done,
@@ -469,31 +468,31 @@ class Trainer:
 
     def summary(self) -> dict[str, Any]:
         """What the run did and how fast, without the final validation."""
-        end_step = self.end_step
         rates = self.throughput or self.metrics.train_rates()
         return {
             "objective": self.objective.name,
             "metric": self.objective.metric,
-            "step": end_step,
+            "step": self.end_step,
+            "start_step": self.start_step,  # this invocation's: the steps before it were earlier
             "total_steps": self.total_steps,
             "schedule_history": self.schedules,
-            "finished": end_step == self.total_steps,
+            "finished": self.end_step == self.total_steps,
             "stopped_by": self.stopped_by,
             "skipped_steps": self.skipped_steps,
             "best_checkpoint": self.keeper.best,
             "parameters": self.n_parameters,
-            "tokens_seen": end_step * self.tokens_per_step,
+            "tokens_seen": self.end_step * self.tokens_per_step,
             "flops_per_token": self.flops_token,
             "train_tokens_per_s": steady_rate(rates),
-            "peak_flops": self.peak,
-            "peak_flops_source": self.peak_source,
+            "peak_flops": self.meter.peak,
+            "peak_flops_source": self.meter.source,
             "processes": self.world,
             "parallel_layout": self.layout,
             "precision": precision_name(self.accelerator.mixed_precision),
             "compiled": self.compiled,
             **peak_memory(self.device),
             "train_rows": len(self.train_rows),
-            "epochs_seen": end_step * self.cfg.batch_size / len(self.train_rows),
+            "epochs_seen": self.end_step * self.cfg.batch_size / len(self.train_rows),
             "data": self.data.record,
             "init_from": self.init_record,
             "branched_from": self.branched_from,

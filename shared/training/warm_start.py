@@ -95,22 +95,39 @@ def check_compatible(
 def source_record(init_from: str, checkpoint: Path, state: dict[str, Any]) -> dict[str, Any]:
     """The source as a report needs it: where, which step and objective, the sha256 of its
     weights, and its training compute (tokens and FLOPs at that step, and ``total_*`` adding
-    what its own source had, when it was initialised from another run too)."""
+    what its own source had, when it was initialised from another run too). An imported
+    checkpoint's pretraining is not recorded anywhere: its compute is unknown, so null (with
+    ``compute_unknown`` saying why), never 0, and so is every total that includes it."""
     train_cfg = state["train_config"]
     model_cfg = ModelConfig.from_dict(state["model_config"])
-    tokens = state["step"] * train_cfg["batch_size"] * train_cfg["seq_len"]
-    objective = objective_class(state["objective"])
-    flops = tokens * training_flops_per_token(objective, model_cfg, train_cfg["seq_len"])
     manifest = json.loads((checkpoint / ckpt.MANIFEST).read_text())
-    earlier = state.get("init_from") or {}
-    return {
+    record = {
         "path": init_from,
         "checkpoint": str(checkpoint.resolve()),
         "step": state["step"],
         "objective": state["objective"],
         "weights_sha256": manifest.get("model.safetensors"),
-        "tokens_seen": tokens,
-        "flops": flops,
+    }
+    imported = state.get("imported_from")
+    if imported:
+        unknown = dict.fromkeys(("tokens_seen", "flops", "total_tokens_seen", "total_flops"))
+        why = (
+            f"imported from {imported.get('source', '?')}: its pretraining compute is not "
+            "recorded, so tokens and FLOPs are unknown (null), not 0"
+        )
+        return record | unknown | {"compute_unknown": why}
+    tokens = state["step"] * train_cfg["batch_size"] * train_cfg["seq_len"]
+    objective = objective_class(state["objective"])
+    flops = tokens * training_flops_per_token(objective, model_cfg, train_cfg["seq_len"])
+    record |= {"tokens_seen": tokens, "flops": flops}
+    earlier = state.get("init_from") or {}
+    if earlier.get("compute_unknown"):  # the source started from an import: no total is known
+        return record | {
+            "total_tokens_seen": None,
+            "total_flops": None,
+            "compute_unknown": earlier["compute_unknown"],
+        }
+    return record | {
         "total_tokens_seen": tokens + earlier.get("total_tokens_seen", 0),
         "total_flops": flops + earlier.get("total_flops", 0.0),
     }
