@@ -138,6 +138,12 @@ class UniformDiffusionObjective:
                 f"schedule={train_config.schedule!r}: objective='udm' has its own schedule "
                 "(alpha_t = 1 - (1 - 1e-3) t); use --schedule linear"
             )
+        if train_config.block_size or train_config.t_max != 1.0:
+            flag = "--block-size" if train_config.block_size else "--t-max"
+            raise ConfigError(
+                f"{flag} is a block-diffusion setting (objective 'bd'); objective='udm' noises "
+                "the whole row over t in [t_eps, 1]"
+            )
 
     def model_vocab_size(self, tokenizer_vocab_size: int) -> int:
         if not 0 <= self.pad_id < tokenizer_vocab_size:

@@ -212,6 +212,13 @@ def test_bad_configurations_name_what_fits():
         TrainConfig(objective="udm", schedule="cosine").validate()
     with pytest.raises(ValueError, match="schedule='cosine'"):
         build_objective("udm", pad_id=0, schedule="cosine")
+    for field, flag in ((dict(block_size=4), "--block-size"), (dict(t_max=0.5), "--t-max")):
+        with pytest.raises(ConfigError, match=f"{flag} is a block-diffusion setting"):
+            TrainConfig(objective="udm", **field).validate()
+    from shared.training import presets
+
+    with pytest.raises(ConfigError, match="shift_logits is a masked-diffusion layout"):
+        presets.resolve_config("tiny", {"shift_logits": True, "objective": "udm"})
 
 
 # ---- the sampler --------------------------------------------------------------------------------
