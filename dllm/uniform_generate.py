@@ -107,23 +107,31 @@ def sample_uniform(
     tokens = canvas.clone()
     n_support = model.config.vocab_size - 1
     support = support_ids(torch.arange(n_support, device=tokens.device), pad_id)
+    # Every step works on the free positions of all rows at once (row-major, as tokens[free]
+    # orders them); only the draws go row by row, each from its own generator.
+    per_row = free.sum(1).tolist()
+    row_of = free.nonzero()[:, 0]
     changed = torch.zeros(config.steps, len(tokens), dtype=torch.long)
     for k in range(config.steps, 0, -1):
         t, s = k / config.steps, (k - 1) / config.steps
-        logits = model(tokens, attention="bidirectional")[..., support]
-        last = k == 1
-        for row, generator in enumerate(generators):
-            positions = free[row]
-            if not positions.any():
-                continue
-            processed = process_logits(logits[row, positions], config.sampling)
-            if config.sampling.greedy or (last and config.greedy_tail):
-                chosen = processed.argmax(-1)
-            else:
-                x_theta = torch.softmax(processed, dim=-1)
-                noised = support_index(tokens[row, positions], pad_id)
-                chosen = sample_categorical(posterior(x_theta, noised, t, s), generator)
-            new = support_ids(chosen, pad_id)
-            changed[config.steps - k, row] = int((new != tokens[row, positions]).sum())
-            tokens[row, positions] = new
+        logits = model(tokens, attention="bidirectional", output_mask=free)[:, support]
+        processed = process_logits(logits, config.sampling)
+        current = tokens[free]
+        if config.sampling.greedy or (k == 1 and config.greedy_tail):
+            chosen = processed.argmax(-1)
+        else:
+            x_theta = torch.softmax(processed, dim=-1)
+            steps = posterior(x_theta, support_index(current, pad_id), t, s).split(per_row)
+            chosen = torch.cat(
+                [
+                    sample_categorical(probs, generator) if len(probs) else probs[:, 0].long()
+                    for probs, generator in zip(steps, generators)
+                ]
+            )
+        new = support_ids(chosen.to(tokens.device), pad_id)
+        moved = (new != current).long().cpu()
+        changed[config.steps - k] = torch.zeros(len(tokens), dtype=torch.long).index_add(
+            0, row_of.cpu(), moved
+        )
+        tokens[free] = new
     return UniformSampleResult(tokens=tokens, nfe=config.steps, changed=changed)
