@@ -31,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -40,13 +41,6 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_model, save_file
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.tensor import DTensor
 
 from shared.config import ModelConfig
 from shared.errors import CheckpointError
@@ -82,7 +76,6 @@ def file_sha256(path: Path) -> str:
 
 
 # Gathered in full on rank 0 and moved to CPU there; the other ranks get empty dicts.
-_GATHER_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 # Name segments that DDP, FSDP1, activation checkpointing and torch.compile insert.
@@ -107,7 +100,26 @@ def tied_copies(model: nn.Module) -> set[str]:
 
 def is_sharded(model: nn.Module) -> bool:
     """Whether ``model``'s parameters are sharded over processes (FSDP2 makes them DTensors)."""
-    return any(isinstance(param, DTensor) for param in model.parameters())
+    # torch.distributed.tensor and torch.distributed.checkpoint take about half a second to
+    # import; a process that never imported them (sampling, evaluation, one-process training)
+    # holds no DTensor, so it never pays for them
+    tensor_module = sys.modules.get("torch.distributed.tensor")
+    if tensor_module is None:
+        return False
+    return any(isinstance(param, tensor_module.DTensor) for param in model.parameters())
+
+
+def _distributed_state_dict():
+    """torch.distributed.checkpoint's state-dict helpers, imported when a sharded model needs
+    them (see ``is_sharded``)."""
+    from torch.distributed.checkpoint import state_dict
+
+    return state_dict
+
+
+def _gather_full():
+    options = _distributed_state_dict().StateDictOptions
+    return options(full_state_dict=True, cpu_offload=True)
 
 
 def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -117,7 +129,7 @@ def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     Under FSDP this is a collective: every rank must call it; only rank 0 gets the weights.
     """
     if is_sharded(model):
-        weights = get_model_state_dict(model, options=_GATHER_FULL)
+        weights = _distributed_state_dict().get_model_state_dict(model, options=_gather_full())
     else:
         weights = {bare_name(name): t for name, t in model.state_dict().items()}
     drop = tied_copies(model)
@@ -135,7 +147,8 @@ def _optimizer_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The optimizer state whole, keyed by parameter name (collective under FSDP, as above)."""
     if is_sharded(model):
-        return get_optimizer_state_dict(model, optimizer, options=_GATHER_FULL)
+        helpers = _distributed_state_dict()
+        return helpers.get_optimizer_state_dict(model, optimizer, options=_gather_full())
     # Unsharded: rename the indices directly. (torch.distributed.checkpoint's helper gives the
     # same dict, but first fills an empty optimizer state by taking a zero-learning-rate step.)
     names = _optimizer_names(model, optimizer)
@@ -161,8 +174,9 @@ def load_optimizer_state(
     if any(isinstance(key, int) for key in saved["state"]):
         optimizer.load_state_dict(saved)
     elif is_sharded(model):
-        set_optimizer_state_dict(
-            model, optimizer, saved, options=StateDictOptions(full_state_dict=True)
+        helpers = _distributed_state_dict()
+        helpers.set_optimizer_state_dict(
+            model, optimizer, saved, options=helpers.StateDictOptions(full_state_dict=True)
         )
     else:
         index = {name: i for i, name in enumerate(_optimizer_names(model, optimizer))}

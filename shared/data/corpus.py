@@ -17,8 +17,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import datasets
-
 from shared.data import hub
 from shared.data.synthetic.specs import corpus_splits
 from shared.errors import ResourceUnavailableError
@@ -187,6 +185,10 @@ def _load_kjv() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 @contextmanager
 def _quiet_datasets() -> Iterator[Any]:
+    # imported here, not at the top: it takes about half a second (it brings pandas and
+    # pyarrow), and the wheel corpus and every command that reads no corpus do without it
+    import datasets
+
     # per-file "Generating split" bars are noise in training logs
     was_disabled = datasets.are_progress_bars_disabled()
     datasets.disable_progress_bars()
