@@ -1,7 +1,8 @@
 """``--init-from``: a run starts from another run's weights (AR -> MDM adds the [MASK] row, MDM ->
-AR drops it, same objective copies exactly), refuses a source of another shape or tokenizer,
-records the source and its compute; and ``--attention-anneal-steps`` eases a bidirectional
-objective from causal to full attention over its first steps."""
+AR drops it, same objective copies exactly, uniform diffusion takes no [MASK] row), refuses a
+source of another shape or tokenizer, records the source and its compute; and
+``--attention-anneal-steps`` eases a bidirectional objective from causal to full attention over
+its first steps."""
 
 import json
 from pathlib import Path
@@ -165,6 +166,25 @@ def test_an_adapted_mdm_starts_far_below_a_fresh_one(ar_source, tmp_path, cache_
     own = model.state_dict()
     assert torch.equal(own["tok_embeddings.weight"], source["tok_embeddings.weight"][:-1])
     assert torch.equal(own["output.weight"], source["output.weight"][:-1])
+
+
+def test_uniform_diffusion_starts_from_ar_or_mdm_weights_without_a_mask_row(
+    ar_source, tmp_path, cache_dir
+):
+    # udm's support is the tokenizer's ids: AR -> udm copies every tensor, MDM -> udm drops the
+    # [MASK] row (the rows of real tokens are kept as they are)
+    model, said = started_model(ar_source, objective="udm")
+    assert "copied exactly" in said
+    source, own = source_weights(ar_source), model.state_dict()
+    assert source.keys() == own.keys()
+    assert all(torch.equal(own[name], tensor) for name, tensor in source.items())
+
+    one_mdm_step(tmp_path / "mdm", cache_dir)
+    model, said = started_model(tmp_path / "mdm", objective="udm")
+    assert "dropped the [MASK] row" in said
+    source, own = source_weights(tmp_path / "mdm"), model.state_dict()
+    assert torch.equal(own["tok_embeddings.weight"], source["tok_embeddings.weight"][:-1])
+    assert own["output.weight"].shape[0] == TOKENIZER_VOCAB
 
 
 def test_a_source_of_another_shape_or_tokenizer_is_refused_naming_each_field(ar_source, tmp_path):

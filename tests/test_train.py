@@ -186,6 +186,29 @@ def test_two_processes_reproduce_one_process(tmp_path, cache_dir):
         assert torch.equal(straight[name], continued[name]), name
 
 
+@pytest.mark.serial
+def test_two_processes_reproduce_one_process_for_uniform_diffusion(tmp_path, cache_dir):
+    # udm draws two uniforms per position (keep, replacement) from the global batch's noise:
+    # each process's rows must see the draws one process gives them
+    if shutil.which("accelerate") is None:
+        pytest.skip("accelerate launcher not on PATH")
+    common = ["--objective", "udm", "--max-steps", "3", "--log-every", "1", "--eval-every", "100"]
+    one = tmp_path / "one"
+    cli.train_from_argv(tiny_args(one, cache_dir, *common, "--batch-size", "8"))
+    two = tmp_path / "two"
+    result = launch_two_processes(*tiny_args(two, cache_dir, *common, "--batch-size", "8"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    loss_one = [r["loss"] for r in read_metrics(one) if r["kind"] == "train"]
+    loss_two = [r["loss"] for r in read_metrics(two) if r["kind"] == "train"]
+    assert len(loss_one) == len(loss_two) == 3
+    for a, b in zip(loss_one, loss_two):
+        assert abs(a - b) / abs(a) < 1e-5
+    final_one = json.loads((one / "final.json").read_text())
+    final_two = json.loads((two / "final.json").read_text())
+    assert final_two["processes"] == 2
+    assert final_one["val_nats_per_token"] == pytest.approx(final_two["val_nats_per_token"], 1e-5)
+
+
 @pytest.mark.parametrize(
     "args, words",
     [
