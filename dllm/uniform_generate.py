@@ -114,7 +114,8 @@ def sample_uniform(
     changed = torch.zeros(config.steps, len(tokens), dtype=torch.long)
     for k in range(config.steps, 0, -1):
         t, s = k / config.steps, (k - 1) / config.steps
-        logits = model(tokens, attention="bidirectional", output_mask=free)[:, support]
+        time = torch.full((len(tokens),), t, device=tokens.device)
+        logits = model(tokens, attention="bidirectional", output_mask=free, time=time)[:, support]
         processed = process_logits(logits, config.sampling)
         current = tokens[free]
         if config.sampling.greedy or (k == 1 and config.greedy_tail):

@@ -196,7 +196,7 @@ class UniformDiffusionObjective:
             scored = loss_positions(tokens, self.pad_id)
         noised = self.noise_rows(tokens, noise, scored)
         attention = annealed_attention(noise, self.attention, tokens.shape[1], tokens.device)
-        logits = model(noised, attention=attention, output_mask=scored)
+        logits = model(noised, attention=attention, output_mask=scored, time=noise["t"])
         support = support_ids(torch.arange(self.n_support, device=logits.device), self.pad_id)
         dtype = torch.promote_types(logits.dtype, torch.float32)
         log_x_theta = torch.log_softmax(logits[:, support].to(dtype), dim=-1)

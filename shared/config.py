@@ -103,6 +103,10 @@ class ModelConfig:
     # The output at position i predicts token i + 1 (Dream, DiffuLLaMA): a diffusion model
     # initialised from an AR model keeps the AR head's alignment. Masked diffusion only.
     shift_logits: bool = False
+    # The diffusion time t is fed to the network (an embedding added to every position's input),
+    # as uniform-state diffusion models (UDLM, Duo) do: a uniform-noised token does not say
+    # whether it is noise, so the noise level is information the input lacks. udm only.
+    time_conditioning: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -162,7 +166,7 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
-        for name in ("attention_bias", "shift_logits"):
+        for name in ("attention_bias", "shift_logits", "time_conditioning"):
             if not data[name]:
                 del data[name]
         if not self.rope_scaling_factor:

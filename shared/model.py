@@ -271,6 +271,26 @@ class TransformerBlock(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
+class TimeEmbedding(nn.Module):
+    """The diffusion time t in [0, 1] of each row as a vector added to every position's input
+    embedding: sinusoidal features of 1000 t (the DiT / UDLM embedding of the noise level) through
+    a two-layer MLP. The output layer starts at zero, so a conditioned model starts as the
+    unconditioned one (and a run initialised from an unconditioned model starts where it was)."""
+
+    features = 256
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.hidden = nn.Linear(self.features, dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        half = self.features // 2
+        exponents = torch.arange(half, device=t.device, dtype=torch.float32) / half
+        angles = 1000.0 * t.float()[:, None] * torch.exp(-math.log(10000.0) * exponents)[None]
+        return self.out(F.silu(self.hidden(torch.cat([angles.cos(), angles.sin()], dim=-1))))
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -279,6 +299,8 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(TransformerBlock(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        if cfg.time_conditioning:  # absent otherwise: AR and masked models hold no such weights
+            self.time_embedding = TimeEmbedding(cfg.dim)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
@@ -305,6 +327,8 @@ class Transformer(nn.Module):
         for name, param in self.named_parameters():
             if name.endswith("norm.weight"):
                 nn.init.ones_(param)
+            elif name.startswith("time_embedding.out."):
+                nn.init.zeros_(param)
             elif name.endswith(".bias"):
                 nn.init.zeros_(param)
             elif name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
@@ -322,6 +346,7 @@ class Transformer(nn.Module):
         key_valid: torch.Tensor | None = None,
         cache: KVCache | None = None,
         cache_start: int | None = None,
+        time: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits for ``tokens`` [B, T].
 
@@ -336,6 +361,8 @@ class Transformer(nn.Module):
         ``cache`` / ``cache_start``: write keys and values into slots cache_start.. of a
             ``KVCache`` (default: append at ``cache.length``) and attend over the filled slots;
             the new tokens' validity is recorded from ``key_valid`` (default: all real).
+        ``time`` [B]: each row's diffusion time in [0, 1], read by a model with
+            ``time_conditioning`` (and required there); other models ignore it.
         """
         batch, length = tokens.shape
         start = 0
@@ -376,6 +403,13 @@ class Transformer(nn.Module):
             mask, is_causal = self._uncached_mask(attention, slots, key_valid, flex=True)
 
         x = self.tok_embeddings(tokens)
+        if self.config.time_conditioning:
+            if time is None:
+                raise ValueError(
+                    "this model is conditioned on the diffusion time (time_conditioning=true): "
+                    "pass time=[batch] in [0, 1]"
+                )
+            x = x + self.time_embedding(time.to(x.device))[:, None, :].to(x.dtype)
         for layer, layer_kv in zip(self.layers, layer_cache):
             x = layer(x, cos, sin, mask, is_causal, layer_kv)
         x = self.norm(x)

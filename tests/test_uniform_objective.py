@@ -48,7 +48,7 @@ class PairModel(nn.Module):
 
     config = SimpleNamespace(vocab_size=VOCAB)
 
-    def forward(self, tokens, attention="bidirectional", output_mask=None):
+    def forward(self, tokens, attention="bidirectional", output_mask=None, time=None):
         assert attention == "bidirectional"
         logits = self.all_logits(tokens)
         return logits if output_mask is None else logits[output_mask]
@@ -377,3 +377,82 @@ def test_the_command_line_samples_a_udm_run(udm_run, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["objective"] == "udm" and out["sampler"] == "uniform-ancestral"
     assert out["nfe"] == 3 and len(out["texts"]) == 1
+
+
+# ---- time conditioning ---------------------------------------------------------------------------
+
+
+def test_time_conditioning_starts_as_the_unconditioned_model_and_then_reads_each_rows_t():
+    from dataclasses import replace
+
+    from shared.config import ModelConfig
+    from shared.model import Transformer
+
+    shape = ModelConfig(vocab_size=11, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=64)
+    torch.manual_seed(0)
+    plain = Transformer(shape)
+    conditioned = Transformer(replace(shape, time_conditioning=True))
+    missing, unexpected = conditioned.load_state_dict(plain.state_dict(), strict=False)
+    layers = ("hidden.bias", "hidden.weight", "out.bias", "out.weight")
+    assert sorted(missing) == [f"time_embedding.{name}" for name in layers]
+    assert not unexpected
+    tokens = torch.randint(0, 11, (2, 7), generator=torch.Generator().manual_seed(1))
+    t = torch.tensor([0.1, 0.9])
+    with torch.no_grad():
+        reference = plain(tokens, "bidirectional")
+        # the output layer starts at zero: the conditioned model is the unconditioned one
+        assert torch.equal(conditioned(tokens, "bidirectional", time=t), reference)
+        assert torch.equal(plain(tokens, "bidirectional", time=t), reference)  # no embedding
+        nn.init.normal_(conditioned.time_embedding.out.weight, std=0.1)
+        early = conditioned(tokens, "bidirectional", time=torch.tensor([0.1, 0.1]))
+        late = conditioned(tokens, "bidirectional", time=torch.tensor([0.9, 0.9]))
+        mixed = conditioned(tokens, "bidirectional", time=t)
+    assert (early - late).abs().max() > 1e-3
+    torch.testing.assert_close(mixed[0], early[0])  # each row reads its own t
+    torch.testing.assert_close(mixed[1], late[1])
+    with pytest.raises(ValueError, match="pass time="):
+        conditioned(tokens, "bidirectional")
+    assert "time_conditioning" not in shape.to_dict()  # configs read as before it existed
+    assert replace(shape, time_conditioning=True).to_dict()["time_conditioning"] is True
+
+
+def test_a_time_conditioned_run_trains_resumes_samples_and_refuses_other_objectives(tmp_path):
+    from safetensors.torch import load_file
+
+    from dllm.generator import DiffusionGenerator
+    from dllm.uniform_generate import UniformSamplerConfig
+    from shared import checkpoint as ckpt
+    from shared.training import cli
+
+    cache = ["--cache-dir", str(tmp_path / "cache"), "--eval-every", "100"]
+    run = tmp_path / "timed"
+    argv = ["--preset", "tiny", "--objective", "udm", "--time-conditioning", "true"]
+    cli.train_from_argv([*argv, "--out", str(run), "--max-steps", "4", "--stop-after-steps", "2",
+                         *cache])  # fmt: skip
+    cli.train_from_argv(["--resume", str(run), *cache[:2]])
+    weights = load_file(str(ckpt.resolve_checkpoint(run) / "model.safetensors"))
+    assert weights["time_embedding.out.weight"].abs().max() > 0  # it learned from zero
+    generator = DiffusionGenerator.from_checkpoint(run)
+    assert generator.model.config.time_conditioning
+    result = generator.generate(["And"], 6, UniformSamplerConfig(steps=3), seed=0, eos="none")
+    assert result.raw.nfe == 3
+
+    for objective in ("ar", "mdm", "bd"):
+        blocks = ["--block-size", "4"] if objective == "bd" else []
+        with pytest.raises(ConfigError, match="time_conditioning feeds uniform-state diffusion"):
+            cli.train_from_argv(
+                ["--preset", "tiny", "--objective", objective, "--time-conditioning", "true"]
+                + ["--out", str(tmp_path / objective), "--max-steps", "1", *blocks, *cache]
+            )
+        assert not (tmp_path / objective).exists()
+
+    # a time embedding can be added to a udm run's weights (it starts at zero), not dropped
+    plain = tmp_path / "plain"
+    cli.train_from_argv(["--preset", "tiny", "--objective", "udm", "--out", str(plain),
+                         "--max-steps", "1", *cache])  # fmt: skip
+    added = cli.train_from_argv([*argv, "--init-from", str(plain), "--out", str(tmp_path / "a"),
+                                 "--max-steps", "1", *cache])  # fmt: skip
+    assert added["step"] == 1
+    with pytest.raises(ConfigError, match="time_conditioning"):
+        cli.train_from_argv(["--preset", "tiny", "--objective", "mdm", "--init-from", str(run),
+                             "--out", str(tmp_path / "b"), "--max-steps", "1", *cache])  # fmt: skip

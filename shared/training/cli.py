@@ -40,6 +40,8 @@ FLAG_GROUPS: dict[str, dict[str, str]] = {
         "rope_original_max_len": "Llama-3 RoPE scaling: the context the model was trained at",
         "shift_logits": "mdm: position i's output predicts token i+1, the AR layout (Dream, "
         "DiffuLLaMA; keeps an --init-from AR head aligned) (true/false)",
+        "time_conditioning": "udm: feed the diffusion time to the network, an embedding added to "
+        "every position's input (UDLM, Duo) (true/false)",
     },
     "data": {
         "dataset": "kjv, a local .txt/.jsonl/.json/.parquet file or folder, a hub dataset "

@@ -163,4 +163,9 @@ def resolve_config(preset_name: str, overrides: dict[str, Any]) -> tuple[ModelCo
             f"shift_logits is a masked-diffusion layout (objective mdm); objective="
             f"{train_cfg.objective!r} reads each position's own output"
         )
+    if model_cfg.time_conditioning and train_cfg.objective != "udm":
+        raise ConfigError(
+            f"time_conditioning feeds uniform-state diffusion its noise level (objective udm); "
+            f"objective={train_cfg.objective!r} does not use it"
+        )
     return model_cfg, train_cfg

@@ -61,8 +61,9 @@ def new_run(
 
 
 # the backbone fields an --init-from source decides (the vocabulary follows the tokenizer and the
-# objective; shift_logits is the new run's choice)
-NOT_INHERITED = ("vocab_size", "shift_logits")
+# objective; shift_logits is the new run's choice, and so is time_conditioning unless the source
+# has it: its time embedding cannot be dropped)
+NOT_INHERITED = ("vocab_size", "shift_logits", "time_conditioning")
 
 
 def inherited_from_source(init_from: str) -> dict[str, Any]:
@@ -77,6 +78,8 @@ def inherited_from_source(init_from: str) -> dict[str, Any]:
         return {}
     shape = dataclasses.asdict(ModelConfig.from_dict(state["model_config"]))
     inherited = {k: v for k, v in shape.items() if k not in NOT_INHERITED}
+    if shape["time_conditioning"]:
+        inherited["time_conditioning"] = True
     for name in ("tokenizer", "tokenizer_vocab_size"):
         if name in state.get("train_config", {}):
             inherited[name] = state["train_config"][name]

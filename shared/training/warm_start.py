@@ -76,8 +76,9 @@ def check_compatible(
     source = dataclasses.asdict(ModelConfig.from_dict(state["model_config"]))
     source |= state["train_config"]
     # shift_logits is how the objective reads the head, not a shape: an AR source keeps its
-    # alignment in a shifted MDM (the DiffuLLaMA / Dream recipe)
-    free = ("vocab_size", "shift_logits")
+    # alignment in a shifted MDM (the DiffuLLaMA / Dream recipe). A time embedding may be added
+    # (it starts at zero); a source that has one passes it on (``run.inherited_from_source``).
+    free = ("vocab_size", "shift_logits", "time_conditioning")
     shape = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name not in free)
     tokens = ("tokenizer",) + (("tokenizer_vocab_size",) if cfg.tokenizer == "bpe" else ())
     wrong = config_differences(
@@ -147,7 +148,8 @@ def load_source_weights(source: InitSource, model: nn.Module, tokenizer_vocab: i
             f"{where}: vocab_size={source_vocab} in the source, {target_vocab} in this run; "
             f"only a [MASK] row may be added or dropped to the tokenizer's {tokenizer_vocab} ids"
         )
-    missing = sorted(set(own) - set(saved) - ckpt.tied_copies(model))
+    new_time_embedding = {name for name in own if name.startswith("time_embedding.")} - set(saved)
+    missing = sorted(set(own) - set(saved) - ckpt.tied_copies(model) - new_time_embedding)
     unexpected = sorted(set(saved) - set(own))
     if missing or unexpected:
         raise CheckpointError(
@@ -172,6 +174,8 @@ def load_source_weights(source: InitSource, model: nn.Module, tokenizer_vocab: i
                 target.copy_(tensor)
     change = {(0, 1): "added a [MASK] row", (1, 0): "dropped the [MASK] row"}
     rows = change.get((extra["source"], extra["this run"]), "copied exactly")
+    if new_time_embedding:  # its output layer is zero, so the model starts as the source
+        rows += "; added a time embedding that starts at zero"
     return (
         f"initialised from {source.checkpoint} (step {source.state['step']}, "
         f"{source.state['objective']}): {rows}"
