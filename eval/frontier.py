@@ -20,11 +20,12 @@ still dominated (the intervals are drawn, not used to rescue points).
 so a point whose mean per-sample unigram entropy falls more than ``ENTROPY_MARGIN`` (10%,
 relative) below held-out text's, cut to the same length in the same tokenizer, is *marked
 low-entropy*. The front is given with and without the marked points; the headline never picks
-one. Why 10%: on the demo report (64-token samples, BPE 512) the mean entropies of 32 samples have
-a standard error near 0.5% of their value, tempered AR sampling (T=0.7) sits 4% below the
-unigram floor's 3.83 nats, and the low-confidence samplers that repeat "and the LORD" sit 14% (8
-steps) to 27% (64 steps) below; 10% separates a legitimate temperature from that degeneracy with
-room on both sides.
+one. Why 10%: in the demo report (64-token samples, BPE 512) held-out text has 3.76 nats per
+64-token sample (recomputed with the same kind of tokenizer), and the standard error of a set's
+mean over 32 samples is 0.2-1% of it (3% for the noisiest set); tempered sampling (AR at T=0.7,
+ancestral MDM at T=0.7) sits 2% below held-out text, while the low-confidence samplers, whose
+text repeats "and the LORD", sit 12% (8 steps) to 25% (64 steps) below. 10% separates a
+legitimate temperature from that degeneracy by several standard errors on both sides.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scipy import stats
+
+from eval.throughput import Throughput
 
 ENTROPY_MARGIN = 0.10
 
@@ -255,6 +258,42 @@ def frontier_figure(front: Frontier, title: str | None = None):
     axis.set_title(title or f"speed-quality frontier, batch {front.points[0].batch_size}")
     axis.legend(fontsize=7)
     return figure
+
+
+def points_from_stages(
+    sets: Mapping[str, Mapping],
+    scores: Mapping[str, Mapping],
+    throughput: Throughput,
+    batch_size: int,
+    exclude: Sequence[str] = ("unigram",),
+) -> list[Point]:
+    """Points at ``batch_size`` from the compare job's stages: ``sets`` (name -> generation
+    entry with its "objective"), ``scores`` (name -> quality row with "judge_ppl",
+    "judge_ppl_ci95", "unigram_entropy") and the fair ``throughput`` measurement of the same
+    names. Families in ``exclude`` (the unigram floor: no network, no speed to compare) and
+    settings without a record at that batch are left out."""
+    points = []
+    for name, entry in sets.items():
+        if entry["objective"] in exclude or name not in scores:
+            continue
+        try:
+            speed = throughput.record(name, batch_size).tokens_per_s.median
+        except KeyError:
+            continue
+        row = scores[name]
+        interval = row.get("judge_ppl_ci95")
+        points.append(
+            Point(
+                family=entry["objective"],
+                setting=name,
+                batch_size=batch_size,
+                tokens_per_s=speed,
+                judge_ppl=row["judge_ppl"],
+                judge_ppl_ci95=tuple(interval) if interval else None,
+                entropy=row.get("unigram_entropy"),
+            )
+        )
+    return points
 
 
 # ---- the headline ------------------------------------------------------------------------------

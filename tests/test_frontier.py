@@ -17,6 +17,7 @@ from eval.frontier import (
     frontier_figure,
     headline,
     pareto_front,
+    points_from_stages,
     t_interval,
 )
 
@@ -193,3 +194,33 @@ def test_headline_refuses_without_the_ar_reference():
 
 def test_rule_is_fixed_text():
     assert HEADLINE_RULE["ppl_ratio"] == 1.5 and "1.5x" in HEADLINE_RULE["text"]
+
+
+def test_points_from_the_compare_stages_take_the_fair_median():
+    from eval.throughput import Record, Spread, Throughput
+
+    def record(name, batch, median):
+        spread = Spread(median, median / 2, median * 2)
+        return Record(name, batch, 3, 1, spread, spread, [1.0] * 3, [1] * 3, [0, 1, 2])
+
+    sets = {
+        "ar T=1": {"objective": "ar", "tokens_per_s": 1.0},  # the cold number is not used
+        "mdm fixed": {"objective": "mdm"},
+        "mdm unmeasured": {"objective": "mdm"},
+        "unigram model": {"objective": "unigram"},
+    }
+    scores = {
+        "ar T=1": {"judge_ppl": 600.0, "judge_ppl_ci95": [560.0, 680.0], "unigram_entropy": 3.8},
+        "mdm fixed": {"judge_ppl": 130.0, "judge_ppl_ci95": None, "unigram_entropy": 2.8},
+        "mdm unmeasured": {"judge_ppl": 100.0, "unigram_entropy": 3.8},
+        "unigram model": {"judge_ppl": 2700.0, "unigram_entropy": 3.8},
+    }
+    measured = Throughput(
+        [record("ar T=1", 64, 9000.0), record("mdm fixed", 64, 900.0), record("ar T=1", 1, 5.0)],
+        {},
+    )
+    points = points_from_stages(sets, scores, measured, 64)
+    assert points == [
+        Point("ar", "ar T=1", 64, 9000.0, 600.0, (560.0, 680.0), 3.8),
+        Point("mdm", "mdm fixed", 64, 900.0, 130.0, None, 2.8),
+    ]
