@@ -5,6 +5,7 @@ model family and sampler setting, the Pareto set, low-entropy marking and the he
     front = frontier(points, reference_entropy=3.83)
     front.front, front.front_unmarked, front.marked
     front_markdown(front); frontier_figure(front); headline({0: points}, batch_size=64)
+    report_frontier(report, {0: points}, reference_entropy=3.83, throughput=measured)
 
 Everything here is a pure function of the points; the throughput comes from
 ``eval.throughput.measure`` (one fair measurement: warm-up, alternating rounds, median) and the
@@ -33,10 +34,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from scipy import stats
 
+from eval.report import Report
 from eval.throughput import Throughput
 
 ENTROPY_MARGIN = 0.10
@@ -408,3 +411,46 @@ def per_seed_ratios(
         if key in at and ar_key in at:
             ratios.append(at[key].tokens_per_s / at[ar_key].tokens_per_s)
     return ratios
+
+
+# ---- into a report -----------------------------------------------------------------------------
+
+
+def report_frontier(
+    report: Report,
+    runs: Mapping[int, Sequence[Point]],
+    reference_entropy: float | None,
+    throughput: Throughput | None = None,
+) -> dict[str, Any]:
+    """Add the frontier section to ``report``: the measurement table (when given), then per
+    batch size the headline rule and its sentence, the front with and without marked points and
+    the figure. The frontier uses the mean over seeds; returns what goes into report.json."""
+    results: dict[str, Any] = {"rule": dict(HEADLINE_RULE), "margin": ENTROPY_MARGIN}
+    report.text("## Speed-quality frontier")
+    if throughput is not None:
+        report.text(throughput.markdown())
+        results["throughput"] = throughput.as_dict()
+    report.text(HEADLINE_RULE["text"])
+    batches = sorted({p.batch_size for points in runs.values() for p in points})
+    for batch in batches:
+        front = frontier(seed_means(runs, batch), reference_entropy)
+        try:
+            sentence = headline(runs, batch, reference_entropy)
+        except ValueError as error:
+            sentence = f"No headline: {error}."
+        report.text(f"**Batch {batch}.** {sentence}")
+        report.text(front_markdown(front))
+        report.plot(
+            f"frontier_batch{batch}",
+            frontier_figure(front),
+            f"Judge perplexity against generated tokens/s at batch {batch}; hollow: low-entropy",
+        )
+        results[f"batch {batch}"] = {
+            "headline": sentence,
+            "points": [asdict(p) for p in front.points],
+            "marked": [p.setting for p in front.marked],
+            "front": [p.setting for p in front.front],
+            "front_unmarked": [p.setting for p in front.front_unmarked],
+        }
+    report.results["frontier"] = results
+    return results

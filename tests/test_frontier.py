@@ -18,6 +18,7 @@ from eval.frontier import (
     headline,
     pareto_front,
     points_from_stages,
+    report_frontier,
     t_interval,
 )
 
@@ -224,3 +225,26 @@ def test_points_from_the_compare_stages_take_the_fair_median():
         Point("ar", "ar T=1", 64, 9000.0, 600.0, (560.0, 680.0), 3.8),
         Point("mdm", "mdm fixed", 64, 900.0, 130.0, None, 2.8),
     ]
+
+
+def test_report_section_has_rule_headline_tables_and_figure(tmp_path):
+    from eval.report import Report
+
+    report = Report("frontier", tmp_path)
+    runs = {
+        0: [point("ar", "ar T=1", 1000, 100), point("mdm", "m", 500, 120)],
+        1: [
+            point("ar", "ar T=1", 1000, 100),
+            point("mdm", "m", 700, 130),
+            point("mdm", "m", 9, 9, batch=1),  # no AR at batch 1: no headline there
+        ],
+    }
+    results = report_frontier(report, runs, REFERENCE)
+    paths = report.write()
+    text = paths["markdown"].read_text()
+    assert HEADLINE_RULE["text"] in text
+    assert "**Batch 64.** At batch 64, the fastest setting" in text and "over 2 seeds" in text
+    assert "**Batch 1.** No headline: no headline at batch 1" in text
+    assert (tmp_path / "frontier_batch64.png").is_file()
+    assert results["batch 64"]["front_unmarked"] == ["ar T=1"]
+    assert results["batch 64"]["points"][1]["tokens_per_s"] == 600.0
