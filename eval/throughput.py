@@ -1,0 +1,279 @@
+"""Generation throughput measured the same way everywhere: the report, the frontier and bench/.
+
+    settings = [Setting("ar T=1", 64, lambda: ar_batch()), Setting("mdm 16 steps", 64, ...)]
+    result = measure(settings, rounds=5)
+    result.records[0].tokens_per_s.median, result.machine
+
+A setting is a name, a batch size and a zero-argument callable that generates one batch and
+returns how many *generated* tokens it produced (prompt, BOS and padding excluded). Timing one
+setting once, cold, is what made the same AR model read 10,226 tokens/s when it was timed first
+and 21,406 when it was timed later in one report; so the measurement
+
+- runs ``warmup`` untimed rounds of every setting first (allocation, kernel selection, caches);
+- then ``rounds`` timed rounds in which every setting runs once, round-robin, the order rotated
+  by one each round, so that no setting always runs first or right after the same neighbour
+  (drifts of the machine, such as a clock or another process, spread over all settings);
+- reports the median over rounds with the min and max, generated tokens only in the numerator,
+  wall time per sample (a round's seconds over the batch size), and the batch size.
+
+The clock is injected (``clock=time.perf_counter`` by default), so tests drive it with a fake
+clock and check the alternation and the arithmetic exactly. ``measure_batches`` runs the same
+comparison at several batch sizes (at least 1 and a large one); a batch that does not fit in
+memory becomes one line naming the largest batch that fitted, not an error. Every result records
+the machine (CPU model, cores, torch threads, GPU) and library versions.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from shared.hardware import cpu_name
+
+Clock = Callable[[], float]
+# What a batch that does not fit raises: CUDA's allocator error, or the host's.
+OUT_OF_MEMORY: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, MemoryError)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One thing to time: ``run()`` generates a batch of ``batch_size`` samples and returns the
+    number of generated tokens in it (a sampler that stops at EOS returns what it generated)."""
+
+    name: str
+    batch_size: int
+    run: Callable[[], int]
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Median over the timed rounds, with the smallest and largest value."""
+
+    median: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        return cls(statistics.median(values), min(values), max(values))
+
+
+@dataclass(frozen=True)
+class Record:
+    """The measured speed of one setting at one batch size.
+
+    ``tokens_per_s``: generated tokens / wall seconds, per round (median, min, max).
+    ``seconds_per_sample``: a round's wall seconds / ``batch_size`` (median, min, max).
+    ``round_seconds``, ``round_tokens``: every timed round, in round order.
+    ``positions``: where the setting ran within each round (0 = first), to show the rotation.
+    """
+
+    name: str
+    batch_size: int
+    rounds: int
+    warmup: int
+    tokens_per_s: Spread
+    seconds_per_sample: Spread
+    round_seconds: list[float]
+    round_tokens: list[int]
+    positions: list[int]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Throughput:
+    """Records of one comparison at one or more batch sizes, the machine, and what did not run."""
+
+    records: list[Record]
+    machine: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "records": [r.as_dict() for r in self.records],
+            "machine": self.machine,
+            "notes": list(self.notes),
+        }
+
+    def record(self, name: str, batch_size: int) -> Record:
+        for r in self.records:
+            if r.name == name and r.batch_size == batch_size:
+                return r
+        raise KeyError(f"no record for {name!r} at batch {batch_size}")
+
+    def markdown(self) -> str:
+        """A table of every record (tokens/s median [min, max], seconds per sample), then the
+        machine and the notes."""
+        lines = [
+            "| setting | batch | tokens/s median [min, max] | s / sample (median) | rounds |",
+            "| --- | ---: | --- | ---: | ---: |",
+        ]
+        for r in self.records:
+            t = r.tokens_per_s
+            lines.append(
+                f"| {r.name} | {r.batch_size} | {t.median:,.0f} [{t.low:,.0f}, {t.high:,.0f}] | "
+                f"{r.seconds_per_sample.median:.4g} | {r.rounds} |"
+            )
+        m = self.machine
+        lines.append("")
+        lines.append(
+            f"Machine: {m['cpu']}, {m['cpu_count']} cores, {m['torch_threads']} torch threads, "
+            f"GPU: {m['gpu'] or 'none'}; "
+            + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)
+            + f". {self.records[0].warmup if self.records else 0} untimed warm-up round(s), "
+            "then round-robin "
+            "rounds with the order rotated each round; generated tokens only."
+        )
+        lines += [f"- {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, cores, torch threads, GPU name and the versions that set the speed."""
+
+    def version(package: str) -> str | None:
+        try:
+            return importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    return {
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "platform": platform.platform(),
+        "versions": {"python": platform.python_version(), "torch": version("torch")},
+    }
+
+
+def rotation(count: int, round_index: int) -> list[int]:
+    """The order of ``count`` settings in a round: the list rotated left by ``round_index``."""
+    shift = round_index % count
+    return list(range(shift, count)) + list(range(shift))
+
+
+def check_settings(settings: Sequence[Setting], rounds: int, warmup: int) -> None:
+    if not settings:
+        raise ValueError("nothing to measure: give at least one setting")
+    names = [(s.name, s.batch_size) for s in settings]
+    if len(set(names)) != len(names):
+        raise ValueError(f"settings must have distinct (name, batch size) pairs, got {names}")
+    for s in settings:
+        if isinstance(s.batch_size, bool) or not isinstance(s.batch_size, int) or s.batch_size < 1:
+            raise ValueError(f"{s.name}: batch_size={s.batch_size!r} must be an integer >= 1")
+        if not callable(s.run):
+            raise ValueError(f"{s.name}: run must be a zero-argument callable")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds={rounds!r} must be an integer >= 1 (3 or more for a median)")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup={warmup!r} must be an integer >= 0")
+
+
+def generated_tokens(setting: Setting) -> int:
+    """Run a setting once and check what it says it generated."""
+    tokens = setting.run()
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise ValueError(
+            f"{setting.name}: run() must return the number of generated tokens (an int >= 0), "
+            f"got {tokens!r}"
+        )
+    return tokens
+
+
+def measure(
+    settings: Sequence[Setting],
+    *,
+    rounds: int = 5,
+    warmup: int = 1,
+    clock: Clock = time.perf_counter,
+    sync: Callable[[], None] | None = None,
+) -> Throughput:
+    """Time every setting ``rounds`` times, round-robin with the order rotated each round, after
+    ``warmup`` untimed rounds; see the module docstring. ``sync`` runs before each clock reading
+    (pass ``torch.cuda.synchronize`` on a GPU so that queued kernels are inside the timing)."""
+    check_settings(settings, rounds, warmup)
+    wait = sync or (lambda: None)
+    for _ in range(warmup):
+        for setting in settings:
+            generated_tokens(setting)
+    seconds: list[list[float]] = [[] for _ in settings]
+    tokens: list[list[int]] = [[] for _ in settings]
+    positions: list[list[int]] = [[] for _ in settings]
+    for round_index in range(rounds):
+        for position, i in enumerate(rotation(len(settings), round_index)):
+            wait()
+            start = clock()
+            count = generated_tokens(settings[i])
+            wait()
+            elapsed = clock() - start
+            if elapsed <= 0:
+                raise ValueError(
+                    f"{settings[i].name}: the clock did not advance ({elapsed} s); "
+                    "use a clock with a finer resolution"
+                )
+            seconds[i].append(elapsed)
+            tokens[i].append(count)
+            positions[i].append(position)
+    records = [
+        Record(
+            name=s.name,
+            batch_size=s.batch_size,
+            rounds=rounds,
+            warmup=warmup,
+            tokens_per_s=Spread.of([n / t for n, t in zip(tokens[i], seconds[i])]),
+            seconds_per_sample=Spread.of([t / s.batch_size for t in seconds[i]]),
+            round_seconds=seconds[i],
+            round_tokens=tokens[i],
+            positions=positions[i],
+        )
+        for i, s in enumerate(settings)
+    ]
+    return Throughput(records, machine())
+
+
+def measure_batches(
+    make: Callable[[str, int], Callable[[], int]],
+    names: Sequence[str],
+    batch_sizes: Sequence[int],
+    *,
+    rounds: int = 5,
+    warmup: int = 1,
+    clock: Clock = time.perf_counter,
+    sync: Callable[[], None] | None = None,
+    out_of_memory: tuple[type[BaseException], ...] = OUT_OF_MEMORY,
+) -> Throughput:
+    """The same comparison at each batch size, smallest first: ``make(name, batch)`` builds the
+    callable for a setting. Settings are compared (alternated) within a batch size. A batch size
+    whose warm-up or rounds run out of memory is skipped with one note naming the largest batch
+    size that fitted (or saying none did); the larger ones are not tried."""
+    sizes = sorted(set(batch_sizes))
+    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
+        raise ValueError(f"batch_sizes={list(batch_sizes)!r} must be integers >= 1")
+    records: list[Record] = []
+    notes: list[str] = []
+    fitted: int | None = None
+    for batch in sizes:
+        settings = [Setting(name, batch, make(name, batch)) for name in names]
+        try:
+            result = measure(settings, rounds=rounds, warmup=warmup, clock=clock, sync=sync)
+        except out_of_memory:
+            largest = f"the largest that fits is {fitted}" if fitted else "no batch size fitted"
+            notes.append(
+                f"batch {batch} does not fit in memory ({largest}); "
+                f"larger batches ({[b for b in sizes if b > batch] or 'none'}) were not tried"
+            )
+            break
+        records += result.records
+        fitted = batch
+    return Throughput(records, machine(), notes)

@@ -1,0 +1,250 @@
+"""The speed-quality frontier (eval/frontier.py) on constructed points: the Pareto rule and its
+ties, the entropy marking at its margin, the front with and without marked points, the table and
+figure, and the headline rule's sentence (ties, one point per family, everything marked, several
+seeds, no AR)."""
+
+import math
+
+import pytest
+
+from eval.frontier import (
+    ENTROPY_MARGIN,
+    HEADLINE_RULE,
+    Point,
+    dominates,
+    front_markdown,
+    frontier,
+    frontier_figure,
+    headline,
+    pareto_front,
+    points_from_stages,
+    report_frontier,
+    t_interval,
+)
+
+REFERENCE = 4.0  # held-out entropy; the marking threshold is 0.9 * 4.0 = 3.6
+
+
+def point(family, setting, speed, ppl, entropy=3.9, batch=64, ci=None):
+    return Point(family, setting, batch, speed, ppl, ci, entropy)
+
+
+def names(points):
+    return [p.setting for p in points]
+
+
+def test_dominance_needs_one_strict_improvement():
+    a, b = point("x", "a", 10, 5), point("x", "b", 10, 5)
+    assert not dominates(a, b) and not dominates(b, a)
+    assert dominates(point("x", "c", 11, 5), a)
+    assert dominates(point("x", "d", 10, 4), a)
+    assert not dominates(point("x", "e", 11, 6), a)
+
+
+def test_pareto_front_fastest_first_and_equal_points_both_kept():
+    points = [
+        point("ar", "ar T=1", 1000, 100),
+        point("mdm", "fast", 4000, 300),
+        point("mdm", "twin", 4000, 300),  # equal to "fast": both stay
+        point("mdm", "slow-bad", 500, 400),  # dominated by everything
+        point("mdm", "good", 200, 80),
+        point("mdm", "middle", 1000, 150),  # same speed as the AR, worse perplexity
+    ]
+    assert names(pareto_front(points)) == ["fast", "twin", "ar T=1", "good"]
+
+
+def test_dominated_within_interval_noise_is_still_dominated():
+    # b's interval overlaps a's widely, but a's point estimate is better on both axes.
+    a = point("ar", "a", 1000, 100, ci=(60, 160))
+    b = point("mdm", "b", 900, 101, ci=(61, 162))
+    assert names(pareto_front([a, b])) == ["a"]
+
+
+def test_a_family_with_one_point_is_on_the_front_when_not_dominated():
+    points = [point("ar", "ar T=1", 1000, 100), point("bd", "only", 3000, 200)]
+    front = frontier(points, REFERENCE)
+    assert names(front.front) == ["only", "ar T=1"] == names(front.front_unmarked)
+
+
+def test_entropy_marking_at_the_margin():
+    assert ENTROPY_MARGIN == 0.10
+    at_margin = point("mdm", "at", 10, 5, entropy=0.9 * REFERENCE)  # exactly 10% below: kept
+    below = point("mdm", "below", 10, 5, entropy=0.9 * REFERENCE - 1e-9)
+    unknown = point("mdm", "unknown", 10, 5, entropy=None)
+    front = frontier([at_margin, below, unknown], REFERENCE)
+    assert names(front.marked) == ["below"]
+    assert frontier([below], None).marked == []  # no reference: nothing marked
+    assert frontier([below], REFERENCE, margin=0.5).marked == []
+
+
+def test_front_with_and_without_marked_points():
+    points = [
+        point("ar", "ar T=1", 1000, 100),
+        point("mdm", "repetitive", 2000, 50, entropy=2.8),  # beats the AR, but marked
+        point("mdm", "honest", 2000, 150),
+    ]
+    front = frontier(points, REFERENCE)
+    assert names(front.marked) == ["repetitive"]
+    assert names(front.front) == ["repetitive"]
+    assert names(front.front_unmarked) == ["honest", "ar T=1"]
+
+
+def test_every_point_marked_leaves_an_empty_unmarked_front():
+    points = [point("mdm", "a", 10, 5, entropy=1.0), point("mdm", "b", 20, 6, entropy=1.0)]
+    front = frontier(points, REFERENCE)
+    assert front.front_unmarked == [] and names(front.front) == ["b", "a"]
+    assert "2 of 2 points marked" in front_markdown(front)
+
+
+def test_frontier_refuses_mixed_batches_duplicates_and_bad_values():
+    with pytest.raises(ValueError, match="several batch sizes"):
+        frontier([point("a", "x", 1, 1, batch=1), point("a", "y", 1, 1, batch=64)], REFERENCE)
+    with pytest.raises(ValueError, match="appear once"):
+        frontier([point("a", "x", 1, 1), point("a", "x", 2, 2)], REFERENCE)
+    with pytest.raises(ValueError, match="at least one"):
+        frontier([], REFERENCE)
+    with pytest.raises(ValueError, match="judge_ppl=nan"):
+        point("a", "x", 1, math.nan)
+
+
+def test_markdown_table_lists_the_front_with_entropy_and_interval():
+    points = [
+        point("ar", "ar T=1", 12000, 620.0, ci=(560.0, 690.0), entropy=3.85),
+        point("mdm", "fixed 64", 430, 133.5, entropy=2.804),
+    ]
+    text = front_markdown(frontier(points, 3.83))
+    assert "| ar | ar T=1 | 12,000 | 620 [560, 690] | 3.850 |  |" in text
+    assert "| mdm | fixed 64 | 430 | 133.5 | 2.804 | low-entropy |" in text
+    assert "1 of 2 points marked" in text
+
+
+def test_figure_draws_marked_points_hollow(tmp_path):
+    points = [
+        point("ar", "ar T=1", 12000, 620.0, ci=(560.0, 690.0)),
+        point("mdm", "fixed 64", 430, 133.5, entropy=2.8),
+        point("mdm", "ancestral 64", 425, 2061.0),
+    ]
+    figure = frontier_figure(frontier(points, 3.83))
+    axis = figure.axes[0]
+    assert axis.get_xscale() == "log"
+    faces = {
+        container.get_label(): container.lines[0].get_markerfacecolor()
+        for container in axis.containers
+    }
+    assert faces["mdm (low-entropy)"] == "none" and faces["mdm"] != "none"
+    figure.savefig(tmp_path / "frontier.png")
+    assert (tmp_path / "frontier.png").stat().st_size > 0
+
+
+def test_headline_picks_the_fastest_qualifying_setting():
+    points = [
+        point("ar", "ar T=1", 10000, 100),
+        point("ar", "ar T=0.7", 20000, 60),  # the AR's own settings are not candidates
+        point("mdm", "too-bad", 9000, 151),  # over 1.5x
+        point("mdm", "marked", 8000, 90, entropy=3.0),
+        point("mdm", "ok-slow", 500, 120),
+        point("mdm", "ok-fast", 2000, 150),  # exactly 1.5x qualifies
+    ]
+    text = headline({0: points}, 64, REFERENCE)
+    assert text.startswith(
+        "At batch 64, the fastest setting within 1.5x of the AR's judge perplexity (and not "
+        "low-entropy) is ok-fast, at 2,000 tokens/s (judge perplexity 150) against the AR's "
+        "10,000 (judge perplexity 100): 0.2x"
+    )
+    assert text.endswith("(1 seed, no interval over seeds).")
+
+
+def test_headline_ties():
+    base = [point("ar", "ar T=1", 1000, 100)]
+    by_ppl = base + [point("mdm", "b", 800, 140), point("mdm", "a", 800, 130)]
+    assert "is a, at 800 tokens/s" in headline({0: by_ppl}, 64, REFERENCE)
+    both = base + [point("mdm", "b", 800, 130), point("bd", "a", 800, 130)]
+    assert "are a and b, at 800 tokens/s" in headline({0: both}, 64, REFERENCE)
+
+
+def test_headline_interval_over_seeds():
+    def seed(ratio):
+        return [point("ar", "ar T=1", 1000, 100), point("mdm", "m", 1000 * ratio, 120)]
+
+    text = headline({0: seed(0.5), 1: seed(0.6), 2: seed(0.7)}, 64, REFERENCE)
+    low, high = t_interval([0.5, 0.6, 0.7])
+    half = 4.302652729911275 * 0.1 / math.sqrt(3)  # t(0.975, 2) * sd / sqrt(n)
+    assert low == pytest.approx(0.6 - half) and high == pytest.approx(0.6 + half)
+    assert "is m, at 600 tokens/s" in text
+    assert f"[{low:.3g}, {high:.3g}] over 3 seeds" in text and "per-seed ratio 0.6x" in text
+
+
+def test_headline_when_nothing_qualifies():
+    ar = point("ar", "ar T=1", 1000, 100)
+    marked = [ar, point("mdm", "a", 900, 110, entropy=1.0), point("mdm", "b", 5, 120, entropy=1)]
+    text = headline({0: marked}, 64, REFERENCE)
+    assert "no setting qualifies: all 2 settings within 1.5x" in text and "(a, b)" in text
+    far = [ar, point("mdm", "a", 900, 400), point("mdm", "b", 900, 300)]
+    text = headline({0: far}, 64, REFERENCE)
+    assert "no setting is within 1.5x" in text and "the closest, b, has 300, 3.00x" in text
+    assert "no setting of another family" in headline({0: [ar]}, 64, REFERENCE)
+
+
+def test_headline_refuses_without_the_ar_reference():
+    points = [point("mdm", "a", 900, 110), point("ar", "ar T=0.7", 1000, 90)]
+    with pytest.raises(ValueError, match="compares against the AR's 'ar T=1'"):
+        headline({0: points}, 64, REFERENCE)
+    with pytest.raises(ValueError, match="not measured at that batch"):
+        headline({0: [point("ar", "ar T=1", 1000, 100, batch=1)]}, 64, REFERENCE)
+
+
+def test_rule_is_fixed_text():
+    assert HEADLINE_RULE["ppl_ratio"] == 1.5 and "1.5x" in HEADLINE_RULE["text"]
+
+
+def test_points_from_the_compare_stages_take_the_fair_median():
+    from eval.throughput import Record, Spread, Throughput
+
+    def record(name, batch, median):
+        spread = Spread(median, median / 2, median * 2)
+        return Record(name, batch, 3, 1, spread, spread, [1.0] * 3, [1] * 3, [0, 1, 2])
+
+    sets = {
+        "ar T=1": {"objective": "ar", "tokens_per_s": 1.0},  # the cold number is not used
+        "mdm fixed": {"objective": "mdm"},
+        "mdm unmeasured": {"objective": "mdm"},
+        "unigram model": {"objective": "unigram"},
+    }
+    scores = {
+        "ar T=1": {"judge_ppl": 600.0, "judge_ppl_ci95": [560.0, 680.0], "unigram_entropy": 3.8},
+        "mdm fixed": {"judge_ppl": 130.0, "judge_ppl_ci95": None, "unigram_entropy": 2.8},
+        "mdm unmeasured": {"judge_ppl": 100.0, "unigram_entropy": 3.8},
+        "unigram model": {"judge_ppl": 2700.0, "unigram_entropy": 3.8},
+    }
+    measured = Throughput(
+        [record("ar T=1", 64, 9000.0), record("mdm fixed", 64, 900.0), record("ar T=1", 1, 5.0)],
+        {},
+    )
+    points = points_from_stages(sets, scores, measured, 64)
+    assert points == [
+        Point("ar", "ar T=1", 64, 9000.0, 600.0, (560.0, 680.0), 3.8),
+        Point("mdm", "mdm fixed", 64, 900.0, 130.0, None, 2.8),
+    ]
+
+
+def test_report_section_has_rule_headline_tables_and_figure(tmp_path):
+    from eval.report import Report
+
+    report = Report("frontier", tmp_path)
+    runs = {
+        0: [point("ar", "ar T=1", 1000, 100), point("mdm", "m", 500, 120)],
+        1: [
+            point("ar", "ar T=1", 1000, 100),
+            point("mdm", "m", 700, 130),
+            point("mdm", "m", 9, 9, batch=1),  # no AR at batch 1: no headline there
+        ],
+    }
+    results = report_frontier(report, runs, REFERENCE)
+    paths = report.write()
+    text = paths["markdown"].read_text()
+    assert HEADLINE_RULE["text"] in text
+    assert "**Batch 64.** At batch 64, the fastest setting" in text and "over 2 seeds" in text
+    assert "**Batch 1.** No headline: no headline at batch 1" in text
+    assert (tmp_path / "frontier_batch64.png").is_file()
+    assert results["batch 64"]["front_unmarked"] == ["ar T=1"]
+    assert results["batch 64"]["points"][1]["tokens_per_s"] == 600.0

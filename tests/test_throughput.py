@@ -1,0 +1,182 @@
+"""The throughput measurement (eval/throughput.py) with fake generation callables and a fake
+clock: the alternation, the warm-up exclusion, median/min/max and the token accounting are
+checked exactly, never against wall time."""
+
+import pytest
+
+from eval.throughput import Setting, Spread, measure, measure_batches, rotation
+
+
+class FakeClock:
+    """A clock that only moves when a fake generation runs."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def fake(clock: FakeClock, log: list[str], name: str, durations: list[float], tokens: int):
+    """A generation callable that logs its name, advances the clock by its next duration and
+    returns ``tokens``."""
+    queue = iter(durations)
+
+    def run() -> int:
+        log.append(name)
+        clock.now += next(queue)
+        return tokens
+
+    return run
+
+
+def test_rotation_moves_the_first_setting_each_round():
+    assert [rotation(3, r) for r in range(4)] == [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
+    assert rotation(1, 5) == [0]
+
+
+def test_warmup_is_untimed_and_rounds_alternate_with_rotated_order():
+    clock, log = FakeClock(), []
+    # The first call of each setting (the warm-up) is slow, 50 s; it must not enter any number.
+    a = Setting("a", 4, fake(clock, log, "a", [50.0, 1.0, 2.0, 4.0], tokens=64))
+    b = Setting("b", 4, fake(clock, log, "b", [50.0, 8.0, 8.0, 8.0], tokens=32))
+    c = Setting("c", 4, fake(clock, log, "c", [50.0, 0.5, 0.25, 1.0], tokens=16))
+    result = measure([a, b, c], rounds=3, warmup=1, clock=clock)
+    # Warm-up in list order, then round 0: a b c, round 1: b c a, round 2: c a b.
+    assert log == ["a", "b", "c", "a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    ra, rb, rc = result.records
+    assert ra.round_seconds == [1.0, 2.0, 4.0]
+    assert ra.positions == [0, 2, 1]
+    assert rb.positions == [1, 0, 2]
+    assert rc.positions == [2, 1, 0]
+    # Tokens/s per round: 64/1, 64/2, 64/4 -> median 32, min 16, max 64.
+    assert ra.tokens_per_s == Spread(32.0, 16.0, 64.0)
+    assert ra.seconds_per_sample == Spread(0.5, 0.25, 1.0)
+    assert rb.tokens_per_s == Spread(4.0, 4.0, 4.0)
+    assert rc.tokens_per_s == Spread(32.0, 16.0, 64.0)
+    assert ra.round_tokens == [64, 64, 64]
+    assert (ra.batch_size, ra.rounds, ra.warmup) == (4, 3, 1)
+
+
+def test_generated_tokens_are_what_each_round_returns():
+    # A sampler that stops at EOS generates fewer tokens in some rounds: each round's own count
+    # is its numerator (nothing is assumed from the batch size or the length).
+    clock, counts = FakeClock(), iter([999, 10, 30, 20])
+
+    def run() -> int:
+        clock.now += 1.0
+        return next(counts)
+
+    record = measure([Setting("eos", 2, run)], rounds=3, warmup=1, clock=clock).records[0]
+    assert record.round_tokens == [10, 30, 20]
+    assert record.tokens_per_s == Spread(20.0, 10.0, 30.0)
+
+
+def test_no_warmup_times_the_first_call():
+    clock, log = FakeClock(), []
+    record = measure(
+        [Setting("a", 1, fake(clock, log, "a", [3.0, 1.0], tokens=6))],
+        rounds=2,
+        warmup=0,
+        clock=clock,
+    ).records[0]
+    assert record.round_seconds == [3.0, 1.0]
+    assert record.tokens_per_s == Spread(4.0, 2.0, 6.0)
+
+
+def test_result_records_machine_and_versions():
+    clock = FakeClock()
+    result = measure([Setting("a", 1, fake(clock, [], "a", [1.0] * 4, 8))], rounds=3, clock=clock)
+    machine = result.machine
+    assert machine["cpu"] and machine["cpu_count"] >= 1 and machine["torch_threads"] >= 1
+    assert machine["versions"]["torch"] and machine["versions"]["python"]
+    text = result.markdown()
+    assert "| a | 1 | 8 [8, 8] |" in text and machine["cpu"] in text
+    assert result.as_dict()["records"][0]["tokens_per_s"] == {
+        "median": 8.0,
+        "low": 8.0,
+        "high": 8.0,
+    }
+
+
+def test_sync_runs_around_every_timed_call():
+    clock, events = FakeClock(), []
+
+    def run() -> int:
+        events.append("run")
+        clock.now += 1.0
+        return 1
+
+    measure(
+        [Setting("a", 1, run)], rounds=2, warmup=1, clock=clock, sync=lambda: events.append("sync")
+    )
+    assert events == ["run", "sync", "run", "sync", "sync", "run", "sync"]
+
+
+@pytest.mark.parametrize(
+    ("settings", "kwargs", "message"),
+    [
+        ([], {}, "at least one setting"),
+        ([Setting("a", 0, lambda: 1)], {}, "batch_size=0"),
+        ([Setting("a", 1, lambda: 1), Setting("a", 1, lambda: 1)], {}, "distinct"),
+        ([Setting("a", 1, lambda: 1)], {"rounds": 0}, "rounds=0"),
+        ([Setting("a", 1, lambda: 1)], {"warmup": -1}, "warmup=-1"),
+        ([Setting("a", 1, lambda: None)], {}, "number of generated tokens"),
+    ],
+)
+def test_bad_input_is_refused_in_one_line(settings, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        measure(settings, **kwargs)
+
+
+def test_a_clock_that_does_not_move_is_refused():
+    with pytest.raises(ValueError, match="clock did not advance"):
+        measure([Setting("a", 1, lambda: 1)], rounds=1, warmup=0, clock=lambda: 1.0)
+
+
+def test_batches_alternate_within_a_size_and_stop_at_the_first_that_does_not_fit():
+    clock, log = FakeClock(), []
+
+    def make(name: str, batch: int):
+        def run() -> int:
+            if batch > 8:
+                raise MemoryError("fake: does not fit")
+            log.append((name, batch))
+            clock.now += batch / 4
+            return 16 * batch
+
+        return run
+
+    result = measure_batches(make, ["ar", "mdm"], [64, 1, 8, 512], rounds=2, warmup=1, clock=clock)
+    # Smallest batch first; inside each batch the two settings alternate.
+    assert log == [("ar", 1), ("mdm", 1), ("ar", 1), ("mdm", 1), ("mdm", 1), ("ar", 1)] + [
+        ("ar", 8),
+        ("mdm", 8),
+        ("ar", 8),
+        ("mdm", 8),
+        ("mdm", 8),
+        ("ar", 8),
+    ]
+    assert [(r.name, r.batch_size) for r in result.records] == [
+        ("ar", 1),
+        ("mdm", 1),
+        ("ar", 8),
+        ("mdm", 8),
+    ]
+    assert result.record("ar", 8).tokens_per_s == Spread(64.0, 64.0, 64.0)
+    assert result.notes == [
+        "batch 64 does not fit in memory (the largest that fits is 8); "
+        "larger batches ([512]) were not tried"
+    ]
+    assert "batch 64 does not fit" in result.markdown()
+
+
+def test_no_batch_fits():
+    def make(name: str, batch: int):
+        def run() -> int:
+            raise MemoryError
+
+        return run
+
+    result = measure_batches(make, ["a"], [1, 4], clock=FakeClock())
+    assert result.records == [] and "no batch size fitted" in result.notes[0]
