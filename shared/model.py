@@ -31,6 +31,7 @@ from shared.attention import (
 )
 from shared.config import ModelConfig
 from shared.ops import RotaryFunction, rms_norm, rotate_pairs
+from shared.time_embedding import TimeEmbedding
 
 # "causal", "bidirectional", a boolean mask [T_q, T_k] or [B, 1, T_q, T_k] (True = may attend), or a
 # flex-attention BlockMask (uncached forwards)
@@ -271,26 +272,6 @@ class TransformerBlock(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
-class TimeEmbedding(nn.Module):
-    """The diffusion time t in [0, 1] of each row as a vector added to every position's input
-    embedding: sinusoidal features of 1000 t (the DiT / UDLM embedding of the noise level) through
-    a two-layer MLP. The output layer starts at zero, so a conditioned model starts as the
-    unconditioned one (and a run initialised from an unconditioned model starts where it was)."""
-
-    features = 256
-
-    def __init__(self, dim: int):
-        super().__init__()
-        self.hidden = nn.Linear(self.features, dim)
-        self.out = nn.Linear(dim, dim)
-
-    def forward(self, t: torch.Tensor) -> torch.Tensor:
-        half = self.features // 2
-        exponents = torch.arange(half, device=t.device, dtype=torch.float32) / half
-        angles = 1000.0 * t.float()[:, None] * torch.exp(-math.log(10000.0) * exponents)[None]
-        return self.out(F.silu(self.hidden(torch.cat([angles.cos(), angles.sin()], dim=-1))))
-
-
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -327,10 +308,8 @@ class Transformer(nn.Module):
         for name, param in self.named_parameters():
             if name.endswith("norm.weight"):
                 nn.init.ones_(param)
-            elif name.startswith("time_embedding.out."):
-                nn.init.zeros_(param)
-            elif name.endswith(".bias"):
-                nn.init.zeros_(param)
+            elif name.endswith(".bias") or name.startswith("time_embedding.out."):
+                nn.init.zeros_(param)  # a time embedding starts at zero: see TimeEmbedding
             elif name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
                 nn.init.normal_(param, std=0.02 / math.sqrt(2 * self.config.n_layers))
             else:
@@ -361,8 +340,7 @@ class Transformer(nn.Module):
         ``cache`` / ``cache_start``: write keys and values into slots cache_start.. of a
             ``KVCache`` (default: append at ``cache.length``) and attend over the filled slots;
             the new tokens' validity is recorded from ``key_valid`` (default: all real).
-        ``time`` [B]: each row's diffusion time in [0, 1], read by a model with
-            ``time_conditioning`` (and required there); other models ignore it.
+        ``time`` [B]: each row's diffusion time in [0, 1]; only a time-conditioned model reads it.
         """
         batch, length = tokens.shape
         start = 0
@@ -404,12 +382,7 @@ class Transformer(nn.Module):
 
         x = self.tok_embeddings(tokens)
         if self.config.time_conditioning:
-            if time is None:
-                raise ValueError(
-                    "this model is conditioned on the diffusion time (time_conditioning=true): "
-                    "pass time=[batch] in [0, 1]"
-                )
-            x = x + self.time_embedding(time.to(x.device))[:, None, :].to(x.dtype)
+            x = self.time_embedding.add_to(x, time)
         for layer, layer_kv in zip(self.layers, layer_cache):
             x = layer(x, cos, sin, mask, is_causal, layer_kv)
         x = self.norm(x)
