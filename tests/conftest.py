@@ -36,6 +36,8 @@ if str(TESTS) not in sys.path:
 
 import scheduling  # noqa: E402
 
+from shared import hardware  # noqa: E402
+
 # The tests whose numbers depend on the CPU's kernels: they compare against numbers recorded on
 # another machine (the compat fixture), against outside implementations (transformers' Llama,
 # litgpt, lm-evaluation-harness), or against exact values by enumeration and hand computation
@@ -70,6 +72,12 @@ def pytest_configure(config):
     os.environ["DUOLM_CACHE"] = str(scratch / "cache")
     os.environ[scheduling.UNITS_FOLDER] = str(scratch / "units")
     (scratch / "units").mkdir()
+    # Every training start measures the machine's matmul peak for its MFU (about 0.7 s of CPU;
+    # hundreds of runs start in a test run): measure it once here and hand it to every run. The
+    # tests of the measurement itself unset it.
+    if not os.environ.get(hardware.PEAK_VARIABLE):
+        peak = hardware.matmul_rate(torch.device("cpu"), torch.float32)
+        os.environ[hardware.PEAK_VARIABLE] = f"{peak / 1e12:.4g}"
 
 
 def pytest_unconfigure(config):

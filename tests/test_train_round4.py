@@ -94,6 +94,7 @@ def test_an_mfu_above_100_percent_is_one_warning_naming_the_peak(tmp_path, cache
 
 
 def test_the_measured_peak_is_the_best_kept_for_this_device(tmp_path, monkeypatch):
+    monkeypatch.delenv(hardware.PEAK_VARIABLE, raising=False)  # the test run sets one
     rates = iter([2e11, 5e10])  # an idle start-up, then one on a busy machine
     monkeypatch.setattr(hardware, "matmul_rate", lambda device, dtype: next(rates))
     cpu = torch.device("cpu")
@@ -101,6 +102,18 @@ def test_the_measured_peak_is_the_best_kept_for_this_device(tmp_path, monkeypatc
     busy = hardware.peak_flops(cpu, torch.float32, 0.0, tmp_path)
     assert idle[0] == busy[0] == 2e11
     assert "best matmul rate measured" in busy[1] and "now 0.05" in busy[1]
+
+
+def test_a_machine_peak_from_the_environment_is_used_unless_a_flag_gives_one(monkeypatch):
+    monkeypatch.setattr(hardware, "matmul_rate", lambda device, dtype: pytest.fail("measured"))
+    cpu = torch.device("cpu")
+    monkeypatch.setenv(hardware.PEAK_VARIABLE, "0.25")
+    assert hardware.peak_flops(cpu, torch.float32, 0.0) == (0.25e12, "DUOLM_PEAK_TFLOPS=0.25")
+    assert hardware.peak_flops(cpu, torch.float32, 2.0) == (2e12, "--peak-tflops")
+    for bad in ("fast", "0", "-1", "inf", "nan"):
+        monkeypatch.setenv(hardware.PEAK_VARIABLE, bad)
+        with pytest.raises(ConfigError, match=f"DUOLM_PEAK_TFLOPS='{bad}' must be a positive"):
+            hardware.peak_flops(cpu, torch.float32, 0.0)
 
 
 def test_an_imported_source_has_unknown_compute_not_zero(ar_run):
