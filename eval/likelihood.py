@@ -44,6 +44,13 @@ class Estimate:
     kind: str = "exact nll"
     row_nats: list[float] = field(default_factory=list)  # per row, in input order
 
+    def add(self, row_nats: list[float], nats: float, tokens: int, n_bytes: int) -> None:
+        """Count one batch: its per-row nats, their total, its scored tokens and their bytes."""
+        self.row_nats += row_nats
+        self.nats += nats
+        self.tokens += tokens
+        self.bytes += n_bytes
+
     @property
     def nats_per_token(self) -> float:
         return self.nats / max(self.tokens, 1)
@@ -99,10 +106,12 @@ def ar_nll(
     for start, tokens in _batches(rows, batch_size):
         mask = _scored(objective, tokens, scored, start)
         out = objective.loss(model, tokens.to(device), {}, mask.to(device))
-        total.row_nats += out.row_nats.double().cpu().tolist()
-        total.nats += float(out.nats)
-        total.tokens += int(out.n_tokens)
-        total.bytes += _bytes_of(tokens, mask, token_bytes)
+        total.add(
+            out.row_nats.double().cpu().tolist(),
+            float(out.nats),
+            int(out.n_tokens),
+            _bytes_of(tokens, mask, token_bytes),
+        )
     return total
 
 
@@ -148,11 +157,14 @@ def mdm_nelbo(
         chosen = None if scored is None else mask.repeat_interleave(samples, dim=0).to(device)
         out = objective.loss(model, repeated, noise, chosen)
         per_draw = out.row_nats.double().view(len(tokens), samples).cpu()
-        total.row_nats += per_draw.mean(1).tolist()
-        total.nats += float(per_draw.mean(1).sum())
+        row_means = per_draw.mean(1)
+        total.add(
+            row_means.tolist(),
+            float(row_means.sum()),
+            int(mask.sum()),
+            _bytes_of(tokens, mask, token_bytes),
+        )
         variance += float((per_draw.var(1, unbiased=True) / samples).sum())
-        total.tokens += int(mask.sum())
-        total.bytes += _bytes_of(tokens, mask, token_bytes)
     total.stderr = math.sqrt(variance)
     return total
 
@@ -195,10 +207,12 @@ def mdm_chain_rule_nll(
             picked = log_probs.gather(1, tokens[active, position][:, None])[:, 0]
             row_nats[active] -= picked
             state[active, position] = tokens[active, position]
-        total.row_nats += row_nats.cpu().tolist()
-        total.nats += float(row_nats.sum())
-        total.tokens += int(counted.sum())
-        total.bytes += _bytes_of(tokens.cpu(), counted, token_bytes)
+        total.add(
+            row_nats.cpu().tolist(),
+            float(row_nats.sum()),
+            int(counted.sum()),
+            _bytes_of(tokens.cpu(), counted, token_bytes),
+        )
     return total
 
 
@@ -254,6 +268,55 @@ def evaluate_checkpoint(
 
     model, tokenizer, state = load_model_from_checkpoint(Path(checkpoint))
     config = state["train_config"]
+    check_evaluation_settings(
+        split=split,
+        samples=samples,
+        chain_rule_rows=chain_rule_rows,
+        max_rows=max_rows,
+        batch_size=batch_size,
+        dataset=dataset,
+        val_dataset=val_dataset,
+    )
+    corpus = evaluation_corpus(config, dataset, val_dataset)
+    protocol = {"protocol": config["protocol"], "seq_len": config["seq_len"]}
+    cache = Path(cache_dir or config["cache_dir"])
+    splits = tokenize_corpus(corpus, tokenizer, **protocol, cache_dir=cache)
+    rows = splits[split].tokens[: max_rows or None]
+    name = state["objective"]
+    objective = objective_for_run(
+        name, config, tokenizer, **({"estimator": estimator} if estimator else {})
+    )
+    return {
+        "checkpoint": str(checkpoint),
+        "objective": name,
+        "step": state["step"],
+        "split": split,
+        "rows": len(rows),
+        "protocol": protocol_record(corpus, tokenizer, splits, **protocol),
+        "estimates": estimates(
+            model,
+            objective,
+            rows,
+            tokenizer.token_bytes(),
+            samples=samples,
+            chain_rule_rows=chain_rule_rows,
+            batch_size=batch_size,
+            seed=seed,
+        ),
+    }
+
+
+def check_evaluation_settings(
+    *,
+    split: str,
+    samples: int,
+    chain_rule_rows: int,
+    max_rows: int,
+    batch_size: int,
+    dataset: str | None,
+    val_dataset: str | None,
+) -> None:
+    """Refuse settings ``evaluate_checkpoint`` cannot honour, each with what to give instead."""
     if split not in ("train", "validation"):
         raise ValueError(f"split={split!r} must be 'train' or 'validation'")
     if samples < 2:
@@ -265,67 +328,56 @@ def evaluate_checkpoint(
         )
     if val_dataset and (dataset or split != "validation"):
         raise ValueError("val_dataset is evaluated whole as the validation split; give it alone")
+
+
+def evaluation_corpus(config: dict, dataset: str | None, val_dataset: str | None):
+    """The corpus to evaluate: ``val_dataset`` whole as the validation split, else ``dataset``
+    (its own held-out part), else the checkpoint's training corpus with its validation split."""
     if val_dataset:
-        corpus = load_corpus(val_dataset, text_field=config["text_field"], val_dataset=val_dataset)
-    else:
-        corpus = load_corpus(
-            dataset or config["dataset"],
-            text_field=config["text_field"],
-            val_dataset=None if dataset else config["val_dataset"] or None,
-        )
-    splits = tokenize_corpus(
-        corpus,
-        tokenizer,
-        protocol=config["protocol"],
-        seq_len=config["seq_len"],
-        cache_dir=Path(cache_dir or config["cache_dir"]),
+        return load_corpus(val_dataset, text_field=config["text_field"], val_dataset=val_dataset)
+    return load_corpus(
+        dataset or config["dataset"],
+        text_field=config["text_field"],
+        val_dataset=None if dataset else config["val_dataset"] or None,
     )
-    rows = splits[split].tokens[: max_rows or None]
-    token_bytes = tokenizer.token_bytes()
-    name = state["objective"]
-    objective = objective_for_run(
-        name, config, tokenizer, **({"estimator": estimator} if estimator else {})
-    )
-    results: dict = {
-        "checkpoint": str(checkpoint),
-        "objective": name,
-        "step": state["step"],
-        "split": split,
-        "rows": len(rows),
-        "protocol": protocol_record(
-            corpus, tokenizer, splits, protocol=config["protocol"], seq_len=config["seq_len"]
-        ),
-        "estimates": {},
-    }
-    if name == "ar":
-        results["estimates"]["nll"] = ar_nll(
-            model, objective, rows, token_bytes, batch_size=batch_size
-        ).as_dict()
-    else:
-        results["estimates"]["nelbo"] = mdm_nelbo(
+
+
+def estimates(
+    model: nn.Module,
+    objective: Objective,
+    rows: np.ndarray,
+    token_bytes: np.ndarray,
+    *,
+    samples: int,
+    chain_rule_rows: int,
+    batch_size: int,
+    seed: int,
+) -> dict[str, dict]:
+    """The objective's estimates over ``rows``: the AR's exact NLL, or a diffusion model's
+    NELBO and, for an MDM with ``chain_rule_rows``, its exact left-to-right NLL beside the NELBO
+    of the same rows."""
+    if objective.name == "ar":
+        return {"nll": ar_nll(model, objective, rows, token_bytes, batch_size=batch_size).as_dict()}
+
+    def nelbo(subset: np.ndarray) -> dict:
+        return mdm_nelbo(
             model,
             objective,
-            rows,
+            subset,
             token_bytes,
             samples=samples,
             batch_size=batch_size,
             seed=seed,
         ).as_dict()
-        if chain_rule_rows and name == "mdm":  # bidirectional chain rule: MDM only
-            subset = rows[:chain_rule_rows]
-            results["estimates"]["chain_rule_nll"] = mdm_chain_rule_nll(
-                model, objective, subset, token_bytes, batch_size=batch_size
-            ).as_dict()
-            results["estimates"]["nelbo_on_chain_rule_rows"] = mdm_nelbo(
-                model,
-                objective,
-                subset,
-                token_bytes,
-                samples=samples,
-                batch_size=batch_size,
-                seed=seed,
-            ).as_dict()
-    return results
+
+    found = {"nelbo": nelbo(rows)}
+    if chain_rule_rows and objective.name == "mdm":  # bidirectional chain rule: MDM only
+        subset = rows[:chain_rule_rows]
+        found["chain_rule_nll"] = mdm_chain_rule_nll(
+            model, objective, subset, token_bytes, batch_size=batch_size
+        ).as_dict()
+        found["nelbo_on_chain_rule_rows"] = nelbo(subset)
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:

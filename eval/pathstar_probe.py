@@ -31,7 +31,7 @@ from dllm.canvas import Canvas, mask_token_id
 from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.strategies import FixedCount
-from eval.synthetic_likelihood import language_rows, symbol_ids
+from eval.synthetic_likelihood import language_rows, model_device, symbol_ids
 from shared.data.synthetic.pathstar import (
     PathStarLanguage,
     parse_example,
@@ -169,62 +169,103 @@ def pathstar_probe(
         raise ValueError("prompts is empty: give held-out examples, e.g. language.sample(n, seed)")
     strings = list(prompts)
     language_rows(strings, tokenizer, seq_len, language)  # checks lengths and one token per symbol
-    questions, truths, rng, shortcut = [], [], np.random.default_rng(seed), []
-    for string in strings:
-        question, answer = prompt_and_answer(string)
-        edges, start, goal, _ = parse_example(string)
-        if len(string) != language.max_len or answer != language.answer(edges, start, goal):
-            raise ValueError(f"{string!r} is not a solved example of {language.name}")
-        questions.append(question)
-        truths.append(answer)
-        # the shortcut guesses the node after the start (a random child of the centre)
-        shortcut.append(shortcut_answer(edges, start, rng)[1] == solve(edges, start, goal)[1])
-    order: list = []
-    if objective == "ar":
-        answers = ar_answers(model, tokenizer, language, questions, batch_size=batch_size)
-    else:
-        answers = mdm_answers(
-            model,
-            tokenizer,
-            language,
-            strings,
-            seq_len,
-            steps=steps,
-            strategy=strategy,
-            batch_size=batch_size,
-            seed=seed,
-            order=order,
-        )
-    lookups = one_hop_lookups(model, tokenizer, language, objective, seq_len, strings, batch_size)
-    exact = [a == t for a, t in zip(answers, truths)]
-    positions = [
-        float(np.mean([a[i : i + 1] == t[i] for a, t in zip(answers, truths)]))
-        for i in range(language.arm + 1)
-    ]
-    first = [a[1:2] == t[1] for a, t in zip(answers, truths)]
-    nodes = [np.mean([x == y for x, y in zip(a, t)]) for a, t in zip(answers, truths)]
+    truths, shortcut = solved_examples(language, strings, seed)
+    answers, order, decoding = model_answers(
+        model, tokenizer, language, objective, seq_len, strings, steps, strategy, batch_size, seed
+    )
+    means, per_example = path_scores(answers, truths, language.arm + 1)
     return {
         "objective": objective,
         "n": len(strings),
-        "exact_match": float(np.mean(exact)),
-        "first_step": float(np.mean(first)),
-        "node_accuracy": float(np.mean(nodes)),
-        "position_accuracy": positions,
-        "lookup_accuracy": lookups,
+        **means,
+        "lookup_accuracy": one_hop_lookups(
+            model, tokenizer, language, objective, seq_len, strings, batch_size
+        ),
         # the mean step (0 = first) at which each answer position was decoded (MDM only)
         "decoding_step": np.mean(order, axis=0).tolist() if order else None,
         "chance_first_step": 1.0 / language.degree,
         "shortcut_first_step": float(np.mean(shortcut)),
-        "decoding": (
-            "greedy AR after [BOS] + prompt"
-            if objective == "ar"
-            else f"MDM FixedCount(steps={steps or language.arm + 1}, remasking={strategy!r}), "
-            "argmax tokens, answer masked in the padded training row"
-        ),
+        "decoding": decoding,
         "answers": answers,
-        "exact_match_per_example": exact,
-        "first_step_per_example": first,
+        **per_example,
     }
+
+
+def solved_examples(
+    language: PathStarLanguage, strings: Sequence[str], seed: int
+) -> tuple[list[str], list[bool]]:
+    """Each example's answer, checked against the solver, and whether the Clever-Hans shortcut,
+    a random child of the start drawn from ``seed``, gets the example's first step right."""
+    truths, rng, shortcut = [], np.random.default_rng(seed), []
+    for string in strings:
+        answer = prompt_and_answer(string)[1]
+        edges, start, goal, _ = parse_example(string)
+        if len(string) != language.max_len or answer != language.answer(edges, start, goal):
+            raise ValueError(f"{string!r} is not a solved example of {language.name}")
+        truths.append(answer)
+        shortcut.append(shortcut_answer(edges, start, rng)[1] == solve(edges, start, goal)[1])
+    return truths, shortcut
+
+
+def model_answers(
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    language: PathStarLanguage,
+    objective: str,
+    seq_len: int,
+    strings: Sequence[str],
+    steps: int | None,
+    strategy: str,
+    batch_size: int,
+    seed: int,
+) -> tuple[list[str], list, str]:
+    """The model's answer to each example, the step at which each answer position was decoded
+    (MDM; empty for the AR), and how the answers were decoded."""
+    if objective == "ar":
+        questions = [prompt_and_answer(string)[0] for string in strings]
+        answers = ar_answers(model, tokenizer, language, questions, batch_size=batch_size)
+        return answers, [], "greedy AR after [BOS] + prompt"
+    order: list = []
+    answers = mdm_answers(
+        model,
+        tokenizer,
+        language,
+        strings,
+        seq_len,
+        steps=steps,
+        strategy=strategy,
+        batch_size=batch_size,
+        seed=seed,
+        order=order,
+    )
+    decoding = (
+        f"MDM FixedCount(steps={steps or language.arm + 1}, remasking={strategy!r}), "
+        "argmax tokens, answer masked in the padded training row"
+    )
+    return answers, order, decoding
+
+
+def path_scores(
+    answers: Sequence[str], truths: Sequence[str], length: int
+) -> tuple[dict[str, Any], dict[str, list[bool]]]:
+    """Means over the examples: ``exact_match`` (the whole path), ``first_step`` (the node
+    after the start), ``node_accuracy`` (each example's fraction of path nodes right, by
+    position) and ``position_accuracy`` per answer position (``length`` of them); and the
+    per-example exact and first-step hits."""
+    exact = [a == t for a, t in zip(answers, truths)]
+    first = [a[1:2] == t[1] for a, t in zip(answers, truths)]
+    nodes = [np.mean([x == y for x, y in zip(a, t)]) for a, t in zip(answers, truths)]
+    positions = [
+        float(np.mean([a[i : i + 1] == t[i] for a, t in zip(answers, truths)]))
+        for i in range(length)
+    ]
+    means = {
+        "exact_match": float(np.mean(exact)),
+        "first_step": float(np.mean(first)),
+        "node_accuracy": float(np.mean(nodes)),
+        "position_accuracy": positions,
+    }
+    return means, {"exact_match_per_example": exact, "first_step_per_example": first}
 
 
 @torch.no_grad()
@@ -245,7 +286,7 @@ def one_hop_lookups(
     length = language.arm + 1
     begin = 1 + language.max_len - length  # the first answer position of a row
     ids = torch.tensor(symbol_ids(language, tokenizer))
-    device = next(iter(model.parameters()), torch.empty(0)).device
+    device = model_device(model)
     hits, total = 0, 0
     for first in range(0, len(strings), batch_size):
         rows = torch.as_tensor(

@@ -12,6 +12,7 @@ for an AR and/or an MDM checkpoint in one report (``synthetic_report``):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from eval.synthetic_probes import (
 )
 from eval.synthetic_samples import ar_sample, mdm_sample, sample_metrics
 from shared.checkpoint import load_model_from_checkpoint
-from shared.data.synthetic.base import derive_seed
+from shared.data.synthetic.base import Language, derive_seed
 from shared.data.synthetic.facts import FactsLanguage
 from shared.data.synthetic.hmm import HMMLanguage
 from shared.data.synthetic.pathstar import PathStarLanguage
@@ -76,64 +77,102 @@ def synthetic_report(
         "n_heldout": n_heldout,
         "n_samples": n_samples,
     }
-    prefixes = completion_prefixes(heldout, infill_tasks_max)
-    completion = isinstance(language, PCFGLanguage) and bool(prefixes)
     tasks: list[InfillTask] = []
     if isinstance(language, HMMLanguage) and infill_span > 0:
         tasks = infill_tasks(language, heldout, infill_span, limit=infill_tasks_max)
         report["infill_oracle"] = score_infills(tasks, oracle_infills(tasks), language)
+    prefixes = []
+    if isinstance(language, PCFGLanguage):
+        prefixes = completion_prefixes(heldout, infill_tasks_max)
+    shared = _Shared(
+        language, entropy, heldout, tasks, prefixes, n_samples, nelbo_samples, infill_tasks_max
+    )
     for label, checkpoint in (("ar", ar_checkpoint), ("mdm", mdm_checkpoint)):
-        if checkpoint is None:
-            continue
-        model, tokenizer, state, objective = _load(checkpoint)
-        if objective.name != label:
-            raise ValueError(
-                f"{label}_checkpoint={str(checkpoint)!r} was trained with objective "
-                f"{objective.name!r}; expected {label!r}"
-            )
-        seq_len = int(state["train_config"]["seq_len"])
-        rows = language_rows(heldout, tokenizer, seq_len, language)
-        estimate = model_estimate(
-            model,
-            objective,
-            rows,
-            tokenizer,
-            nelbo_samples=nelbo_samples,
-            batch_size=batch_size,
-            seed=seed,
-        )
-        section: dict[str, Any] = {
-            "checkpoint": str(checkpoint),
-            "protocol": state["train_config"].get("protocol"),
-            "likelihood": likelihood_gap(estimate, language, heldout, entropy),
-        }
-        if label == "ar":
-            texts, log_q = ar_sample(model, tokenizer, n_samples, seq_len - 1, seed=seed)
-            section["samples"] = sample_metrics(
-                language, texts, sample_log_q=log_q, entropy=entropy
-            )
-            if tasks:
-                fills = ar_prefix_infills(model, tokenizer, language, tasks)
-                section["infill_prefix_only"] = score_infills(tasks, fills, language)
-        else:
-            texts = mdm_sample(model, tokenizer, n_samples, seq_len - 1, seed=seed)
-            section["samples"] = sample_metrics(language, texts, entropy=entropy)
-            if tasks:
-                fills = mdm_infills(model, tokenizer, language, tasks, seq_len)
-                section["infill"] = score_infills(tasks, fills, language)
-        if isinstance(language, FactsLanguage):
-            section["reversal"] = reversal_probe(model, tokenizer, language, label, seq_len)
-        if isinstance(language, PathStarLanguage):
-            probe = heldout[:infill_tasks_max]
-            section["pathstar"] = pathstar_probe(
-                model, tokenizer, language, label, seq_len, probe, batch_size=batch_size, seed=seed
-            )
-        if completion:
-            if label == "ar":
-                completions = ar_complete(model, tokenizer, prefixes, seq_len, seed=seed)
-            else:
-                completions = mdm_complete(model, tokenizer, prefixes, seq_len, seed=seed)
-            section["completion"] = completion_metrics(language, prefixes, completions)
-        section["sample_examples"] = texts[:5]
-        report[label] = section
+        if checkpoint is not None:
+            report[label] = model_section(label, checkpoint, shared, seed, batch_size)
     return report
+
+
+@dataclass(frozen=True)
+class _Shared:
+    """What every model of one report is measured on."""
+
+    language: Language
+    entropy: dict[str, Any]
+    heldout: list[str]
+    tasks: list[InfillTask]  # the HMM's infilling tasks; none for other languages
+    prefixes: list[str]  # the PCFG's completion prefixes; none for other languages
+    n_samples: int
+    nelbo_samples: int
+    probe_max: int  # examples per probe
+
+
+def model_section(
+    label: str, checkpoint: str | Path, shared: _Shared, seed: int, batch_size: int
+) -> dict[str, Any]:
+    """One checkpoint's likelihood gap, samples and the probes its language has."""
+    model, tokenizer, state, objective = _load(checkpoint)
+    if objective.name != label:
+        raise ValueError(
+            f"{label}_checkpoint={str(checkpoint)!r} was trained with objective "
+            f"{objective.name!r}; expected {label!r}"
+        )
+    language = shared.language
+    seq_len = int(state["train_config"]["seq_len"])
+    rows = language_rows(shared.heldout, tokenizer, seq_len, language)
+    estimate = model_estimate(
+        model,
+        objective,
+        rows,
+        tokenizer,
+        nelbo_samples=shared.nelbo_samples,
+        batch_size=batch_size,
+        seed=seed,
+    )
+    section: dict[str, Any] = {
+        "checkpoint": str(checkpoint),
+        "protocol": state["train_config"].get("protocol"),
+        "likelihood": likelihood_gap(estimate, language, shared.heldout, shared.entropy),
+    }
+    samples, texts = _samples(label, model, tokenizer, seq_len, shared, seed)
+    section.update(samples)
+    if isinstance(language, FactsLanguage):
+        section["reversal"] = reversal_probe(model, tokenizer, language, label, seq_len)
+    if isinstance(language, PathStarLanguage):
+        probe = shared.heldout[: shared.probe_max]
+        section["pathstar"] = pathstar_probe(
+            model, tokenizer, language, label, seq_len, probe, batch_size=batch_size, seed=seed
+        )
+    if shared.prefixes:
+        complete = ar_complete if label == "ar" else mdm_complete
+        completions = complete(model, tokenizer, shared.prefixes, seq_len, seed=seed)
+        section["completion"] = completion_metrics(language, shared.prefixes, completions)
+    section["sample_examples"] = texts[:5]
+    return section
+
+
+def _samples(
+    label: str,
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    seq_len: int,
+    shared: _Shared,
+    seed: int,
+) -> tuple[dict[str, Any], list[str]]:
+    """The model's samples judged by the true distribution and its infills of the HMM's tasks
+    (the AR from the prefix alone, the MDM seeing both sides); and the sample texts."""
+    language, entropy = shared.language, shared.entropy
+    section: dict[str, Any] = {}
+    if label == "ar":
+        texts, log_q = ar_sample(model, tokenizer, shared.n_samples, seq_len - 1, seed=seed)
+        section["samples"] = sample_metrics(language, texts, sample_log_q=log_q, entropy=entropy)
+        if shared.tasks:
+            fills = ar_prefix_infills(model, tokenizer, language, shared.tasks)
+            section["infill_prefix_only"] = score_infills(shared.tasks, fills, language)
+    else:
+        texts = mdm_sample(model, tokenizer, shared.n_samples, seq_len - 1, seed=seed)
+        section["samples"] = sample_metrics(language, texts, entropy=entropy)
+        if shared.tasks:
+            fills = mdm_infills(model, tokenizer, language, shared.tasks, seq_len)
+            section["infill"] = score_infills(shared.tasks, fills, language)
+    return section, texts

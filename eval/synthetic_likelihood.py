@@ -43,6 +43,11 @@ def symbol_ids(language: Language, tokenizer: Tokenizer) -> list[int]:
     return [i[0] for i in ids]
 
 
+def model_device(model: nn.Module) -> torch.device:
+    """Where the model's weights live (the CPU for a stand-in without parameters)."""
+    return next(iter(model.parameters()), torch.empty(0)).device
+
+
 def language_rows(
     strings: Sequence[str], tokenizer: Tokenizer, seq_len: int, language: Language
 ) -> np.ndarray:

@@ -23,7 +23,7 @@ from dllm.canvas import Canvas, mask_token_id
 from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.strategies import FixedCount
-from eval.synthetic_likelihood import language_rows, symbol_ids
+from eval.synthetic_likelihood import language_rows, model_device, symbol_ids
 from shared.data.synthetic.base import Language
 from shared.data.synthetic.facts import FactsLanguage
 from shared.data.synthetic.hmm import HMMLanguage
@@ -102,7 +102,7 @@ def ar_prefix_infills(
     model: nn.Module, tokenizer: Tokenizer, language: Language, tasks: Sequence[InfillTask]
 ) -> list[list[int]]:
     """Baseline: greedy AR continuation of the prefix, blind to the suffix."""
-    device = next(iter(model.parameters()), torch.empty(0)).device
+    device = model_device(model)
     fills = []
     for task in tasks:
         tokens = [tokenizer.eos_id, *tokenizer.encode(task.string[: task.start])]
@@ -196,7 +196,7 @@ def ar_complete(
     """Ancestral AR continuation of each prefix until EOS or until the row (BOS + prefix +
     continuation) fills ``seq_len`` positions."""
     generator = torch.Generator().manual_seed(seed)
-    device = next(iter(model.parameters()), torch.empty(0)).device
+    device = model_device(model)
     out = []
     for prefix in prefixes:
         tokens = [tokenizer.eos_id, *tokenizer.encode(prefix)]
@@ -237,10 +237,6 @@ def mdm_complete(
 # ---- reversal probe (facts) ---------------------------------------------------------------------
 
 
-def _device(model: nn.Module) -> torch.device:
-    return next(iter(model.parameters()), torch.empty(0)).device
-
-
 def _accuracy(scores: torch.Tensor, answers: Sequence[int]) -> float:
     """Fraction of rows whose argmax (first on ties) is the answer's column."""
     return float((scores.argmax(-1).cpu() == torch.tensor(list(answers))).double().mean())
@@ -270,67 +266,93 @@ def reversal_probe(
     """
     if objective not in ("ar", "mdm"):
         raise ValueError(f"objective={objective!r}; valid: 'ar', 'mdm'")
-    id_of = dict(zip(language.alphabet, symbol_ids(language, tokenizer)))
-    device = _device(model)
-    held_out, paired = language.held_out, language.paired
     out: dict[str, Any] = {
         "objective": objective,
         "n_pairs": language.pairs,
-        "n_held_out": len(held_out),
-        "n_paired": len(paired),
-        "chance": 1.0 / len(held_out),
+        "n_held_out": len(language.held_out),
+        "n_paired": len(language.paired),
+        "chance": 1.0 / len(language.held_out),
+    }
+    if objective == "mdm":
+        return out | _mdm_reversal(model, tokenizer, language, seq_len)
+    return out | _ar_reversal(model, tokenizer, language)
+
+
+def _answered(
+    scores: torch.Tensor, facts: Sequence[tuple[str, str]], role: int, id_of: dict[str, int]
+) -> float:
+    """Accuracy of ``scores`` [fact, vocab] restricted to the facts' symbols in ``role`` (0: a,
+    1: b): fact i's answer is column i of that candidate list."""
+    return _accuracy(scores[:, [id_of[fact[role]] for fact in facts]], range(len(facts)))
+
+
+def _mdm_reversal(
+    model: nn.Module, tokenizer: Tokenizer, language: FactsLanguage, seq_len: int
+) -> dict[str, float | None]:
+    """The MDM fills position 2 of ``[BOS, x, MASK, EOS, ...]`` for the forward and reverse
+    queries, and position 1 of ``[BOS, MASK, b_i, EOS, ...]`` for the infill row."""
+    id_of = dict(zip(language.alphabet, symbol_ids(language, tokenizer)))
+    device = model_device(model)
+    mask_id = mask_token_id(model, tokenizer)
+    held_out, paired, facts = language.held_out, language.paired, language.facts
+
+    def infill(strings: list[str], position: int) -> torch.Tensor:
+        query = torch.as_tensor(
+            language_rows(strings, tokenizer, seq_len, language), dtype=torch.long
+        )
+        query[:, position] = mask_id
+        logits = model(query.to(device), attention="bidirectional")
+        return logits[:, position].cpu()
+
+    def reverse(asked: list[tuple[str, str]]) -> float:
+        return _answered(infill([b + a for a, b in asked], 2), asked, 0, id_of)
+
+    return {
+        "forward_accuracy": _answered(infill([a + b for a, b in facts], 2), facts, 1, id_of),
+        "reverse_held_out_accuracy": reverse(held_out),
+        "reverse_paired_accuracy": reverse(paired) if paired else None,
+        "infill_reverse_accuracy": _answered(
+            infill([a + b for a, b in held_out], 1), held_out, 0, id_of
+        ),
     }
 
-    def rows(strings: list[str]) -> torch.Tensor:
-        table = language_rows(strings, tokenizer, seq_len, language)
-        return torch.as_tensor(table, dtype=torch.long)
 
-    def candidates(facts: list[tuple[str, str]], role: int) -> list[int]:
-        return [id_of[fact[role]] for fact in facts]
-
-    def answered(scores: torch.Tensor, facts: list[tuple[str, str]], role: int) -> float:
-        # fact i's answer is column i of its candidate list
-        return _accuracy(scores[:, candidates(facts, role)], range(len(facts)))
-
-    if objective == "mdm":
-        mask_id = mask_token_id(model, tokenizer)
-
-        def infill(strings: list[str], position: int) -> torch.Tensor:
-            query = rows(strings)
-            query[:, position] = mask_id
-            logits = model(query.to(device), attention="bidirectional")
-            return logits[:, position].cpu()
-
-        def reverse(facts):
-            return answered(infill([b + a for a, b in facts], 2), facts, 0)
-
-        out["forward_accuracy"] = answered(
-            infill([a + b for a, b in language.facts], 2), language.facts, 1
-        )
-        out["reverse_held_out_accuracy"] = reverse(held_out)
-        out["reverse_paired_accuracy"] = reverse(paired) if paired else None
-        infilled = infill([a + b for a, b in held_out], 1)
-        out["infill_reverse_accuracy"] = answered(infilled, held_out, 0)
-        return out
-
+def _ar_reversal(
+    model: nn.Module, tokenizer: Tokenizer, language: FactsLanguage
+) -> dict[str, float | None]:
+    """The AR answers with its next token after ``[BOS, x]``; its likelihood-scored row ranks
+    the held-out a's by its forward probability of each fact."""
+    id_of = dict(zip(language.alphabet, symbol_ids(language, tokenizer)))
+    device = model_device(model)
     bos, vocab = tokenizer.eos_id, tokenizer.vocab_size
+    held_out, paired, facts = language.held_out, language.paired, language.facts
 
     def next_log_probs(firsts: list[str]) -> torch.Tensor:
         prompts = torch.tensor([[bos, id_of[x]] for x in firsts], device=device)
         logits = model(prompts, attention="causal")[..., :vocab].double()
         return torch.log_softmax(logits, -1).cpu()
 
-    def reverse(facts):
-        return answered(next_log_probs([b for _, b in facts])[:, 1], facts, 0)
+    def reverse(asked: list[tuple[str, str]]) -> float:
+        return _answered(next_log_probs([b for _, b in asked])[:, 1], asked, 0, id_of)
 
-    forward = next_log_probs([a for a, _ in language.facts])
-    out["forward_accuracy"] = answered(forward[:, 1], language.facts, 1)
-    out["reverse_held_out_accuracy"] = reverse(held_out)
-    out["reverse_paired_accuracy"] = reverse(paired) if paired else None
-    # scored[i, j] = log p(a_j | BOS) + log p(b_i | BOS, a_j), over the held-out facts j
+    forward = next_log_probs([a for a, _ in facts])
+    return {
+        "forward_accuracy": _answered(forward[:, 1], facts, 1, id_of),
+        "reverse_held_out_accuracy": reverse(held_out),
+        "reverse_paired_accuracy": reverse(paired) if paired else None,
+        "reverse_scored_accuracy": _likelihood_scored_accuracy(forward, language, id_of),
+    }
+
+
+def _likelihood_scored_accuracy(
+    forward: torch.Tensor, language: FactsLanguage, id_of: dict[str, int]
+) -> float:
+    """How often argmax_j log p(a_j, b_i) over the held-out facts j is fact i, from the AR's
+    ``forward`` log-probabilities [fact, position (after BOS, after a), vocab]."""
+    held_out = language.held_out
     rows_of = {a: i for i, (a, _) in enumerate(language.facts)}
     index = [rows_of[a] for a, _ in held_out]
-    a_ids, b_ids = candidates(held_out, 0), candidates(held_out, 1)
+    a_ids, b_ids = [id_of[a] for a, _ in held_out], [id_of[b] for _, b in held_out]
+    # scored[i, j] = log p(a_j | BOS) + log p(b_i | BOS, a_j)
     scored = forward[index[0], 0, a_ids][None, :] + forward[index][:, 1, b_ids].T
-    out["reverse_scored_accuracy"] = _accuracy(scored, range(len(held_out)))
-    return out
+    return _accuracy(scored, range(len(held_out)))

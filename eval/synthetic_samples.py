@@ -16,7 +16,7 @@ from torch import nn
 from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.strategies import FixedCount
-from eval.synthetic_likelihood import ratio_stderr, true_entropy
+from eval.synthetic_likelihood import model_device, ratio_stderr, true_entropy
 from shared.data.synthetic.base import Language
 from shared.tokenizer import Tokenizer
 
@@ -54,36 +54,49 @@ def sample_metrics(
         "entropy_nats_per_token": entropy["nats_per_token"],
     }
     if valid.any():
-        good = [s for s, ok in zip(samples, valid) if ok]
-        nll = -log_p[valid]
-        tokens = np.array([len(s) + 1 for s in good], dtype=np.float64)
-        counts = Counter(good)
-        q_hat = np.array(list(counts.values()), dtype=np.float64) / len(good)
-        p_of = dict(zip(good, log_p[valid]))
-        log_p_distinct = np.array([p_of[s] for s in counts])
-        out.update(
-            {
-                "true_nll_nats_per_string": float(nll.mean()),
-                "true_nll_nats_per_token": float(nll.sum() / tokens.sum()),
-                "true_nll_nats_per_token_stderr": ratio_stderr(nll, tokens),
-                "distinct_valid": len(counts),
-                "kl_plugin": float((q_hat * (np.log(q_hat) - log_p_distinct)).sum()),
-                "kl_plugin_note": "plug-in KL(q_hat||p) over valid samples; biased upward",
-            }
-        )
+        out.update(valid_sample_metrics(samples, log_p))
     if sample_log_q is not None:
-        log_q = np.asarray(sample_log_q, dtype=np.float64)
-        if log_q.shape != (n,):
-            raise ValueError(f"sample_log_q has shape {log_q.shape}; expected ({n},)")
-        if valid.all():
-            diff = log_q - log_p
-            out["kl_mc"] = float(diff.mean())
-            out["kl_mc_stderr"] = float(diff.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
-        else:
-            out["kl_mc"] = math.inf
-            out["kl_mc_stderr"] = math.nan
-        out["kl_mc_note"] = "mean(log q - log p) over the model's own samples: KL(q||p)"
+        out.update(monte_carlo_kl(sample_log_q, log_p))
     return out
+
+
+def valid_sample_metrics(samples: Sequence[str], log_p: np.ndarray) -> dict[str, Any]:
+    """The true NLL of the valid samples (finite ``log_p``) per string and per token (EOS
+    counted), and the plug-in KL(q_hat || p) of their empirical distribution q_hat."""
+    valid = np.isfinite(log_p)
+    good = [s for s, ok in zip(samples, valid) if ok]
+    nll = -log_p[valid]
+    tokens = np.array([len(s) + 1 for s in good], dtype=np.float64)
+    counts = Counter(good)
+    q_hat = np.array(list(counts.values()), dtype=np.float64) / len(good)
+    p_of = dict(zip(good, log_p[valid]))
+    log_p_distinct = np.array([p_of[s] for s in counts])
+    return {
+        "true_nll_nats_per_string": float(nll.mean()),
+        "true_nll_nats_per_token": float(nll.sum() / tokens.sum()),
+        "true_nll_nats_per_token_stderr": ratio_stderr(nll, tokens),
+        "distinct_valid": len(counts),
+        "kl_plugin": float((q_hat * (np.log(q_hat) - log_p_distinct)).sum()),
+        "kl_plugin_note": "plug-in KL(q_hat||p) over valid samples; biased upward",
+    }
+
+
+def monte_carlo_kl(sample_log_q: Sequence[float], log_p: np.ndarray) -> dict[str, Any]:
+    """mean(log q - log p) over the sampler's own samples, an unbiased estimate of KL(q || p),
+    with its standard error; infinite when any sample is invalid (p = 0 where q > 0)."""
+    n = len(log_p)
+    log_q = np.asarray(sample_log_q, dtype=np.float64)
+    if log_q.shape != (n,):
+        raise ValueError(f"sample_log_q has shape {log_q.shape}; expected ({n},)")
+    if np.isfinite(log_p).all():
+        diff = log_q - log_p
+        kl = {
+            "kl_mc": float(diff.mean()),
+            "kl_mc_stderr": float(diff.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan,
+        }
+    else:
+        kl = {"kl_mc": math.inf, "kl_mc_stderr": math.nan}
+    return kl | {"kl_mc_note": "mean(log q - log p) over the model's own samples: KL(q||p)"}
 
 
 @torch.no_grad()
@@ -100,7 +113,7 @@ def ar_sample(
     BOS and stopped at EOS, with each sample's exact log q (including its EOS; -inf when it hit
     ``max_tokens`` without one, i.e. it is not a complete document)."""
     generator = torch.Generator().manual_seed(seed)
-    device = next(iter(model.parameters()), torch.empty(0)).device
+    device = model_device(model)
     texts: list[str] = []
     log_qs: list[float] = []
     vocab = tokenizer.vocab_size

@@ -11,7 +11,7 @@ import torch
 from scipy import stats
 from torch import nn
 
-from eval.pathstar_probe import decoding_steps, pathstar_probe
+from eval.pathstar_probe import decoding_steps, path_scores, pathstar_probe
 from eval.synthetic import synthetic_report
 from eval.synthetic_likelihood import MASKED_LOGIT, symbol_ids
 from shared.checkpoint import full_model_state, save_checkpoint
@@ -195,6 +195,21 @@ def test_probe_runs_on_tiny_models(tok) -> None:
         pathstar_probe(_tiny(tok, "ar", seq_len), tok, language, "bd", seq_len, examples)
     with pytest.raises(ValueError, match="seq_len"):
         pathstar_probe(_tiny(tok, "ar", seq_len), tok, language, "ar", seq_len - 1, examples)
+
+
+def test_path_scores_by_hand() -> None:
+    # one exact answer, a wrong last node, a wrong start and last node, an unknown token ("?")
+    means, per_example = path_scores(["abc", "abd", "xbd", "a?c"], ["abc"] * 4, 3)
+    assert means == {
+        "exact_match": 0.25,
+        "first_step": 0.75,
+        "node_accuracy": pytest.approx((3 + 2 + 1 + 2) / 12),
+        "position_accuracy": [0.75, 0.75, 0.5],
+    }
+    assert per_example == {
+        "exact_match_per_example": [True, False, False, False],
+        "first_step_per_example": [True, True, True, False],
+    }
 
 
 class SolverModel(nn.Module):

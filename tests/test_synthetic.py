@@ -27,7 +27,12 @@ from eval.synthetic_probes import (
     prefix_log_prob,
     score_infills,
 )
-from eval.synthetic_samples import ar_sample, sample_metrics
+from eval.synthetic_samples import (
+    ar_sample,
+    monte_carlo_kl,
+    sample_metrics,
+    valid_sample_metrics,
+)
 from shared.checkpoint import full_model_state, save_checkpoint
 from shared.config import ModelConfig
 from shared.data.corpus import load_corpus
@@ -152,6 +157,26 @@ def test_sample_metrics(tok) -> None:
     assert abs(out["true_nll_nats_per_string"] - entropy.nats_per_string) < 0.05
     bad = sample_metrics(language, ["ab", "zz", "abab"], sample_log_q=[-1.0, -1.0, -1.0])
     assert bad["valid_fraction"] == pytest.approx(1 / 3) and bad["kl_mc"] == math.inf
+
+
+def test_sample_judgements_match_hand_computation() -> None:
+    # "a" twice and "b" once are valid (p = 1/2 and 1/4); "zz" is not: the per-token NLL counts
+    # EOS, so each valid string is two tokens; q_hat = (2/3, 1/3) gives KL = log(4/3) exactly.
+    log_p = np.array([math.log(0.5), math.log(0.5), math.log(0.25), -math.inf])
+    out = valid_sample_metrics(["a", "a", "b", "zz"], log_p)
+    assert out["true_nll_nats_per_string"] == pytest.approx(4 * math.log(2) / 3, rel=1e-12)
+    assert out["true_nll_nats_per_token"] == pytest.approx(4 * math.log(2) / 6, rel=1e-12)
+    assert out["distinct_valid"] == 2
+    assert out["kl_plugin"] == pytest.approx(math.log(4 / 3), rel=1e-12)
+    # log q - log p = (log 2, 0): mean log(2)/2, standard error (log(2)/sqrt(2))/sqrt(2)
+    kl = monte_carlo_kl(np.log([0.5, 0.25]), np.log([0.25, 0.25]))
+    assert kl["kl_mc"] == pytest.approx(math.log(2) / 2, rel=1e-12)
+    assert kl["kl_mc_stderr"] == pytest.approx(math.log(2) / 2, rel=1e-12)
+    invalid = monte_carlo_kl([-1.0, -1.0], np.array([math.log(0.5), -math.inf]))
+    assert invalid["kl_mc"] == math.inf and math.isnan(invalid["kl_mc_stderr"])
+    assert math.isnan(monte_carlo_kl([-1.0], np.log([0.5]))["kl_mc_stderr"])  # one sample
+    with pytest.raises(ValueError, match="expected \\(2,\\)"):
+        monte_carlo_kl([-1.0], np.log([0.5, 0.5]))
 
 
 def test_span_posterior_matches_enumeration() -> None:

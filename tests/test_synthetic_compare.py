@@ -8,6 +8,7 @@ import pytest
 
 from eval.experiments import compare
 from eval.experiments.stages import training_seed
+from eval.experiments.synthetic_compare import probe_rows
 
 
 @pytest.mark.slow
@@ -58,3 +59,32 @@ def test_synthetic_smoke_report_has_exact_metrics_and_plots(tmp_path):
     assert sorted(images) == ["gap_to_entropy.png", "valid_fraction.png"]
     assert all((out / image).stat().st_size > 1000 for image in images)
     assert compare.main(["--preset", "synthetic-nope", "--out", str(tmp_path / "x")]) == 2
+
+
+def test_probe_rows_list_each_models_probes_then_the_references():
+    hmm = {
+        "ar": {"infill_prefix_only": {"mode_agreement": 0.5}},
+        "mdm": {"infill": {"mode_agreement": 0.75}},
+        "infill_oracle": {"mode_agreement": 1.0},
+    }
+    assert probe_rows("hmm", hmm) == [
+        ["hmm", "AR", "infill_prefix_only", 0.5],
+        ["hmm", "MDM", "infill", 0.75],
+        ["hmm", "true posterior", "infill", 1.0],
+    ]
+    reversal = {"forward_accuracy": 1.0, "reverse_held_out_accuracy": 0.25, "chance": 0.125}
+    facts = {
+        "ar": {"reversal": reversal | {"reverse_paired_accuracy": None}},
+        "mdm": {"reversal": reversal | {"infill_reverse_accuracy": 0.5}},
+    }
+    assert probe_rows("facts", facts) == [
+        ["facts", "AR", "reversal: forward", 1.0],
+        ["facts", "AR", "reversal: reverse, held-out facts", 0.25],
+        ["facts", "MDM", "reversal: forward", 1.0],
+        ["facts", "MDM", "reversal: reverse, held-out facts", 0.25],
+        ["facts", "MDM", "reversal: infill position 1 (a training conditional)", 0.5],
+        ["facts", "chance (1/held-out)", "reversal", 0.125],
+    ]
+    assert probe_rows("pcfg", {"ar": {"completion": {"valid_fraction": 0.5}}, "mdm": {}}) == [
+        ["pcfg", "AR", "completion", 0.5]
+    ]

@@ -258,7 +258,7 @@ def write_report(
     wall_seconds: float,
     reused: list[str],
 ) -> dict[str, Path]:
-
+    """``report.md``, ``report.json`` and the two plots of the sweep under ``out``."""
     names = list(sets)
     seq_len = int(likelihood["ar"]["protocol"]["seq_len"])
     report = Report(
@@ -271,7 +271,37 @@ def write_report(
         },
         seeds={"train": training_seed(out / "ar"), "sampling": 0},
     )
-    report.text(
+    report.text(introduction(seq_len, summaries, settings, wall_seconds, reused))
+    rows = {
+        label(name, seq_len): main_estimate(likelihood[name])
+        | {"protocol": likelihood[name]["protocol"]}
+        for name in names
+    }
+    report.likelihood_table("Validation likelihood (same rows, same protocol)", rows)
+    report.table(per_model_table(names, seq_len, likelihood, sets, quality))
+    add_plots(report, names, seq_len, likelihood, sets, quality)
+    report.results.update(
+        {
+            "sweep": sweep_results(names, likelihood, sets, quality),
+            "likelihood_raw": likelihood,
+            "generation": {k: {x: v for x, v in e.items() if x != "ids"} for k, e in sets.items()},
+            "quality": quality,
+            "training": summaries,
+            "wall_seconds": wall_seconds,
+        }
+    )
+    return report.write()
+
+
+def introduction(
+    seq_len: int,
+    summaries: dict[str, Any],
+    settings: SweepSettings,
+    wall_seconds: float,
+    reused: list[str],
+) -> str:
+    """What the sweep places where, what every model saw, how it sampled, what was reused."""
+    return (
         "Block diffusion with block size 1 is autoregressive and with one block per row it is "
         f"masked diffusion; AR and MDM are placed at block sizes 1 and {seq_len} below. Every "
         f"model saw {summaries['ar']['tokens_seen']:,} training tokens of the same preset. "
@@ -281,16 +311,20 @@ def write_report(
         f"{wall_seconds / 60:.1f} min"
         + (f" (reused: {', '.join(reused)})." if reused else ", every stage computed.")
     )
-    rows = {
-        label(name, seq_len): main_estimate(likelihood[name])
-        | {"protocol": likelihood[name]["protocol"]}
-        for name in names
-    }
-    report.likelihood_table("Validation likelihood (same rows, same protocol)", rows)
-    table_rows = []
+
+
+def per_model_table(
+    names: list[str],
+    seq_len: int,
+    likelihood: dict[str, Any],
+    sets: dict[str, Any],
+    quality: dict[str, Any],
+) -> Table:
+    """One row per model (likelihood, sample quality, cost), then the held-out text's row."""
+    rows = []
     for name in names:
         estimate, entry, q = main_estimate(likelihood[name]), sets[name], quality["sets"][name]
-        table_rows.append(
+        rows.append(
             [
                 label(name, seq_len),
                 entry["block_size"],
@@ -304,41 +338,51 @@ def write_report(
                 entry["seconds_per_sample"],
             ]
         )
-    table_rows.append(
+    reference = quality["reference"]
+    rows.append(
         [
             "held-out text",
             "-",
             "-",
             "-",
             "-",
-            quality["reference"]["judge_ppl"],
+            reference["judge_ppl"],
             "-",
-            quality["reference"]["distinct_2"],
+            reference["distinct_2"],
             "-",
             "-",
         ]
     )
-    report.table(
-        Table(
-            "Per model",
-            [
-                "model",
-                "block size",
-                "estimate",
-                "nats/token",
-                "bits/byte",
-                "judge ppl",
-                "unigram entropy",
-                "distinct-2",
-                "NFE",
-                "s/sample",
-            ],
-            table_rows,
-            note=f"Judge: {quality['judge']}. NLL is exact (AR); NELBO is an upper bound on the "
-            "NLL (MDM, bd). NFE counts network evaluations per batch of samples; s/sample is the "
-            "batch's wall time over the sample count.",
-        )
+    return Table(
+        "Per model",
+        [
+            "model",
+            "block size",
+            "estimate",
+            "nats/token",
+            "bits/byte",
+            "judge ppl",
+            "unigram entropy",
+            "distinct-2",
+            "NFE",
+            "s/sample",
+        ],
+        rows,
+        note=f"Judge: {quality['judge']}. NLL is exact (AR); NELBO is an upper bound on the "
+        "NLL (MDM, bd). NFE counts network evaluations per batch of samples; s/sample is the "
+        "batch's wall time over the sample count.",
     )
+
+
+def add_plots(
+    report: Report,
+    names: list[str],
+    seq_len: int,
+    likelihood: dict[str, Any],
+    sets: dict[str, Any],
+    quality: dict[str, Any],
+) -> None:
+    """Likelihood and judge perplexity against block size."""
     nats = {
         n: (sets[n]["block_size"], main_estimate(likelihood[n])["nats_per_token"]) for n in names
     }
@@ -353,29 +397,25 @@ def write_report(
         sweep_figure(judged, seq_len, "judge perplexity", "Sample quality vs block size"),
         "Judge perplexity of unconditional samples vs block size",
     )
-    report.results.update(
-        {
-            "sweep": {
-                name: {
-                    "block_size": sets[name]["block_size"],
-                    "objective": sets[name]["objective"],
-                    "nats_per_token": main_estimate(likelihood[name])["nats_per_token"],
-                    "bits_per_byte": main_estimate(likelihood[name])["bits_per_byte"],
-                    "judge_ppl": quality["sets"][name]["judge_ppl"],
-                    "unigram_entropy": quality["sets"][name]["unigram_entropy"],
-                    "nfe": sets[name]["nfe"],
-                    "seconds_per_sample": sets[name]["seconds_per_sample"],
-                }
-                for name in names
-            },
-            "likelihood_raw": likelihood,
-            "generation": {k: {x: v for x, v in e.items() if x != "ids"} for k, e in sets.items()},
-            "quality": quality,
-            "training": summaries,
-            "wall_seconds": wall_seconds,
+
+
+def sweep_results(
+    names: list[str], likelihood: dict[str, Any], sets: dict[str, Any], quality: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """The headline numbers of every model, by run name, for ``report.json``."""
+    return {
+        name: {
+            "block_size": sets[name]["block_size"],
+            "objective": sets[name]["objective"],
+            "nats_per_token": main_estimate(likelihood[name])["nats_per_token"],
+            "bits_per_byte": main_estimate(likelihood[name])["bits_per_byte"],
+            "judge_ppl": quality["sets"][name]["judge_ppl"],
+            "unigram_entropy": quality["sets"][name]["unigram_entropy"],
+            "nfe": sets[name]["nfe"],
+            "seconds_per_sample": sets[name]["seconds_per_sample"],
         }
-    )
-    return report.write()
+        for name in names
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

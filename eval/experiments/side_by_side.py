@@ -92,6 +92,20 @@ def columns(left: str, right: str, width: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.prompt and not args.infill:
+        args.prompt = [""]
+    prompts = args.prompt + [prefix for prefix, _ in args.infill]
+    suffixes = [None] * len(args.prompt) + [suffix for _, suffix in args.infill]
+    outputs, status = result_or_status(lambda: generate_both(args, prompts, suffixes))
+    if status:
+        return status
+    ar, mdm = outputs
+    print_columns(args, prompts, suffixes, ar, mdm)
+    return 0
+
+
+def build_parser() -> CommandParser:
     parser = CommandParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -115,39 +129,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--width", type=int, default=48, help="column width")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
-    args = parser.parse_args(argv)
-    if not args.prompt and not args.infill:
-        args.prompt = [""]
-    prompts = args.prompt + [prefix for prefix, _ in args.infill]
-    suffixes = [None] * len(args.prompt) + [suffix for _, suffix in args.infill]
+    return parser
 
-    def generate_both() -> tuple[list, list]:
-        set_threads(args.threads)
-        for prompt in prompts + [suffix for suffix in suffixes if suffix]:
-            utf8_argument(prompt, "--prompt/--infill")
-        for path in (args.ar_checkpoint, args.mdm_checkpoint):
-            if not Path(path).exists():
-                raise CheckpointError(f"checkpoint path {path} does not exist")
-        with torch.no_grad():  # a context, not a global switch: callers may train afterwards
-            ar = ar_continue(
-                args.ar_checkpoint, prompts, args.gen_length, args.temperature, args.seed
-            )
-            mdm = mdm_fill(
-                args.mdm_checkpoint,
-                prompts,
-                suffixes,
-                args.gen_length,
-                args.steps,
-                args.sampler,
-                args.temperature,
-                args.seed,
-            )
-        return ar, mdm
 
-    outputs, status = result_or_status(generate_both)
-    if status:
-        return status
-    ar, mdm = outputs
+def generate_both(
+    args: argparse.Namespace, prompts: list[str], suffixes: list[str | None]
+) -> tuple[list[Cell], list[Cell]]:
+    """Every request through both checkpoints, after checking the text and the paths."""
+    set_threads(args.threads)
+    for prompt in prompts + [suffix for suffix in suffixes if suffix]:
+        utf8_argument(prompt, "--prompt/--infill")
+    for path in (args.ar_checkpoint, args.mdm_checkpoint):
+        if not Path(path).exists():
+            raise CheckpointError(f"checkpoint path {path} does not exist")
+    with torch.no_grad():  # a context, not a global switch: callers may train afterwards
+        ar = ar_continue(args.ar_checkpoint, prompts, args.gen_length, args.temperature, args.seed)
+        mdm = mdm_fill(
+            args.mdm_checkpoint,
+            prompts,
+            suffixes,
+            args.gen_length,
+            args.steps,
+            args.sampler,
+            args.temperature,
+            args.seed,
+        )
+    return ar, mdm
+
+
+def print_columns(
+    args: argparse.Namespace,
+    prompts: list[str],
+    suffixes: list[str | None],
+    ar: list[Cell],
+    mdm: list[Cell],
+) -> None:
+    """A header, then per request its task line, both texts and both costs in two columns."""
     width = args.width
     header = columns("AR (KV cache)", f"MDM ({args.sampler}, {args.steps} steps)", width)
     print(header + "\n" + "-" * (2 * width + 3))
@@ -163,7 +180,6 @@ def main(argv: list[str] | None = None) -> int:
             columns(f"[{a.nfe} NFE, {a.seconds:.2f} s]", f"[{m.nfe} NFE, {m.seconds:.2f} s]", width)
         )
         print("-" * (2 * width + 3))
-    return 0
 
 
 if __name__ == "__main__":

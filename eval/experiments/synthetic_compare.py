@@ -89,7 +89,7 @@ def language_label(spec: str) -> str:
 def run_synthetic(
     preset: str, out: Path, extra: dict[str, Any], force: bool, stop: StopRequest | None = None
 ) -> dict[str, Path]:
-
+    """Train and measure every language of ``preset``, then write the report under ``out``."""
     if preset not in SYNTHETIC_PRESETS:
         raise ConfigError(
             f"preset={preset!r} is unknown; synthetic presets: {sorted(SYNTHETIC_PRESETS)}"
@@ -97,141 +97,184 @@ def run_synthetic(
     settings = SYNTHETIC_PRESETS[preset]
     started = time.perf_counter()
     stages = Stages(out, force, stop)
-    results: dict[str, Any] = {}
-    for language in settings.languages:
-        label = language_label(language.spec)
-        overrides = settings.overrides | {
-            "dataset": language.spec,
-            "tokenizer": "byte",
-            "protocol": "padded",
-            "seq_len": language.seq_len,
-            "max_seq_len": max(64, language.seq_len),
-        }
-        summaries = train_both(settings.preset, out / label, overrides | extra, "tokens", force)
-        seed = training_seed(out / label / "ar")  # one seed for every language's runs
-        key = {
-            "train": {k: v["step"] for k, v in summaries.items()},
-            "settings": dataclasses.asdict(settings),
-            "spec": language.spec,
-        }
-        results[label] = stages.run(
-            f"exact-{label}",
-            key,
-            lambda lang=language, lab=label: synthetic_report(
-                str(out / lab / "ar"),
-                str(out / lab / "mdm"),
-                lang.spec,
-                settings.samples,
-                n_heldout=settings.heldout,
-                nelbo_samples=settings.nelbo_samples,
-            ),
+    results = {
+        language_label(language.spec): measure_language(
+            settings, language, out, extra, force, stages
         )
-        results[label]["training"] = {
-            k: {"tokens_seen": v["tokens_seen"], "step": v["step"]} for k, v in summaries.items()
-        }
-
+        for language in settings.languages
+    }
+    # one seed for every language's runs: the one the last language's AR was trained with
+    seed = training_seed(out / language_label(settings.languages[-1].spec) / "ar")
     report = Report(
         f"AR vs masked diffusion on synthetic languages: preset `{preset}`",
         out,
         config={"preset": preset, "settings": dataclasses.asdict(settings)},
         seeds={"train": seed, "sampling": 0},
     )
-    report.text(
-        "Every number below is measured against the *true* distribution of the language: the "
-        "entropy is exact (or a labelled Monte-Carlo estimate), the judge of the samples is the "
-        "true probability, validity is decided by the language's own rules. Gaps are in nats "
-        "per token with EOS counted; the MDM gap uses its NELBO (an upper bound)."
-    )
-    likelihood_rows, sample_rows, probe_rows = [], [], []
-    for label, r in results.items():
-        entropy = r["language"]["entropy"]
-        for name in ("ar", "mdm"):
-            section = r[name]
-            lik, smp = section["likelihood"], section["samples"]
-            likelihood_rows.append(
-                [
-                    label,
-                    name.upper(),
-                    entropy["nats_per_token"],
-                    lik["model_nats_per_token"],
-                    lik["gap_to_true_nll"],
-                    lik["gap_to_true_nll_stderr"],
-                    lik["gap_to_entropy"],
-                ]
-            )
-            sample_rows.append(
-                [
-                    label,
-                    name.upper(),
-                    smp["valid_fraction"],
-                    smp.get("true_nll_nats_per_token", float("nan")),
-                    smp.get("kl_plugin", float("nan")),
-                    smp.get("kl_mc", "-"),
-                ]
-            )
-            for probe in ("infill", "infill_prefix_only", "completion"):
-                if probe in section:
-                    probe_rows.append([label, name.upper(), probe, _probe_score(section[probe])])
-            for key, probe in REVERSAL_ROWS:
-                if section.get("reversal", {}).get(key) is not None:
-                    probe_rows.append([label, name.upper(), probe, section["reversal"][key]])
-        if "infill_oracle" in r:
-            probe_rows.append([label, "true posterior", "infill", _probe_score(r["infill_oracle"])])
-        if "reversal" in r["ar"]:
-            probe_rows.append(
-                [label, "chance (1/held-out)", "reversal", r["ar"]["reversal"]["chance"]]
-            )
-    report.table(
-        Table(
-            "Likelihood against the exact entropy",
-            [
-                "language",
-                "model",
-                "true entropy",
-                "model nats/token",
-                "gap to true NLL",
-                "stderr",
-                "gap to entropy",
-            ],
-            likelihood_rows,
-        )
-    )
-    report.table(
-        Table(
-            "Samples judged by the true distribution",
-            [
-                "language",
-                "model",
-                "valid fraction",
-                "true NLL/token (valid)",
-                "KL plug-in",
-                "KL Monte Carlo",
-            ],
-            sample_rows,
-            note="KL plug-in is biased upward with few samples; the Monte-Carlo KL "
-            "needs the sampler's own log q and exists for AR only.",
-        )
-    )
-    if probe_rows:
-        report.table(
-            Table(
-                "Capability probes",
-                ["language", "model", "probe", "score"],
-                probe_rows,
-                note="infill: agreement with the exact posterior mode of a masked "
-                "span (the MDM sees both sides, AR only the prefix); completion: "
-                "fraction of valid completions of half-strings; reversal: accuracy of b_i "
-                "given a_i (forward) and of a_i given b_i in the same order for both models "
-                "(reverse: the AR's next token after b_i, the MDM's fill after b_i), on the "
-                "held-out facts (never seen reversed; the reversal-curse query) and the paired "
-                "ones (seen reversed too). 'reverse, likelihood-scored' is argmax_a "
-                "p_AR(a, b_i) over the held-out a's: the AR answering through its forward "
-                "direction, not a reverse query.",
-            )
-        )
+    report.text(INTRODUCTION)
+    report.table(likelihood_table(results))
+    report.table(samples_table(results))
+    probes = probes_table(results)
+    if probes.rows:
+        report.table(probes)
     _plots(report, results)
     report.results.update({"languages": results, "wall_seconds": time.perf_counter() - started})
     return report.write()
+
+
+def measure_language(
+    settings: SyntheticSettings,
+    language: Language,
+    out: Path,
+    extra: dict[str, Any],
+    force: bool,
+    stages: Stages,
+) -> dict[str, Any]:
+    """Train the AR and MDM models of one language (reused when finished) and measure both
+    against its true distribution (a stored stage unless the training or settings changed)."""
+    label = language_label(language.spec)
+    overrides = settings.overrides | {
+        "dataset": language.spec,
+        "tokenizer": "byte",
+        "protocol": "padded",
+        "seq_len": language.seq_len,
+        "max_seq_len": max(64, language.seq_len),
+    }
+    summaries = train_both(settings.preset, out / label, overrides | extra, "tokens", force)
+    key = {
+        "train": {k: v["step"] for k, v in summaries.items()},
+        "settings": dataclasses.asdict(settings),
+        "spec": language.spec,
+    }
+    result = stages.run(
+        f"exact-{label}",
+        key,
+        lambda: synthetic_report(
+            str(out / label / "ar"),
+            str(out / label / "mdm"),
+            language.spec,
+            settings.samples,
+            n_heldout=settings.heldout,
+            nelbo_samples=settings.nelbo_samples,
+        ),
+    )
+    result["training"] = {
+        k: {"tokens_seen": v["tokens_seen"], "step": v["step"]} for k, v in summaries.items()
+    }
+    return result
+
+
+INTRODUCTION = (
+    "Every number below is measured against the *true* distribution of the language: the "
+    "entropy is exact (or a labelled Monte-Carlo estimate), the judge of the samples is the "
+    "true probability, validity is decided by the language's own rules. Gaps are in nats "
+    "per token with EOS counted; the MDM gap uses its NELBO (an upper bound)."
+)
+
+MODELS = ("ar", "mdm")
+
+
+def likelihood_table(results: dict[str, Any]) -> Table:
+    """Each model's NLL/NELBO against the language's exact entropy."""
+    rows = []
+    for label, result in results.items():
+        entropy = result["language"]["entropy"]["nats_per_token"]
+        for name in MODELS:
+            likelihood = result[name]["likelihood"]
+            rows.append(
+                [
+                    label,
+                    name.upper(),
+                    entropy,
+                    likelihood["model_nats_per_token"],
+                    likelihood["gap_to_true_nll"],
+                    likelihood["gap_to_true_nll_stderr"],
+                    likelihood["gap_to_entropy"],
+                ]
+            )
+    return Table(
+        "Likelihood against the exact entropy",
+        [
+            "language",
+            "model",
+            "true entropy",
+            "model nats/token",
+            "gap to true NLL",
+            "stderr",
+            "gap to entropy",
+        ],
+        rows,
+    )
+
+
+def samples_table(results: dict[str, Any]) -> Table:
+    """Each model's samples judged by the true distribution."""
+    rows = []
+    for label, result in results.items():
+        for name in MODELS:
+            samples = result[name]["samples"]
+            rows.append(
+                [
+                    label,
+                    name.upper(),
+                    samples["valid_fraction"],
+                    samples.get("true_nll_nats_per_token", float("nan")),
+                    samples.get("kl_plugin", float("nan")),
+                    samples.get("kl_mc", "-"),
+                ]
+            )
+    return Table(
+        "Samples judged by the true distribution",
+        [
+            "language",
+            "model",
+            "valid fraction",
+            "true NLL/token (valid)",
+            "KL plug-in",
+            "KL Monte Carlo",
+        ],
+        rows,
+        note="KL plug-in is biased upward with few samples; the Monte-Carlo KL "
+        "needs the sampler's own log q and exists for AR only.",
+    )
+
+
+def probes_table(results: dict[str, Any]) -> Table:
+    """Infilling, completion and reversal scores with their references (true posterior,
+    chance); a table without rows when no language has a probe."""
+    rows = [row for label, result in results.items() for row in probe_rows(label, result)]
+    return Table(
+        "Capability probes",
+        ["language", "model", "probe", "score"],
+        rows,
+        note="infill: agreement with the exact posterior mode of a masked "
+        "span (the MDM sees both sides, AR only the prefix); completion: "
+        "fraction of valid completions of half-strings; reversal: accuracy of b_i "
+        "given a_i (forward) and of a_i given b_i in the same order for both models "
+        "(reverse: the AR's next token after b_i, the MDM's fill after b_i), on the "
+        "held-out facts (never seen reversed; the reversal-curse query) and the paired "
+        "ones (seen reversed too). 'reverse, likelihood-scored' is argmax_a "
+        "p_AR(a, b_i) over the held-out a's: the AR answering through its forward "
+        "direction, not a reverse query.",
+    )
+
+
+def probe_rows(label: str, result: dict[str, Any]) -> list[list[Any]]:
+    """One language's probe rows: each model's probes, then the references."""
+    rows = []
+    for name in MODELS:
+        section = result[name]
+        for probe in ("infill", "infill_prefix_only", "completion"):
+            if probe in section:
+                rows.append([label, name.upper(), probe, _probe_score(section[probe])])
+        for key, probe in REVERSAL_ROWS:
+            if section.get("reversal", {}).get(key) is not None:
+                rows.append([label, name.upper(), probe, section["reversal"][key]])
+    if "infill_oracle" in result:
+        rows.append([label, "true posterior", "infill", _probe_score(result["infill_oracle"])])
+    if "reversal" in result["ar"]:
+        rows.append([label, "chance (1/held-out)", "reversal", result["ar"]["reversal"]["chance"]])
+    return rows
 
 
 REVERSAL_ROWS = (
