@@ -37,6 +37,19 @@ def final_weights(out: Path) -> dict[str, torch.Tensor]:
     return load_file(str(list_checkpoints(out / "checkpoints")[-1] / "model.safetensors"))
 
 
+def test_validation_scores_at_most_val_max_rows_rows(tmp_path, cache_dir):
+    # the tiny preset keeps the first 256 rows of 31 loss tokens; 0 keeps the whole split
+    common = ["--max-steps", "1", "--eval-every", "100"]
+    kept = cli.train_from_argv(tiny_args(tmp_path / "kept", cache_dir, *common))
+    assert kept["val_tokens"] == 256 * 31
+    every = cli.train_from_argv(
+        tiny_args(tmp_path / "all", cache_dir, *common, "--val-max-rows", "0")
+    )
+    assert every["val_tokens"] > 20 * kept["val_tokens"]  # 5,186 rows
+    with pytest.raises(ConfigError, match="val_max_rows=-1 must be >= 0"):
+        cli.train_from_argv(tiny_args(tmp_path / "bad", cache_dir, "--val-max-rows", "-1"))
+
+
 @pytest.mark.parametrize("objective", ["ar", "mdm", "udm"])
 def test_loss_falls_on_a_tiny_corpus(objective, tmp_path, cache_dir):
     summary = cli.train_from_argv(

@@ -106,6 +106,8 @@ FLAG_GROUPS: dict[str, dict[str, str]] = {
     "checkpoints and evaluation": {
         "eval_every": "steps between validations (each also saves a checkpoint)",
         "eval_batches": "batches per periodic validation; 0 = the whole split",
+        "val_max_rows": "validate on at most the first N rows of the validation split (the "
+        "final validation too); 0 = all of them",
         "eval_seed": "seed of the fixed validation noise",
         "curve_points": "also validate at this many steps spaced evenly in log-FLOPs over the "
         "last 64x of training (a learning curve); 0 = off",

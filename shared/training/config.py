@@ -84,6 +84,7 @@ class TrainConfig:
     # evaluation, logging, checkpoints
     eval_every: int = 200
     eval_batches: int = 8  # global batches per periodic evaluation; 0 = the whole split
+    val_max_rows: int = 0  # validate on at most the first N validation rows; 0 = all of them
     eval_seed: int = 1234
     # learning curve: also validate (on eval_batches) at this many steps spaced evenly in log
     # over the last 64x of training FLOPs, the final step included; 0 = off
@@ -134,6 +135,7 @@ class TrainConfig:
             "max_flops",
             "stop_after_steps",
             "eval_batches",
+            "val_max_rows",
             "curve_points",
             "checkpoint_every",
             "keep_checkpoints",

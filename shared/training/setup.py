@@ -147,7 +147,12 @@ def load_data(
             f"{corpus.fingerprint})"
         )
     train_rows = unique_rows(splits["train"].tokens, cfg)
-    return RunData(tokenizer, train_rows, splits["validation"].tokens, record)
+    return RunData(tokenizer, train_rows, kept_validation(splits["validation"].tokens, cfg), record)
+
+
+def kept_validation(rows: np.ndarray, cfg: TrainConfig) -> np.ndarray:
+    """The validation rows a run scores: at most the first ``val_max_rows`` (all when 0)."""
+    return rows[: cfg.val_max_rows] if cfg.val_max_rows else rows
 
 
 UNIQUE_ROWS_SEED = 20251201  # one fixed draw, so every run of a comparison sees the same data
