@@ -191,7 +191,7 @@ def judge(
             f"is at least {RULE['far_less']:g}x. *Not reproduced*: the whole interval is below "
             f"{RULE['far_less']:g}x. *Inconclusive* otherwise. The saving counting the AR "
             "pretraining FLOPs too is reported beside it, not judged. Learned checks: the AR "
-            "run's and the scratch MDM's final validation losses are more than "
+            "run's, the scratch MDM's and the adapted MDM's final validation losses are more than "
             f"{RULE['plateau_margin']} nats below the unigram entropy ({unigram:.3f}). "
             "Adaptation: weights from the AR run's newest checkpoint, the [MASK] embedding the "
             "mean of the embedding rows, attention annealed from causal to full over the first "
@@ -265,7 +265,11 @@ def judge(
             ", ".join(f"{v:.3f}" for v in finals[name]),
             max(finals[name]) < unigram - RULE["plateau_margin"],
         )
-        for name, label in (("ar", "AR"), ("mdm-scratch", "MDM from scratch"))
+        for name, label in (
+            ("ar", "AR"),
+            ("mdm-scratch", "MDM from scratch"),
+            ("mdm-adapted", "MDM adapted"),
+        )
     ]
     notes = []
     if any(savings[s]["at_first_point"] for s in seeds):

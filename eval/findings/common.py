@@ -17,7 +17,7 @@ from eval.findings.registration import (
     registration_text,
 )
 from eval.findings.table import findings_table
-from eval.findings.verdicts import RULES, LearnedCheck, learned_gate
+from eval.findings.verdicts import RULES, LearnedCheck, learned_gate, one_seed_guard
 from eval.report import Report, Table, code_state, provenance
 from shared.faults import StopRequest
 from shared.files import write_atomic
@@ -133,7 +133,8 @@ def finish_report(
 ) -> FindingResult:
     """Apply the learned gate to the comparison's ``verdict``, write the verdict section and the
     report; returns the finding's row for the index."""
-    gated, gate_notes = learned_gate(verdict, checks, finding.gpu_budget or finding.gpu_wall)
+    guarded, seed_notes = one_seed_guard(verdict, len(report.seeds.get("train", ())))
+    gated, gate_notes = learned_gate(guarded, checks, finding.gpu_budget or finding.gpu_wall)
     status = report.results["registration"]["status"]
     result = FindingResult(
         finding.name,
@@ -143,7 +144,7 @@ def finish_report(
         rule,
         scale,
         numbers=(numbers or {}) | {"comparison_verdict": verdict},
-        notes=gate_notes + (notes or []),
+        notes=seed_notes + gate_notes + (notes or []),
         registration=status,
     )
     label = " (exploratory run)" if status == EXPLORATORY else ""

@@ -191,7 +191,8 @@ def judge(scale: str, settings: GapSettings, measured: list[dict], out: Path) ->
             f"{settings.fresh_epochs:g} epoch of the training data (fresh data) enter. M is read "
             f"at {HEADLINE_RULES[settings.budgets.headline_rule]} (the declared loss level), per "
             "seed; its interval is the t interval of log M over the seeds. The band is "
-            f"{BAND.text()}. The verdict is the largest size's. Learned checks: each model has "
+            f"{BAND.text()}. The verdict is the largest size's, and needs M read in every seed "
+            "(otherwise *inconclusive*). Learned checks: each model has "
             f"at least {RULE['min_points_past_plateau']} budget points past its plateau in "
             "every seed (a frontier to read M from)."
         ],
@@ -255,7 +256,14 @@ def judge(scale: str, settings: GapSettings, measured: list[dict], out: Path) ->
             "No multiplier interval at the largest size: fewer than two seeds where both "
             "frontiers, past the plateau on fresh data, cover the declared loss level."
         )
-    verdict = magnitude if interval is not None else INCONCLUSIVE
+    missing = largest["analysis"].get("unmeasured_seeds", [])
+    if interval is not None and missing:
+        notes.append(
+            f"M was not read in seed(s) {missing} at the largest size (a frontier past the "
+            "plateau on fresh data does not reach the declared loss level): the interval of the "
+            "other seeds would hide them, so the verdict is *inconclusive*."
+        )
+    verdict = magnitude if interval is not None and not missing else INCONCLUSIVE
     if window and verdict != INCONCLUSIVE:
         notes.append(
             f"With full attention the band would give *{verdict}*; with windowed attention the "
