@@ -81,6 +81,27 @@ def run(settings: AdaptSettings, job: Job) -> FindingResult:
     return judge(job.scale, settings, per_seed, unigram, job.out)
 
 
+def runs(settings: AdaptSettings) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every run this finding trains (for the registration; the adapted run's ``init_from`` is
+    its seed's AR run)."""
+    planned = {}
+    for seed in settings.seeds:
+        shared = settings.overrides | {"curve_points": settings.curve_points, "seed": seed}
+        mdm = shared | {"objective": "mdm", "max_steps": settings.mdm_steps}
+        planned |= {
+            f"seed-{seed}/ar": (
+                settings.preset,
+                shared | {"objective": "ar", "max_steps": settings.ar_steps},
+            ),
+            f"seed-{seed}/mdm-scratch": (settings.preset, mdm),
+            f"seed-{seed}/mdm-adapted": (
+                settings.preset,
+                mdm | {"attention_anneal_steps": settings.anneal_steps},
+            ),
+        }
+    return planned
+
+
 def train_seed(settings: AdaptSettings, job: Job, out: Path, seed: int) -> dict[str, Any]:
     """One seed's AR run, MDM from scratch and MDM adapted from that AR run: their summaries and
     learning curves."""
@@ -335,4 +356,6 @@ FINDING = Finding(
     rule=RULE,
     gpu_budget="GPT-2 small on OpenWebText, 20k steps per run, 3 seeds",
     cost="3 seeds x 3 runs of 320 steps (AR, MDM from scratch, MDM adapted)",
+    runs=runs,
+    judged_by=("eval.budgets", "eval.curves"),
 )

@@ -78,6 +78,11 @@ class Finding:
     rule: dict[str, Any] = field(default_factory=dict)
     gpu_budget: str = ""  # what the gpu scale trains, for a finding whose models did not learn
     cost: str = ""  # the cpu scale's training work, said where it takes over 20 minutes
+    # settings -> {run name: (preset, overrides)}: every run the finding trains, as run() starts
+    # it (without the job's cache and thread settings); resolved and hashed into the registration
+    runs: Callable[[Any], dict[str, tuple[str, dict[str, Any]]]] | None = None
+    # modules besides verdicts.py, common.py and the finding's own whose code decides its verdict
+    judged_by: tuple[str, ...] = ()
 
 
 def job_stamp(finding: Finding, scale: str) -> dict[str, str]:

@@ -15,6 +15,7 @@ from eval.experiments.compare import token_frequencies
 from eval.experiments.compare_budgets import (
     attention_pattern,
     multiplier_analysis,
+    own_warmups,
     seed_folder,
     train_budget_points,
 )
@@ -110,6 +111,26 @@ RULE = {
     "min_points_past_plateau": 2,
     "windowed_attention": "inconclusive: not comparable with SMDM's full attention",
 }
+
+
+def runs(settings: GapSettings) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every trunk this finding trains (for the registration; its budget branches are these
+    runs cut short at the budgets ``settings.budgets`` declares)."""
+    schedule = {"lr_schedule": "wsd", "cooldown_fraction": settings.budgets.cooldown_fraction}
+    warmups = own_warmups(settings.budgets)
+    return {
+        f"{size_label(size)}/seed-{seed}/{objective}": (
+            settings.preset,
+            settings.overrides
+            | size
+            | schedule
+            | {"seed": seed, "objective": objective}
+            | warmups.get(objective, {}),
+        )
+        for size in settings.sizes
+        for seed in settings.seeds
+        for objective in ("ar", "mdm")
+    }
 
 
 def run(settings: GapSettings, job: Job) -> FindingResult:
@@ -336,4 +357,6 @@ FINDING = Finding(
     rule=RULE,
     gpu_budget="GPT-2-small shapes at three widths on OpenWebText, full attention, 20k steps",
     cost="3 seeds x (2 trunks of 320 steps + 9 cooldown branches)",
+    runs=runs,
+    judged_by=("eval.budgets", "eval.experiments.compare_budgets"),
 )

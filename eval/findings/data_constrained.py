@@ -117,66 +117,56 @@ def ar_name(weight_decay: float) -> str:
     return f"ar-wd{weight_decay:g}"
 
 
-def run(settings: DataSettings, job: Job) -> FindingResult:
+def unique_rows(settings: DataSettings) -> tuple[int, int]:
+    """(rows of unique tokens, batch size) of the preset with the settings' overrides."""
     _, base = resolve_config(settings.preset, settings.overrides)
-    rows = math.ceil(settings.unique_tokens / (base.seq_len - 1))
-    steps_per_epoch = rows / base.batch_size
-    shared = settings.overrides | {"curve_points": 0} | job.extra
-    repeated = shared | {"unique_tokens": settings.unique_tokens, "unique_sample": "random"}
+    return math.ceil(settings.unique_tokens / (base.seq_len - 1)), base.batch_size
+
+
+def seed_plan(settings: DataSettings, seed: int) -> dict[str, dict[str, Any]]:
+    """One seed's runs, each with its objective: the AR sweep and the MDM on the repeated rows,
+    and the fresh-data AR on the first AR run's schedule (its step count, the first AR run's
+    last step, is set when that run has finished)."""
+    rows, batch_size = unique_rows(settings)
 
     def every(evals_per_epoch: float) -> int:
-        return max(1, round(steps_per_epoch / evals_per_epoch))
+        return max(1, round(rows / batch_size / evals_per_epoch))
 
+    shared = settings.overrides | {"curve_points": 0, "seed": seed}
+    repeated = shared | {"unique_tokens": settings.unique_tokens, "unique_sample": "random"}
     ar = {
         "warmup_steps": settings.ar_warmup_steps,
         "eval_every": every(settings.ar_evals_per_epoch),
     }
-    runs: dict[int, dict[str, list[dict[str, Any]]]] = {}
+    plan = {
+        ar_name(wd): repeated | ar | {"epochs": settings.ar_epochs, "weight_decay": wd}
+        for wd in settings.weight_decays
+    }
+    plan = {name: over | {"objective": "ar"} for name, over in plan.items()}
+    plan["mdm"] = repeated | {
+        "epochs": settings.mdm_epochs,
+        "lr_schedule": "constant",
+        "eval_every": every(settings.mdm_evals_per_epoch),
+        "objective": "mdm",
+    }
+    plan["ar-fresh"] = shared | ar | {"weight_decay": settings.weight_decays[0], "objective": "ar"}
+    return plan
+
+
+def runs(settings: DataSettings) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every run this finding trains (for the registration)."""
+    return {
+        f"seed{seed}/{name}": (settings.preset, over)
+        for seed in settings.seeds
+        for name, over in seed_plan(settings, seed).items()
+    }
+
+
+def run(settings: DataSettings, job: Job) -> FindingResult:
+    rows, _ = unique_rows(settings)
+    curves_by_seed: dict[int, dict[str, list[dict[str, Any]]]] = {}
     for seed in settings.seeds:
-        folder = job.out / f"seed{seed}"
-        curves = {}
-        for wd in settings.weight_decays:
-            over = repeated | ar | {"epochs": settings.ar_epochs, "weight_decay": wd, "seed": seed}
-            summary = train_or_reuse(
-                ar_name(wd),
-                folder / ar_name(wd),
-                settings.preset,
-                {"objective": "ar"},
-                over,
-                job.force,
-            )
-            curves[ar_name(wd)] = read_periodic(folder / ar_name(wd), summary["train_rows"])
-        mdm = repeated | {
-            "epochs": settings.mdm_epochs,
-            "lr_schedule": "constant",
-            "eval_every": every(settings.mdm_evals_per_epoch),
-            "seed": seed,
-        }
-        summary = train_or_reuse(
-            "mdm", folder / "mdm", settings.preset, {"objective": "mdm"}, mdm, job.force
-        )
-        curves["mdm"] = read_periodic(folder / "mdm", summary["train_rows"])
-        # The fresh-data reference: the first AR run's schedule and steps on the whole split.
-        first = ar_name(settings.weight_decays[0])
-        fresh = (
-            shared
-            | ar
-            | {
-                "max_steps": curves[first][-1]["step"],
-                "weight_decay": settings.weight_decays[0],
-                "seed": seed,
-            }
-        )
-        summary = train_or_reuse(
-            "ar, fresh data",
-            folder / "ar-fresh",
-            settings.preset,
-            {"objective": "ar"},
-            fresh,
-            job.force,
-        )
-        curves["ar-fresh"] = read_periodic(folder / "ar-fresh", rows)  # epochs of the unique size
-        runs[seed] = curves
+        curves_by_seed[seed] = train_seed(settings, job, seed, rows)
     first_seed = job.out / f"seed{settings.seeds[0]}" / ar_name(settings.weight_decays[0])
     stages = Stages(job.out, job.force, job.stop)
     unigram = stages.run(
@@ -184,7 +174,35 @@ def run(settings: DataSettings, job: Job) -> FindingResult:
         {},
         lambda: entropy_of_counts(token_frequencies(*load(first_seed.parent, first_seed.name)[1:])),
     )
-    return judge(job.scale, settings, runs, unigram, job.out)
+    return judge(job.scale, settings, curves_by_seed, unigram, job.out)
+
+
+def train_seed(
+    settings: DataSettings, job: Job, seed: int, rows: int
+) -> dict[str, list[dict[str, Any]]]:
+    """One seed's runs trained (or reused), as validation curves over epochs of the unique rows
+    (the fresh run's: tokens / unique tokens)."""
+    folder = job.out / f"seed{seed}"
+    plan = seed_plan(settings, seed)
+    first = ar_name(settings.weight_decays[0])
+    curves = {
+        name: train_planned(name, folder / name, settings.preset, plan[name], job)
+        for name in [*map(ar_name, settings.weight_decays), "mdm"]
+    }
+    plan["ar-fresh"]["max_steps"] = curves[first][-1]["step"]
+    curves["ar-fresh"] = train_planned(
+        "ar, fresh data", folder / "ar-fresh", settings.preset, plan["ar-fresh"], job, rows
+    )
+    return curves
+
+
+def train_planned(
+    label: str, run_dir: Path, preset: str, planned: dict, job: Job, rows: int | None = None
+) -> list[dict[str, Any]]:
+    start = {"objective": planned["objective"]}
+    over = {k: v for k, v in planned.items() if k != "objective"} | job.extra
+    summary = train_or_reuse(label, run_dir, preset, start, over, job.force)
+    return read_periodic(run_dir, rows or summary["train_rows"])
 
 
 def read_periodic(run_dir: Path, unique_rows: int) -> list[dict[str, Any]]:
@@ -434,4 +452,6 @@ FINDING = Finding(
     rule=RULE,
     gpu_budget="GPT-2 small on 25M unique OpenWebText tokens, MDM 200 epochs, 3 seeds",
     cost="3 seeds x (3 AR runs of 16 epochs, a 150-epoch MDM run, a fresh-data AR run)",
+    runs=runs,
+    judged_by=("eval.budgets",),
 )

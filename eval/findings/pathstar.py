@@ -139,6 +139,31 @@ def spec_for(settings: PathStarSettings, degree: int, arm: int, seed: int, rever
     )
 
 
+def graph_overrides(settings: PathStarSettings, degree: int, arm: int, seed: int) -> dict:
+    # every string has the same length: 3*degree*arm + arm + 4 symbols, plus BOS and EOS
+    shape = {"seq_len": 3 * degree * arm + arm + 6, "seed": seed}
+    return TRAIN | settings.overrides | shape
+
+
+def runs(settings: PathStarSettings) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every run this finding trains (for the registration)."""
+    planned = {}
+    for degree, arm in settings.graphs:
+        for seed in settings.seeds:
+            base = graph_overrides(settings, degree, arm, seed)
+            where = f"{graph_label(degree, arm)}/seed{seed}"
+            for name, objective, reverse in RUN_DATA:
+                data = {"dataset": spec_for(settings, degree, arm, seed, reverse)}
+                planned[f"{where}/{name}"] = (
+                    settings.preset,
+                    base | data | {"objective": objective},
+                )
+    return planned
+
+
+RUN_DATA = (("ar", "ar", 0), ("mdm", "mdm", 0), ("ar-reversed", "ar", 1))
+
+
 def run(settings: PathStarSettings, job: Job) -> FindingResult:
     out, force, scale = job.out, job.force, job.scale
     stages = Stages(out, force, job.stop)
@@ -147,9 +172,7 @@ def run(settings: PathStarSettings, job: Job) -> FindingResult:
         label = graph_label(degree, arm)
         for seed in settings.seeds:
             folder = out / label / f"seed{seed}"
-            # every string has the same length: 3*degree*arm + arm + 4 symbols, plus BOS and EOS
-            shape = {"seq_len": 3 * degree * arm + arm + 6, "seed": seed}
-            overrides = TRAIN | settings.overrides | shape | job.extra
+            overrides = graph_overrides(settings, degree, arm, seed) | job.extra
             spec = spec_for(settings, degree, arm, seed)
             summaries = train_both(
                 settings.preset, folder, overrides | {"dataset": spec}, "tokens", force
@@ -379,4 +402,5 @@ FINDING = Finding(
     rule=RULE,
     gpu_budget="d384 x 8 layers, 40k steps of 256 graphs from 200k per seed",
     cost="3 seeds x 3 runs of 1000 steps (AR, MDM, the reversed-path control)",
+    runs=runs,
 )

@@ -102,6 +102,22 @@ def facts_spec(settings: ReversalSettings, seed: int) -> str:
     )
 
 
+def seed_overrides(settings: ReversalSettings, seed: int) -> dict[str, Any]:
+    return TRAIN | settings.overrides | {"dataset": facts_spec(settings, seed), "seed": seed}
+
+
+def runs(settings: ReversalSettings) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every run this finding trains (for the registration)."""
+    return {
+        f"seed{seed}/{objective}": (
+            settings.preset,
+            seed_overrides(settings, seed) | {"objective": objective},
+        )
+        for seed in settings.seeds
+        for objective in ("ar", "mdm")
+    }
+
+
 def run(settings: ReversalSettings, job: Job) -> FindingResult:
     out, force, scale = job.out, job.force, job.scale
     stages = Stages(out, force, job.stop)
@@ -109,7 +125,7 @@ def run(settings: ReversalSettings, job: Job) -> FindingResult:
     for seed in settings.seeds:
         spec = facts_spec(settings, seed)
         folder = out / f"seed{seed}"
-        overrides = TRAIN | settings.overrides | {"dataset": spec, "seed": seed} | job.extra
+        overrides = seed_overrides(settings, seed) | job.extra
         summaries = train_both(settings.preset, folder, overrides, "tokens", force)
         key = {"spec": spec, "steps": {k: v["step"] for k, v in summaries.items()}}
         per_seed.append(
@@ -259,4 +275,5 @@ FINDING = Finding(
     rule=RULE | {"summary": RULE_SUMMARY},
     gpu_budget="d256 x 6 layers, 3000 steps of 256 strings, 10 seeds",
     cost="3 seeds x 2 runs of 600 steps",
+    runs=runs,
 )

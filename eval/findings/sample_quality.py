@@ -84,6 +84,21 @@ SETTINGS = {
 }
 
 
+def runs(settings: QualitySettings) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every run this finding trains (for the registration), as ``block_sweep.train_all``
+    starts them."""
+    planned = {}
+    for seed in settings.seeds:
+        shared = settings.overrides | {"curve_points": 0, "seed": seed}
+        for name in run_names((settings.block_size,)):
+            objective = "bd" if name.startswith("bd-") else name
+            start = {"objective": objective}
+            if objective == "bd":
+                start["block_size"] = settings.block_size
+            planned[f"seed-{seed}/{name}"] = (settings.preset, shared | start)
+    return planned
+
+
 def run(settings: QualitySettings, job: Job) -> FindingResult:
     stages = Stages(job.out, job.force, job.stop)
     per_seed, finals = {}, {}
@@ -321,4 +336,5 @@ FINDING = Finding(
     rule=RULE,
     gpu_budget="GPT-2 small shapes on OpenWebText, 50k steps at 1024 tokens, 3 seeds",
     cost="3 seeds x 3 runs of 320 steps, then 7 sets of 162 samples judged by SmolLM2",
+    runs=runs,
 )
