@@ -193,84 +193,77 @@ def measure_size(
     }
 
 
-def judge(scale: str, settings: GapSettings, measured: list[dict], out: Path) -> FindingResult:
-    largest = measured[-1]
-    window = largest.get("window", 0)
-    patterns = {o: attention_pattern(o, window) for o in ("ar", "mdm")}
-    report = start_report(
-        FINDING,
-        scale,
-        out,
-        settings,
-        rule_text("seeds", "learned", "magnitude")
-        + [
-            "Here the multiplier is the main job's (shared code, `eval.experiments."
-            "compare_budgets`): each objective trained at several budgets, each a run scheduled "
-            "for its own length (WSD cooldown branches of one trunk, each budget with its own "
-            "warmup and decay), validated at its end; only points more than "
-            f"{settings.budgets.plateau_margin} nats below the unigram entropy and within "
-            f"{settings.fresh_epochs:g} epoch of the training data (fresh data) enter. M is read "
-            f"at {HEADLINE_RULES[settings.budgets.headline_rule]} (the declared loss level), per "
-            "seed; its interval is the t interval of log M over the seeds. The band is "
-            f"{BAND.text()}. The verdict is the largest size's, and needs M read in every seed "
-            "(otherwise *inconclusive*). Learned checks: each model has "
-            f"at least {RULE['min_points_past_plateau']} budget points past its plateau in "
-            "every seed (a frontier to read M from)."
-        ],
-        preface=f"**Attention.** AR: {patterns['ar']}; MDM: {patterns['mdm']}."
-        + (
-            " Windowed attention: these multipliers are **not comparable** with SMDM's "
-            "(full attention), and the verdict is *inconclusive* whatever they are."
-            if window
-            else ""
+def rules(settings: GapSettings) -> list[str]:
+    """The rules the report states before its numbers."""
+    return rule_text("seeds", "learned", "magnitude") + [
+        "Here the multiplier is the main job's (shared code, `eval.experiments."
+        "compare_budgets`): each objective trained at several budgets, each a run scheduled "
+        "for its own length (WSD cooldown branches of one trunk, each budget with its own "
+        "warmup and decay), validated at its end; only points more than "
+        f"{settings.budgets.plateau_margin} nats below the unigram entropy and within "
+        f"{settings.fresh_epochs:g} epoch of the training data (fresh data) enter. M is read "
+        f"at {HEADLINE_RULES[settings.budgets.headline_rule]} (the declared loss level), per "
+        "seed; its interval is the t interval of log M over the seeds. The band is "
+        f"{BAND.text()}. The verdict is the largest size's, and needs M read in every seed "
+        "(otherwise *inconclusive*). Learned checks: each model has "
+        f"at least {RULE['min_points_past_plateau']} budget points past its plateau in "
+        "every seed (a frontier to read M from)."
+    ]
+
+
+def attention_preface(patterns: dict[str, str], window: int) -> str:
+    return f"**Attention.** AR: {patterns['ar']}; MDM: {patterns['mdm']}." + (
+        " Windowed attention: these multipliers are **not comparable** with SMDM's "
+        "(full attention), and the verdict is *inconclusive* whatever they are."
+        if window
+        else ""
+    )
+
+
+def size_row(m: dict[str, Any]) -> tuple[list[Any], tuple[str, str, Interval | None]]:
+    """One model size's row of the multiplier table and its (direction, magnitude, interval)."""
+    interval = None if m["interval"] is None else Interval(**m["interval"])
+    direction = direction_verdict(Interval(1.0, 1.0, 1.0), interval)
+    magnitude = magnitude_verdict(BAND, interval)
+    analysis = m["analysis"]
+    exponents = analysis["exponents"]
+    row = [
+        size_label(m["size"]),
+        m["parameters"],
+        "; ".join(
+            f"seed {seed}: AR {c['ar']}, MDM {c['mdm']}" for seed, c in m["past_plateau"].items()
         ),
+        "not measured" if interval is None else interval.text(3),
+        _spread_text(analysis.get("fitted_multiplier")),
+        f"AR {_spread_text(exponents.get('ar'))}; MDM {_spread_text(exponents.get('mdm'))}",
+        direction,
+        magnitude,
+    ]
+    return row, (direction, magnitude, interval)
+
+
+def sizes_table(rows: list[list[Any]]) -> Table:
+    return Table(
+        "Compute multiplier per model size",
+        [
+            "size",
+            "parameters",
+            "budget points past the plateau (fresh data)",
+            "M at the declared level (95%)",
+            "M from the two log-log fits",
+            "exponents alpha (loss ~ C^-alpha)",
+            "AR ahead?",
+            f"M in {BAND.low:g}-{BAND.high:g}x?",
+        ],
+        rows,
     )
-    rows, verdicts = [], []
-    for m in measured:
-        interval = None if m["interval"] is None else Interval(**m["interval"])
-        direction = direction_verdict(Interval(1.0, 1.0, 1.0), interval)
-        magnitude = magnitude_verdict(BAND, interval)
-        verdicts.append((direction, magnitude, interval))
-        analysis = m["analysis"]
-        exponents = analysis["exponents"]
-        rows.append(
-            [
-                size_label(m["size"]),
-                m["parameters"],
-                "; ".join(
-                    f"seed {seed}: AR {c['ar']}, MDM {c['mdm']}"
-                    for seed, c in m["past_plateau"].items()
-                ),
-                "not measured" if interval is None else interval.text(3),
-                _spread_text(analysis.get("fitted_multiplier")),
-                f"AR {_spread_text(exponents.get('ar'))}; MDM {_spread_text(exponents.get('mdm'))}",
-                direction,
-                magnitude,
-            ]
-        )
-        report.plot(
-            f"budgets_{size_label(m['size'])}",
-            frontier_figure(m["points"], m["unigram"]),
-            f"Budget frontiers at {size_label(m['size'])}",
-        )
-    report.table(
-        Table(
-            "Compute multiplier per model size",
-            [
-                "size",
-                "parameters",
-                "budget points past the plateau (fresh data)",
-                "M at the declared level (95%)",
-                "M from the two log-log fits",
-                "exponents alpha (loss ~ C^-alpha)",
-                "AR ahead?",
-                f"M in {BAND.low:g}-{BAND.high:g}x?",
-            ],
-            rows,
-        )
-    )
-    report.table(multiplier_curve_table(largest))
-    direction, magnitude, interval = verdicts[-1]
+
+
+def largest_verdict(
+    largest: dict[str, Any], magnitude: str, interval: Interval | None, window: int
+) -> tuple[str, list[str]]:
+    """The verdict at the largest size: the band's, unless M is missing there (in any seed) or
+    the attention is windowed; with the notes that say why."""
     notes = []
     if interval is None:
         notes.append(
@@ -291,18 +284,41 @@ def judge(scale: str, settings: GapSettings, measured: list[dict], out: Path) ->
             "verdict is *inconclusive* (not comparable with SMDM)."
         )
         verdict = INCONCLUSIVE
-    checks = [
+    return verdict, notes
+
+
+def learned_checks(largest: dict[str, Any]) -> list[LearnedCheck]:
+    """Each model's budget points past its plateau at the largest size, in every seed."""
+    least = RULE["min_points_past_plateau"]
+    return [
         LearnedCheck(
             name.upper(),
-            f"at least {RULE['min_points_past_plateau']} budget points past the plateau in "
-            "every seed",
+            f"at least {least} budget points past the plateau in every seed",
             ", ".join(f"seed {seed}: {c[name]}" for seed, c in largest["past_plateau"].items()),
-            all(
-                c[name] >= RULE["min_points_past_plateau"] for c in largest["past_plateau"].values()
-            ),
+            all(c[name] >= least for c in largest["past_plateau"].values()),
         )
         for name in ("ar", "mdm")
     ]
+
+
+def judge(scale: str, settings: GapSettings, measured: list[dict], out: Path) -> FindingResult:
+    largest = measured[-1]
+    window = largest.get("window", 0)
+    patterns = {o: attention_pattern(o, window) for o in ("ar", "mdm")}
+    preface = attention_preface(patterns, window)
+    report = start_report(FINDING, scale, out, settings, rules(settings), preface=preface)
+    rows, verdicts = [], []
+    for m in measured:
+        row, verdict = size_row(m)
+        rows.append(row)
+        verdicts.append(verdict)
+        label = size_label(m["size"])
+        figure = frontier_figure(m["points"], m["unigram"])
+        report.plot(f"budgets_{label}", figure, f"Budget frontiers at {label}")
+    report.table(sizes_table(rows))
+    report.table(multiplier_curve_table(largest))
+    _, magnitude, interval = verdicts[-1]
+    verdict, notes = largest_verdict(largest, magnitude, interval, window)
     return finish_report(
         report,
         FINDING,
@@ -316,7 +332,7 @@ def judge(scale: str, settings: GapSettings, measured: list[dict], out: Path) ->
         verdict=verdict,
         rule=f"the whole 95% interval at the largest size inside {BAND.text()}; windowed "
         "attention is inconclusive",
-        checks=checks,
+        checks=learned_checks(largest),
         numbers={
             "sizes": [{k: v for k, v in m.items() if k != "points"} for m in measured],
             "points": {size_label(m["size"]): m["points"] for m in measured},

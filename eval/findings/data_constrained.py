@@ -283,93 +283,85 @@ def data_verdict(difference: Interval, mdm_plateaued: bool) -> str:
     return INCONCLUSIVE
 
 
-def judge(
-    scale: str,
-    settings: DataSettings,
-    runs: dict[int, dict[str, list[dict]]],
-    unigram: float,
-    out: Path,
-) -> FindingResult:
-    report = start_report(
-        FINDING,
-        scale,
-        out,
-        settings,
-        rule_text("seeds", "learned")
-        + [
-            "**Rule (data-constrained).** Per seed: the AR's best = the lowest validation of its "
-            f"weight-decay sweep {list(settings.weight_decays)}; the MDM's best = its lowest. "
-            "Headline: the paired difference MDM best - AR best over seeds. *Reproduced*: its "
-            "whole interval below 0. *Not reproduced*: its whole interval above 0 and the MDM "
-            "plateaued in every seed (its mean validation over the last "
-            f"{RULE['plateau_window']:.0%} of validations less than {RULE['plateau_drop']} nats "
-            "below the window before). "
-            "*Inconclusive* otherwise. Reported, not judged: the best epochs (AR earlier?) and "
-            "the AR's data-reuse half-life R* (Muennighoff et al.'s form, fitted on the repeated "
-            "run up to its best against a fresh-data run on the same schedule). Learned checks: "
-            f"each model's best more than {RULE['learned_margin']} nats below the unigram entropy "
-            f"({unigram:.3f}) in every seed."
-        ],
+def rules(settings: DataSettings, unigram: float) -> list[str]:
+    """The rules the report states before its numbers."""
+    return rule_text("seeds", "learned") + [
+        "**Rule (data-constrained).** Per seed: the AR's best = the lowest validation of its "
+        f"weight-decay sweep {list(settings.weight_decays)}; the MDM's best = its lowest. "
+        "Headline: the paired difference MDM best - AR best over seeds. *Reproduced*: its "
+        "whole interval below 0. *Not reproduced*: its whole interval above 0 and the MDM "
+        "plateaued in every seed (its mean validation over the last "
+        f"{RULE['plateau_window']:.0%} of validations less than {RULE['plateau_drop']} nats "
+        "below the window before). "
+        "*Inconclusive* otherwise. Reported, not judged: the best epochs (AR earlier?) and "
+        "the AR's data-reuse half-life R* (Muennighoff et al.'s form, fitted on the repeated "
+        "run up to its best against a fresh-data run on the same schedule). Learned checks: "
+        f"each model's best more than {RULE['learned_margin']} nats below the unigram entropy "
+        f"({unigram:.3f}) in every seed."
+    ]
+
+
+def best_of_sweep(runs: dict[str, list[dict]], ar_names: list[str]) -> dict[str, Any]:
+    """The lowest validation of the AR sweep's runs, naming the run."""
+    return min(
+        (best_point(runs[n]) | {"run": n} for n in ar_names),
+        key=lambda r: r["val_nats_per_token"],
     )
-    seeds = list(runs)
-    ar_names = [ar_name(wd) for wd in settings.weight_decays]
-    ar_best = {
-        s: min(
-            (best_point(runs[s][n]) | {"run": n} for n in ar_names),
-            key=lambda r: r["val_nats_per_token"],
-        )
-        for s in seeds
-    }
-    mdm_best = {s: best_point(runs[s]["mdm"]) for s in seeds}
-    difference = paired_difference(
-        [mdm_best[s]["val_nats_per_token"] for s in seeds],
-        [ar_best[s]["val_nats_per_token"] for s in seeds],
-    )
-    flat = {s: plateaued(runs[s]["mdm"]) for s in seeds}
-    verdict = data_verdict(difference, all(flat.values()))
-    epochs = {
-        "ar": seed_interval([ar_best[s]["epoch"] for s in seeds]),
-        "mdm": seed_interval([mdm_best[s]["epoch"] for s in seeds]),
-    }
-    peak = direction_verdict(epochs["ar"], epochs["mdm"])
+
+
+def half_lives(
+    runs: dict[int, dict[str, list[dict]]], first_ar: str
+) -> tuple[dict[int, dict | None], Interval | None]:
+    """Each seed's fitted AR half-life R*, and the seed interval of those not at the bound."""
     fits = {
-        s: fit_half_life(effective_epochs(runs[s][ar_names[0]], runs[s]["ar-fresh"])) for s in seeds
+        s: fit_half_life(effective_epochs(run[first_ar], run["ar-fresh"]))
+        for s, run in runs.items()
     }
     r_values = [f["r_star"] for f in fits.values() if f and not f["at_bound"]]
-    r_star = seed_interval(r_values) if r_values else None
-    report.table(
-        Table(
-            "Per seed",
+    return fits, seed_interval(r_values) if r_values else None
+
+
+def fit_text(fit: dict[str, Any] | None) -> str:
+    if not fit:
+        return "not fitted"
+    return f"{fit['r_star']:.3g}" + (" (at the bound: no saturation)" if fit["at_bound"] else "")
+
+
+PER_SEED_COLUMNS = [
+    "seed",
+    "AR best (run, epoch)",
+    "MDM best (epoch)",
+    "MDM final",
+    "MDM plateaued",
+    "AR R* (fit)",
+]
+
+
+def per_seed_table(settings: DataSettings, runs: dict, ar_best, mdm_best, flat, fits) -> Table:
+    return Table(
+        "Per seed",
+        PER_SEED_COLUMNS,
+        [
             [
-                "seed",
-                "AR best (run, epoch)",
-                "MDM best (epoch)",
-                "MDM final",
-                "MDM plateaued",
-                "AR R* (fit)",
-            ],
-            [
-                [
-                    s,
-                    f"{ar_best[s]['val_nats_per_token']:.4f} ({ar_best[s]['run']}, "
-                    f"{ar_best[s]['epoch']:.1f})",
-                    f"{mdm_best[s]['val_nats_per_token']:.4f} ({mdm_best[s]['epoch']:.1f})",
-                    runs[s]["mdm"][-1]["val_nats_per_token"],
-                    "yes" if flat[s] else "no",
-                    "not fitted"
-                    if not fits[s]
-                    else f"{fits[s]['r_star']:.3g}"
-                    + (" (at the bound: no saturation)" if fits[s]["at_bound"] else ""),
-                ]
-                for s in seeds
-            ],
-            note=f"{settings.unique_tokens} unique training tokens (rows drawn over the whole "
-            f"split), AR {settings.ar_epochs} epochs, MDM {settings.mdm_epochs}; nats/token on "
-            "the whole validation split (AR exact NLL, MDM NELBO, an upper bound on its NLL).",
-        )
+                s,
+                f"{ar_best[s]['val_nats_per_token']:.4f} ({ar_best[s]['run']}, "
+                f"{ar_best[s]['epoch']:.1f})",
+                f"{mdm_best[s]['val_nats_per_token']:.4f} ({mdm_best[s]['epoch']:.1f})",
+                runs[s]["mdm"][-1]["val_nats_per_token"],
+                "yes" if flat[s] else "no",
+                fit_text(fits[s]),
+            ]
+            for s in runs
+        ],
+        note=f"{settings.unique_tokens} unique training tokens (rows drawn over the whole "
+        f"split), AR {settings.ar_epochs} epochs, MDM {settings.mdm_epochs}; nats/token on "
+        "the whole validation split (AR exact NLL, MDM NELBO, an upper bound on its NLL).",
     )
-    _figure(report, runs, ar_names)
-    notes = [
+
+
+def reported_notes(settings: DataSettings, epochs, peak: str, r_star, flat) -> list[str]:
+    """What is reported beside the verdict, not judged: the best epochs and R*."""
+    return [
         f"Best epochs: AR {epochs['ar'].text(3)}, MDM {epochs['mdm'].text(3)}; AR earlier: "
         f"**{peak}**.",
         "AR data-reuse half-life R*: "
@@ -379,16 +371,47 @@ def judge(
         + ("plateaued" if all(flat.values()) else "had not plateaued")
         + " by the end.",
     ]
-    checks = [
+
+
+def learned_checks(ar_best: dict, mdm_best: dict, unigram: float) -> list[LearnedCheck]:
+    """Each model's best validation below the unigram plateau, in every seed."""
+    return [
         LearnedCheck(
             label,
             f"best validation more than {RULE['learned_margin']} nats below the unigram entropy "
             f"{unigram:.3f}, every seed",
-            ", ".join(f"{best[s]['val_nats_per_token']:.3f}" for s in seeds),
-            all(best[s]["val_nats_per_token"] < unigram - RULE["learned_margin"] for s in seeds),
+            ", ".join(f"{b['val_nats_per_token']:.3f}" for b in best.values()),
+            all(b["val_nats_per_token"] < unigram - RULE["learned_margin"] for b in best.values()),
         )
         for label, best in (("AR (best of the sweep)", ar_best), ("MDM", mdm_best))
     ]
+
+
+def judge(
+    scale: str,
+    settings: DataSettings,
+    runs: dict[int, dict[str, list[dict]]],
+    unigram: float,
+    out: Path,
+) -> FindingResult:
+    report = start_report(FINDING, scale, out, settings, rules(settings, unigram))
+    seeds = list(runs)
+    ar_names = [ar_name(wd) for wd in settings.weight_decays]
+    ar_best = {s: best_of_sweep(runs[s], ar_names) for s in seeds}
+    mdm_best = {s: best_point(runs[s]["mdm"]) for s in seeds}
+    difference = paired_difference(
+        [mdm_best[s]["val_nats_per_token"] for s in seeds],
+        [ar_best[s]["val_nats_per_token"] for s in seeds],
+    )
+    flat = {s: plateaued(runs[s]["mdm"]) for s in seeds}
+    epochs = {
+        "ar": seed_interval([ar_best[s]["epoch"] for s in seeds]),
+        "mdm": seed_interval([mdm_best[s]["epoch"] for s in seeds]),
+    }
+    peak = direction_verdict(epochs["ar"], epochs["mdm"])
+    fits, r_star = half_lives(runs, ar_names[0])
+    report.table(per_seed_table(settings, runs, ar_best, mdm_best, flat, fits))
+    _figure(report, runs, ar_names)
     return finish_report(
         report,
         FINDING,
@@ -396,10 +419,10 @@ def judge(
         measured=f"best loss MDM - AR {difference.text(3)} nats/token (paired over seeds); best "
         f"epoch AR {epochs['ar'].value:.1f}, MDM {epochs['mdm'].value:.1f}; MDM plateaued: "
         f"{sum(flat.values())} of {len(seeds)} seeds",
-        verdict=verdict,
+        verdict=data_verdict(difference, all(flat.values())),
         rule="paired MDM-AR best-loss difference below 0 (reproduced), or above 0 with the MDM "
         "plateaued (not reproduced), 95% seed interval",
-        checks=checks,
+        checks=learned_checks(ar_best, mdm_best, unigram),
         numbers={
             "difference": difference.as_dict(),
             "ar_best": ar_best,
@@ -411,7 +434,7 @@ def judge(
             "r_star": None if r_star is None else r_star.as_dict(),
             "curves": runs,
         },
-        notes=notes,
+        notes=reported_notes(settings, epochs, peak, r_star, flat),
     )
 
 

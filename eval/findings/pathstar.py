@@ -278,116 +278,142 @@ def above_chance_check(label: str, ar_first: Interval, degree: int) -> LearnedCh
     )
 
 
-def judge(
-    scale: str, settings: PathStarSettings, measured: dict[str, list[dict]], out: Path
-) -> FindingResult:
-    report = start_report(
-        FINDING,
-        scale,
-        out,
-        settings,
-        rule_text("seeds", "learned")
-        + [
-            "**Rule (path-star).** Per graph setting, on held-out graphs: *reproduced* when the "
-            f"MDM's exact-match interval is at or above {RULE['mdm_exact']} (it solves the task) "
-            "and the forward AR's first-step interval lies inside 1/degree +- "
-            f"{RULE['chance_band']} (the shortcut at chance); *not reproduced* when the MDM's "
-            f"interval is below {RULE['mdm_exact']} or the AR's first step is above that band; "
-            "inconclusive otherwise; every setting must be reproduced. Learned checks, in every "
-            "seed: the positive control (an AR trained on the same graphs with the path written "
-            f"from the goal back) reaches exact match {RULE['control_exact']}, and each model's "
-            "one-hop lookup accuracy (`eval.pathstar_probe.one_hop_lookups`) is at least "
-            f"{RULE['lookup']}: "
-            "a model that cannot read the edge list has not been trained enough to test planning; "
-            "and the AR's first step is not wholly below the chance band (an AR below chance has "
-            "not learned the shortcut, so it is *inconclusive (not trained)*, not a refutation). "
-            "Decoding: greedy (AR); the MDM most-confident-first, one position per step."
-        ],
+def rules() -> list[str]:
+    """The rules the report states before its numbers."""
+    return rule_text("seeds", "learned") + [
+        "**Rule (path-star).** Per graph setting, on held-out graphs: *reproduced* when the "
+        f"MDM's exact-match interval is at or above {RULE['mdm_exact']} (it solves the task) "
+        "and the forward AR's first-step interval lies inside 1/degree +- "
+        f"{RULE['chance_band']} (the shortcut at chance); *not reproduced* when the MDM's "
+        f"interval is below {RULE['mdm_exact']} or the AR's first step is above that band; "
+        "inconclusive otherwise; every setting must be reproduced. Learned checks, in every "
+        "seed: the positive control (an AR trained on the same graphs with the path written "
+        f"from the goal back) reaches exact match {RULE['control_exact']}, and each model's "
+        "one-hop lookup accuracy (`eval.pathstar_probe.one_hop_lookups`) is at least "
+        f"{RULE['lookup']}: "
+        "a model that cannot read the edge list has not been trained enough to test planning; "
+        "and the AR's first step is not wholly below the chance band (an AR below chance has "
+        "not learned the shortcut, so it is *inconclusive (not trained)*, not a refutation). "
+        "Decoding: greedy (AR); the MDM most-confident-first, one position per step."
+    ]
+
+
+@dataclass
+class Sections:
+    """What the per-setting judgements add up to: the two tables' rows, each setting's verdict
+    and summary, and the learned checks."""
+
+    rows: list[list[str]] = field(default_factory=list)
+    positions: list[list[str]] = field(default_factory=list)
+    verdicts: dict[str, str] = field(default_factory=dict)
+    summary: list[str] = field(default_factory=list)
+    checks: list[LearnedCheck] = field(default_factory=list)
+
+
+def position_row(label: str, run: str, results: list[dict]) -> list[str]:
+    """A run's accuracy per answer position, mean over seeds, and the MDM's decoding order."""
+    mean_positions = [
+        sum(x["position_accuracy"][i] for x in (res[run] for res in results)) / len(results)
+        for i in range(len(results[0][run]["position_accuracy"]))
+    ]
+    order = results[0][run].get("decoding_step")
+    return [label, run.upper(), " ".join(f"{v:.2f}" for v in mean_positions)] + [
+        " ".join(f"{v:.1f}" for v in order) if order else "-"
+    ]
+
+
+def setting_checks(label: str, results: list[dict], ar_first: Interval, degree: int) -> list:
+    """One graph setting's learned checks: the control, the lookups, the AR not below chance."""
+    control = seed_check(
+        f"AR, path reversed ({label})",
+        results,
+        "ar-reversed",
+        "exact_match",
+        RULE["control_exact"],
+        "exact match",
     )
-    rows, verdicts, summary, checks, positions = [], {}, [], [], []
-    for label, results in measured.items():
-        degree = results[0]["degree"]
-        exact = {r: pooled(results, r, "exact_match") for r in RUNS}
-        first = {r: pooled(results, r, "first_step") for r in RUNS}
-        lookup = {r: pooled(results, r, "lookup_accuracy") for r in RUNS}
-        verdicts[label] = planning_verdict(exact["mdm"], first["ar"], degree)
-        for r in RUNS:
-            rows.append(
-                [
-                    label,
-                    r.upper(),
-                    exact[r].text(3),
-                    first[r].text(3),
-                    lookup[r].text(3),
-                    f"{1 / degree:.3f}",
-                ]
-            )
-            mean_positions = [
-                sum(x["position_accuracy"][i] for x in (res[r] for res in results)) / len(results)
-                for i in range(len(results[0][r]["position_accuracy"]))
-            ]
-            order = results[0][r].get("decoding_step")
-            positions.append(
-                [label, r.upper(), " ".join(f"{v:.2f}" for v in mean_positions)]
-                + [" ".join(f"{v:.1f}" for v in order) if order else "-"]
-            )
-        checks += [
-            seed_check(
-                f"AR, path reversed ({label})",
-                results,
-                "ar-reversed",
-                "exact_match",
-                RULE["control_exact"],
-                "exact match",
-            )
-        ] + [
-            seed_check(
-                f"{r.upper()} ({label})",
-                results,
-                r,
-                "lookup_accuracy",
-                RULE["lookup"],
-                "one-hop lookup accuracy",
-            )
-            for r in ("ar", "mdm")
-        ]
-        checks.append(above_chance_check(label, first["ar"], degree))
-        summary.append(
-            f"{label}: exact match MDM {exact['mdm'].text(3)}, AR {exact['ar'].text(3)}; AR first "
-            f"step {first['ar'].text(3)} (chance {1 / degree:.2f})"
+    lookups = [
+        seed_check(
+            f"{r.upper()} ({label})",
+            results,
+            r,
+            "lookup_accuracy",
+            RULE["lookup"],
+            "one-hop lookup accuracy",
         )
-    report.table(
+        for r in ("ar", "mdm")
+    ]
+    return [control, *lookups, above_chance_check(label, ar_first, degree)]
+
+
+def judge_setting(sections: Sections, label: str, results: list[dict]) -> None:
+    """One graph setting: its intervals, verdict, table rows, checks and summary."""
+    degree = results[0]["degree"]
+    exact = {r: pooled(results, r, "exact_match") for r in RUNS}
+    first = {r: pooled(results, r, "first_step") for r in RUNS}
+    lookup = {r: pooled(results, r, "lookup_accuracy") for r in RUNS}
+    sections.verdicts[label] = planning_verdict(exact["mdm"], first["ar"], degree)
+    for r in RUNS:
+        sections.rows.append(
+            [
+                label,
+                r.upper(),
+                exact[r].text(3),
+                first[r].text(3),
+                lookup[r].text(3),
+                f"{1 / degree:.3f}",
+            ]
+        )
+        sections.positions.append(position_row(label, r, results))
+    sections.checks += setting_checks(label, results, first["ar"], degree)
+    sections.summary.append(
+        f"{label}: exact match MDM {exact['mdm'].text(3)}, AR {exact['ar'].text(3)}; AR first "
+        f"step {first['ar'].text(3)} (chance {1 / degree:.2f})"
+    )
+
+
+def tables(settings: PathStarSettings, sections: Sections) -> list[Table]:
+    return [
         Table(
             "Path accuracy on held-out graphs",
             ["graph", "run", "exact match (95%)", "first step (95%)", "one-hop lookups", "chance"],
-            rows,
+            sections.rows,
             note=f"{settings.test} held-out graphs per seed, seeds {list(settings.seeds)}, "
             f"{settings.strings} training graphs per seed, labels from a pool of "
             f"{settings.symbols}. AR-REVERSED writes the path from the goal back (its 'first "
             "step' is the goal's parent).",
-        )
-    )
-    report.table(
+        ),
         Table(
             "Per answer position",
             ["graph", "run", "accuracy per position (mean over seeds)", "MDM decoding step"],
-            positions,
+            sections.positions,
             note="Positions in the order the run writes them (start first; the reversed control "
             "goal first). The MDM's decoding step is the mean step (0 = first) at which it "
             f"revealed each position, seed {settings.seeds[0]}: a model that plans from the goal "
             "end reveals the last positions first.",
-        )
-    )
-    verdict = combine(list(verdicts.values()))
+        ),
+    ]
+
+
+def judge(
+    scale: str, settings: PathStarSettings, measured: dict[str, list[dict]], out: Path
+) -> FindingResult:
+    report = start_report(FINDING, scale, out, settings, rules())
+    sections = Sections()
+    for label, results in measured.items():
+        judge_setting(sections, label, results)
+    for table in tables(settings, sections):
+        report.table(table)
+    verdicts = sections.verdicts
     return finish_report(
         report,
         FINDING,
         scale,
-        measured="; ".join(summary),
-        verdict=verdict,
+        measured="; ".join(sections.summary),
+        verdict=combine(list(verdicts.values())),
         rule=f"MDM exact match >= {RULE['mdm_exact']} and AR first step within 1/degree +- "
         f"{RULE['chance_band']}, whole 95% intervals, every graph setting",
-        checks=checks,
+        checks=sections.checks,
         numbers={"per_setting": measured, "verdicts": verdicts},
         notes=[f"Per setting: {', '.join(f'{k} {v}' for k, v in verdicts.items())}."],
     )
