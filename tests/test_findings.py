@@ -3,6 +3,7 @@ verdict reachable, each rule's exceptions), and the smoke scale of every finding
 
 import json
 import math
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -579,8 +580,17 @@ def test_a_rerun_reuses_every_run_and_stage(tmp_path, capsys):
     row = json.loads((out / "index.json").read_text())["findings"][0]
     report = json.loads((out / "reversal" / "report.json").read_text())
     assert row["verdict"] == report["results"]["verdict"]
+    # the rerun stands for one at a later commit of the same source: it keeps the runs' commit
+    stamp_path = out / "reversal" / "finding-code.json"
+    stamp = json.loads(stamp_path.read_text())
+    stamp_path.write_text(json.dumps(stamp | {"git_commit": "0" * 40}))
     assert main(argv) == 0
     rerun = capsys.readouterr().out
+    text = (out / "reversal" / "report.md").read_text()
+    assert f"made by commit `{'0' * 40}`" in text
+    row = json.loads((out / "index.json").read_text())["findings"][0]
+    assert row["provenance"]["runs_commit"] == "0" * 40
+    assert row["provenance"]["source_hash"] == stamp["source_hash"]
     seeds = FINDINGS["reversal"].settings["smoke"].seeds
     assert rerun.count("reusing the finished run") == 2 * len(seeds)  # AR and MDM per seed
     assert rerun.count("reusing the stored result") == len(seeds)  # the probes
@@ -687,3 +697,55 @@ def test_compute_gap_needs_m_in_every_seed(tmp_path):
     size["analysis"]["unmeasured_seeds"] = []
     result = compute_gap.judge("smoke", gap_settings(), [size], tmp_path)
     assert result.verdict == REPRODUCED
+
+
+# ---- provenance --------------------------------------------------------------------------------
+
+
+def test_a_report_rendered_from_stored_runs_says_so_and_keeps_their_commit(tmp_path):
+    settings = reversal.ReversalSettings((0, 1, 2), 26, 13, 100, "tiny")
+    per_seed = [facts_seed(0.0, 1.0)] * 3
+    fresh = reversal.judge("smoke", settings, per_seed, tmp_path / "fresh")
+    assert fresh.provenance["runs_commit"] is None
+    assert "Re-rendered" not in (tmp_path / "fresh" / "report.md").read_text()
+    out = tmp_path / "stored"
+    out.mkdir()
+    stamp = {"source_hash": "s", "registration": "r", "git_commit": "abc", "git_dirty": False}
+    (out / "finding-code.json").write_text(json.dumps(stamp))
+    result = reversal.judge("smoke", settings, per_seed, out)
+    report = json.loads((out / "report.json").read_text())
+    assert "made by commit `abc`" in (out / "report.md").read_text()
+    assert result.provenance == {
+        "git_commit": report["provenance"]["git_commit"],
+        "git_dirty": report["provenance"]["git_dirty"],
+        "source_hash": report["provenance"]["source_hash"],
+        "registration_hash": report["results"]["registration"]["hash"],
+        "runs_commit": "abc",
+    }
+
+
+def test_reindex_rebuilds_the_committed_index_from_its_reports(tmp_path, capsys):
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "findings-cpu"
+    shutil.copytree(root / "docs/studies/findings-cpu", out)
+    before = json.loads((out / "index.json").read_text())
+    assert main(["--reindex", str(out)]) == 0
+    index = json.loads((out / "index.json").read_text())
+    costs = {name: finding.cost for name, finding in FINDINGS.items()}
+    assert findings_table(index, ".", costs) == findings_table(before, ".", costs)
+    for row in index["findings"]:
+        report = json.loads((out / row["name"] / "report.json").read_text())
+        assert row["provenance"]["git_commit"] == report["provenance"]["git_commit"]
+        assert row["provenance"]["source_hash"] == report["provenance"]["source_hash"]
+        assert row["provenance"]["registration_hash"] == report["results"]["registration"]["hash"]
+        assert row["report"] == f"{row['name']}/report.md"
+    markdown = (out / "index.md").read_text()
+    assert "Index rebuilt from the stored reports" in markdown
+    assert index["findings"][0]["provenance"]["git_commit"] in markdown
+
+
+def test_reindex_of_a_folder_without_findings_is_one_line(tmp_path, capsys):
+    assert main(["--reindex", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no finding's result.json" in err
+    assert list(tmp_path.iterdir()) == []

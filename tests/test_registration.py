@@ -83,6 +83,10 @@ def test_job_folder_is_moved_aside_when_code_or_settings_change(tmp_path, capsys
     (out / "trained.txt").write_text("kept")
     registration.fresh_job_folder(out, stamp, force=False)  # the same code and settings: reused
     assert (out / "trained.txt").exists()
+    # another commit of the same source and settings: reused, its stamp keeps the runs' commit
+    registration.fresh_job_folder(out, stamp | {"git_commit": "later"}, force=False)
+    assert (out / "trained.txt").exists()
+    assert "git_commit" not in json.loads((out / registration.JOB_STAMP).read_text())
     registration.fresh_job_folder(out, stamp | {"source_hash": "b"}, force=False)
     assert not (out / "trained.txt").exists()
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("finding.replaced-")]

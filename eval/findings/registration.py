@@ -33,6 +33,9 @@ from shared.training.run_folder import move_aside
 REGISTRY = Path(__file__).with_name("registered.json")
 PRE_REGISTERED, EXPLORATORY = "pre-registered", "exploratory"
 JOB_STAMP = "finding-code.json"
+# What a job folder must share with this invocation to be reused (its commit may differ: a
+# commit that changes no source, e.g. documentation, leaves the runs valid).
+REUSE_KEYS = ("source_hash", "registration")
 
 
 def _plain(value: Any) -> Any:
@@ -183,12 +186,15 @@ def register(findings: dict[str, Any], because: str, path: Path = REGISTRY) -> l
 def fresh_job_folder(out: Path, stamp: dict[str, Any], force: bool) -> None:
     """Make ``out`` hold only work done by this code and these settings: when it holds a job
     stamped with another source hash or registration hash (or ``force``), move that job aside
-    (nothing is deleted), so no trained run or stored stage is reused across a change."""
+    (nothing is deleted), so no trained run or stored stage is reused across a change. A reused
+    job keeps its stamp, so its reports name the commit that trained its runs."""
     path = out / JOB_STAMP
     if out.is_dir() and any(out.iterdir()):
         earlier = json.loads(path.read_text()) if path.exists() else None
-        if force or earlier != stamp:
-            why = "--force" if force else f"it was made by other code or settings ({earlier})"
-            print(f"[{out.name}] moved the earlier job aside to {move_aside(out)}: {why}")
+        same = earlier is not None and all(earlier.get(k) == stamp.get(k) for k in REUSE_KEYS)
+        if same and not force:
+            return  # reused: its stamp keeps the commit that trained its runs
+        why = "--force" if force else f"it was made by other code or settings ({earlier})"
+        print(f"[{out.name}] moved the earlier job aside to {move_aside(out)}: {why}")
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(stamp, indent=2, sort_keys=True))
