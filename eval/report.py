@@ -76,24 +76,23 @@ def source_hash(root: Path = PROJECT_ROOT) -> str:
     return digest.hexdigest()[:16]
 
 
-def _git(*args: str) -> str | None:
+def _git(*args: str, cwd: Path = PROJECT_ROOT) -> str | None:
     try:
-        done = subprocess.run(
-            ["git", *args], capture_output=True, text=True, timeout=5, cwd=PROJECT_ROOT
-        )
+        done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=5, cwd=cwd)
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def code_state() -> dict[str, Any]:
-    """The code that made a result: its commit, whether tracked files differed from it (a dirty
-    tree: the commit alone does not name the code), and the source hash."""
-    status = _git("status", "--porcelain", "--untracked-files=no")
+def code_state(root: Path = PROJECT_ROOT) -> dict[str, Any]:
+    """The code that made a result: its commit, whether the tree differed from it (a changed
+    tracked file, or an untracked file git does not ignore, such as a new module a finding
+    imports: the commit alone does not name the code), and the source hash."""
+    status = _git("status", "--porcelain", cwd=root)
     return {
-        "git_commit": _git("rev-parse", "HEAD") or None,
+        "git_commit": _git("rev-parse", "HEAD", cwd=root) or None,
         "git_dirty": None if status is None else bool(status),
-        "source_hash": source_hash(),
+        "source_hash": source_hash(root),
     }
 
 

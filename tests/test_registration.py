@@ -2,6 +2,7 @@
 the pre-registered/exploratory label, and job folders never reused across a change."""
 
 import json
+import subprocess
 from dataclasses import dataclass, replace
 
 import pytest
@@ -82,6 +83,10 @@ def test_job_folder_is_moved_aside_when_code_or_settings_change(tmp_path, capsys
     (out / "trained.txt").write_text("kept")
     registration.fresh_job_folder(out, stamp, force=False)  # the same code and settings: reused
     assert (out / "trained.txt").exists()
+    # another commit of the same source and settings: reused, its stamp keeps the runs' commit
+    registration.fresh_job_folder(out, stamp | {"git_commit": "later"}, force=False)
+    assert (out / "trained.txt").exists()
+    assert "git_commit" not in json.loads((out / registration.JOB_STAMP).read_text())
     registration.fresh_job_folder(out, stamp | {"source_hash": "b"}, force=False)
     assert not (out / "trained.txt").exists()
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("finding.replaced-")]
@@ -94,3 +99,102 @@ def test_job_folder_is_moved_aside_when_code_or_settings_change(tmp_path, capsys
 def test_registration_command_reports_stale_entries(argv, code, capsys):
     assert register.main(argv) == code
     assert "every entry is registered" in capsys.readouterr().out
+
+
+# ---- everything that decides a verdict is in the hash --------------------------------------------
+
+
+@dataclass(frozen=True)
+class Runs:
+    """A toy finding that trains runs and is judged by a module of its own."""
+
+    name: str
+    claim: Claim
+    settings: dict
+    rule: dict
+    runs: object
+    judged_by: tuple
+
+
+def runs_toy(judge_module: str, dataset: str = "synthetic:facts?pairs=4&both=2&n=50") -> Runs:
+    def runs(settings: Settings) -> dict:
+        over = {"max_steps": settings.steps, "dataset": dataset, "tokenizer": "byte"}
+        return {"ar": ("tiny", over | {"objective": "ar"})}
+
+    claim = Claim("toy", "a toy claim", "nobody")
+    settings = {"cpu": Settings((0, 1), 10)}
+    return Runs("toy", claim, settings, {"band": [8, 32]}, runs, (judge_module,))
+
+
+@pytest.fixture
+def judged(tmp_path, monkeypatch):
+    """A registered toy finding whose verdict code is a module in ``tmp_path``."""
+    module = tmp_path / "toy_judge.py"
+    module.write_text("THRESHOLD = 0.5\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = tmp_path / "registered.json"
+    registration.register({"toy": runs_toy("toy_judge")}, "first", path)
+    return module, registration.load_registry(path)
+
+
+def status_of(finding, registry) -> str:
+    return registration.registration(finding, "cpu", CLEAN, registry)["status"]
+
+
+def test_registered_toy_is_pre_registered(judged):
+    _, registry = judged
+    assert status_of(runs_toy("toy_judge"), registry) == registration.PRE_REGISTERED
+
+
+def test_an_edited_judging_module_makes_a_run_exploratory(judged):
+    module, registry = judged
+    module.write_text("THRESHOLD = 0.4\n")  # the finding's own verdict code edited
+    assert status_of(runs_toy("toy_judge"), registry) == registration.EXPLORATORY
+
+
+@pytest.mark.parametrize("shared", ["eval.findings.verdicts", "eval.findings.common"])
+def test_edited_shared_verdict_code_makes_a_run_exploratory(judged, monkeypatch, shared):
+    _, registry = judged
+    original = registration.module_text
+    monkeypatch.setattr(
+        registration,
+        "module_text",
+        lambda name: original(name) + ("\n# edited\n" if name == shared else ""),
+    )
+    assert status_of(runs_toy("toy_judge"), registry) == registration.EXPLORATORY
+
+
+def test_an_edited_preset_makes_a_run_exploratory(judged, monkeypatch):
+    """The preset a run names is expanded: editing the preset, not the finding, is a change."""
+    from shared.training import presets
+
+    _, registry = judged
+    tiny = presets.get_preset("tiny")
+    edited = tiny | {"train": tiny["train"] | {"lr": tiny["train"]["lr"] * 2}}
+    monkeypatch.setitem(presets.PRESETS, "tiny", edited)
+    assert status_of(runs_toy("toy_judge"), registry) == registration.EXPLORATORY
+
+
+def test_another_data_spec_makes_a_run_exploratory(judged):
+    _, registry = judged
+    other = runs_toy("toy_judge", dataset="synthetic:facts?pairs=4&both=2&n=60")
+    assert status_of(other, registry) == registration.EXPLORATORY
+
+
+def test_an_untracked_file_makes_the_tree_dirty_an_ignored_one_does_not(tmp_path):
+    from eval.report import code_state
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / ".gitignore").write_text("runs/\n")
+    (tmp_path / "train.py").write_text("")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "start")
+    assert code_state(tmp_path)["git_dirty"] is False
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "out.json").write_text("{}")  # ignored: still clean
+    assert code_state(tmp_path)["git_dirty"] is False
+    (tmp_path / "new_module.py").write_text("X = 1\n")  # a new module a finding could import
+    assert code_state(tmp_path)["git_dirty"] is True

@@ -5,7 +5,9 @@
     python -m eval.findings --scale gpu --only reversal pathstar      # closer to the papers
 
 Every finding writes ``<out>/<finding>/report.md`` (+ report.json, figures) whose verdict rule is
-stated before its numbers; ``<out>/index.md`` (+ index.json) has one row per finding. Trained
+stated before its numbers; ``<out>/index.md`` (+ index.json) has one row per finding, each with
+its report's commit, dirty flag, source and registration hashes (``--reindex OUT`` rebuilds it
+from the stored reports, running nothing). Trained
 runs and measured stages are reused on a rerun of the same code and settings (``--force`` redoes
 them; a folder made by other code or settings is moved aside, never reused); SIGTERM/Ctrl-C
 stops after a checkpoint and a rerun continues.
@@ -21,7 +23,14 @@ import time
 from pathlib import Path
 
 from eval.experiments.stages import run_stoppable
-from eval.findings.common import SCALES, FindingResult, Job, job_stamp, write_index
+from eval.findings.common import (
+    SCALES,
+    FindingResult,
+    Job,
+    job_stamp,
+    row_provenance,
+    write_index,
+)
 from eval.findings.registration import fresh_job_folder
 from eval.findings.registry import FINDINGS
 from eval.findings.table import findings_table
@@ -49,9 +58,17 @@ def main(argv: list[str] | None = None) -> int:
         help="print the README's findings table from a committed index.json (REPORTS: the "
         "folder of its reports, as the README links it) and exit",
     )
+    parser.add_argument(
+        "--reindex",
+        metavar="OUT",
+        help="rebuild OUT/index.md and OUT/index.json from the findings' stored result.json and "
+        "report.json (each row with its report's provenance); trains and measures nothing",
+    )
     args = parser.parse_args(argv)
     if args.table:
         return report_user_errors(lambda: print_table(*args.table))
+    if args.reindex:
+        return report_user_errors(lambda: reindex(Path(args.reindex)))
     out = Path(args.out or f"runs/findings-{args.scale}")
 
     def job(stop: StopRequest) -> None:
@@ -114,9 +131,31 @@ def _row(result: FindingResult) -> dict:
 
 def stored(out: Path, name: str) -> FindingResult:
     """A finding's last result as its folder holds it (so the index covers every finding run
-    into ``out``, not only this invocation's)."""
+    into ``out``, not only this invocation's), its report where the folder now is and its
+    provenance from that report (a result written before rows carried their own)."""
     row = json.loads((out / name / "result.json").read_text())
-    return FindingResult(claim=FINDINGS[name].claim, **row)
+    result = FindingResult(claim=FINDINGS[name].claim, **row)
+    report = out / name / "report.json"
+    if report.is_file():
+        result.report = str(out / name / "report.md")
+        result.provenance = row_provenance(json.loads(report.read_text()))
+    return result
+
+
+def reindex(out: Path) -> None:
+    """``--reindex``: the index of the findings stored in ``out``, rebuilt without running any;
+    a folder with no stored finding is one line."""
+    names = [name for name in FINDINGS if (out / name / "result.json").is_file()]
+    if not names:
+        raise ConfigError(
+            f"--reindex {out}: no finding's result.json there (give the --out of a findings run)"
+        )
+    scales = {json.loads((out / n / "result.json").read_text())["scale"] for n in names}
+    if len(scales) != 1:
+        raise ConfigError(f"--reindex {out}: findings of several scales {sorted(scales)}")
+    results = [stored(out, name) for name in names]
+    paths = write_index(out, scales.pop(), results, costs(), reindexed=True)
+    print(f"index: {paths['markdown']} (rebuilt from {len(results)} stored reports)")
 
 
 if __name__ == "__main__":

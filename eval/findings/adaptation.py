@@ -81,6 +81,27 @@ def run(settings: AdaptSettings, job: Job) -> FindingResult:
     return judge(job.scale, settings, per_seed, unigram, job.out)
 
 
+def runs(settings: AdaptSettings) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every run this finding trains (for the registration; the adapted run's ``init_from`` is
+    its seed's AR run)."""
+    planned = {}
+    for seed in settings.seeds:
+        shared = settings.overrides | {"curve_points": settings.curve_points, "seed": seed}
+        mdm = shared | {"objective": "mdm", "max_steps": settings.mdm_steps}
+        planned |= {
+            f"seed-{seed}/ar": (
+                settings.preset,
+                shared | {"objective": "ar", "max_steps": settings.ar_steps},
+            ),
+            f"seed-{seed}/mdm-scratch": (settings.preset, mdm),
+            f"seed-{seed}/mdm-adapted": (
+                settings.preset,
+                mdm | {"attention_anneal_steps": settings.anneal_steps},
+            ),
+        }
+    return planned
+
+
 def train_seed(settings: AdaptSettings, job: Job, out: Path, seed: int) -> dict[str, Any]:
     """One seed's AR run, MDM from scratch and MDM adapted from that AR run: their summaries and
     learning curves."""
@@ -169,95 +190,66 @@ def saving_verdict(saving: Interval) -> str:
     return INCONCLUSIVE
 
 
-def judge(
-    scale: str,
-    settings: AdaptSettings,
-    per_seed: dict[int, dict[str, Any]],
-    unigram: float,
-    out: Path,
-) -> FindingResult:
-    report = start_report(
-        FINDING,
-        scale,
-        out,
-        settings,
-        rule_text("seeds", "learned")
-        + [
-            "**Rule (adaptation).** Per seed, the compute saving is the from-scratch MDM's "
-            "training FLOPs over the adapted MDM's FLOPs to reach the scratch run's final "
-            "validation NELBO (interpolated on the adapted run's learning curve; an adapted run "
-            "that never reaches it saved nothing, 1x). Its interval is the t interval of the "
-            "log saving over the seeds. *Reproduced* ('far less compute'): the whole interval "
-            f"is at least {RULE['far_less']:g}x. *Not reproduced*: the whole interval is below "
-            f"{RULE['far_less']:g}x. *Inconclusive* otherwise. The saving counting the AR "
-            "pretraining FLOPs too is reported beside it, not judged. Learned checks: the AR "
-            "run's and the scratch MDM's final validation losses are more than "
-            f"{RULE['plateau_margin']} nats below the unigram entropy ({unigram:.3f}). "
-            "Adaptation: weights from the AR run's newest checkpoint, the [MASK] embedding the "
-            "mean of the embedding rows, attention annealed from causal to full over the first "
-            f"{settings.anneal_steps} steps."
+def rules(settings: AdaptSettings, unigram: float) -> list[str]:
+    """The rules the report states before its numbers."""
+    return rule_text("seeds", "learned") + [
+        "**Rule (adaptation).** Per seed, the compute saving is the from-scratch MDM's "
+        "training FLOPs over the adapted MDM's FLOPs to reach the scratch run's final "
+        "validation NELBO (interpolated on the adapted run's learning curve; an adapted run "
+        "that never reaches it saved nothing, 1x). Its interval is the t interval of the "
+        "log saving over the seeds. *Reproduced* ('far less compute'): the whole interval "
+        f"is at least {RULE['far_less']:g}x. *Not reproduced*: the whole interval is below "
+        f"{RULE['far_less']:g}x. *Inconclusive* otherwise. The saving counting the AR "
+        "pretraining FLOPs too is reported beside it, not judged. Learned checks: the AR "
+        "run's, the scratch MDM's and the adapted MDM's final validation losses are more than "
+        f"{RULE['plateau_margin']} nats below the unigram entropy ({unigram:.3f}). "
+        "Adaptation: weights from the AR run's newest checkpoint, the [MASK] embedding the "
+        "mean of the embedding rows, attention annealed from causal to full over the first "
+        f"{settings.anneal_steps} steps."
+    ]
+
+
+def runs_table(per_seed: dict[int, dict[str, Any]]) -> Table:
+    return Table(
+        "Runs, per seed",
+        ["seed", "run", "steps", "training FLOPs", "first curve point", "final NELBO/NLL"],
+        [
+            [
+                seed,
+                name,
+                run["summaries"][name]["step"],
+                run["curves"][name][-1]["flops"],
+                run["curves"][name][0]["val_nats_per_token"],
+                run["curves"][name][-1]["val_nats_per_token"],
+            ]
+            for seed, run in per_seed.items()
+            for name in RUNS
+        ],
+        note="nats/token on the fixed validation rows (AR: exact NLL; MDM: NELBO). The "
+        "adapted run's FLOPs exclude the AR pretraining.",
+    )
+
+
+def how_read(saving: dict[str, Any]) -> str:
+    if saving["never_reached"]:
+        return "never reached: at most 1x"
+    return "at the first curve point: a lower bound" if saving["at_first_point"] else "interpolated"
+
+
+def savings_table(savings: dict[int, dict[str, Any]]) -> Table:
+    return Table(
+        "Compute saving, per seed",
+        ["seed", "saving (MDM compute)", "with the AR pretraining", "how it was read"],
+        [
+            [seed, saving["saving"], saving["saving_with_ar"], how_read(saving)]
+            for seed, saving in savings.items()
         ],
     )
-    seeds = list(per_seed)
-    savings = {
-        seed: compute_saving(
-            run["curves"]["mdm-adapted"],
-            run["curves"]["mdm-scratch"],
-            run["summaries"]["mdm-adapted"]["init_from"]["total_flops"],
-        )
-        for seed, run in per_seed.items()
-    }
-    finals = {
-        name: [run["curves"][name][-1]["val_nats_per_token"] for run in per_seed.values()]
-        for name in RUNS
-    }
-    saving = geometric_interval([savings[s]["saving"] for s in seeds])
-    with_ar = geometric_interval([savings[s]["saving_with_ar"] for s in seeds])
-    difference = paired_difference(finals["mdm-adapted"], finals["mdm-scratch"])
-    report.table(
-        Table(
-            "Runs, per seed",
-            ["seed", "run", "steps", "training FLOPs", "first curve point", "final NELBO/NLL"],
-            [
-                [
-                    seed,
-                    name,
-                    run["summaries"][name]["step"],
-                    run["curves"][name][-1]["flops"],
-                    run["curves"][name][0]["val_nats_per_token"],
-                    run["curves"][name][-1]["val_nats_per_token"],
-                ]
-                for seed, run in per_seed.items()
-                for name in RUNS
-            ],
-            note="nats/token on the fixed validation rows (AR: exact NLL; MDM: NELBO). The "
-            "adapted run's FLOPs exclude the AR pretraining.",
-        )
-    )
-    report.table(
-        Table(
-            "Compute saving, per seed",
-            ["seed", "saving (MDM compute)", "with the AR pretraining", "how it was read"],
-            [
-                [
-                    seed,
-                    savings[seed]["saving"],
-                    savings[seed]["saving_with_ar"],
-                    "never reached: at most 1x"
-                    if savings[seed]["never_reached"]
-                    else "at the first curve point: a lower bound"
-                    if savings[seed]["at_first_point"]
-                    else "interpolated",
-                ]
-                for seed in seeds
-            ],
-        )
-    )
-    first = per_seed[seeds[0]]
-    ar_flops = first["summaries"]["mdm-adapted"]["init_from"]["total_flops"]
-    _figure(report, first["curves"], ar_flops, seeds[0])
-    verdict = saving_verdict(saving)
-    checks = [
+
+
+def learned_checks(finals: dict[str, list[float]], unigram: float) -> list[LearnedCheck]:
+    """Every run's final validation loss below the unigram plateau, in every seed."""
+    return [
         LearnedCheck(
             label,
             f"final validation loss more than {RULE['plateau_margin']} nats below the unigram "
@@ -265,14 +257,48 @@ def judge(
             ", ".join(f"{v:.3f}" for v in finals[name]),
             max(finals[name]) < unigram - RULE["plateau_margin"],
         )
-        for name, label in (("ar", "AR"), ("mdm-scratch", "MDM from scratch"))
-    ]
-    notes = []
-    if any(savings[s]["at_first_point"] for s in seeds):
-        notes.append(
-            "In some seed the adapted run was already below the scratch run's final loss at its "
-            "first validation: that seed's saving is a lower bound."
+        for name, label in (
+            ("ar", "AR"),
+            ("mdm-scratch", "MDM from scratch"),
+            ("mdm-adapted", "MDM adapted"),
         )
+    ]
+
+
+def seed_savings(per_seed: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    return {
+        seed: compute_saving(
+            run["curves"]["mdm-adapted"],
+            run["curves"]["mdm-scratch"],
+            run["summaries"]["mdm-adapted"]["init_from"]["total_flops"],
+        )
+        for seed, run in per_seed.items()
+    }
+
+
+def judge(
+    scale: str,
+    settings: AdaptSettings,
+    per_seed: dict[int, dict[str, Any]],
+    unigram: float,
+    out: Path,
+) -> FindingResult:
+    report = start_report(FINDING, scale, out, settings, rules(settings, unigram))
+    seeds = list(per_seed)
+    savings = seed_savings(per_seed)
+    finals = {
+        name: [run["curves"][name][-1]["val_nats_per_token"] for run in per_seed.values()]
+        for name in RUNS
+    }
+    saving = geometric_interval([savings[s]["saving"] for s in seeds])
+    with_ar = geometric_interval([savings[s]["saving_with_ar"] for s in seeds])
+    difference = paired_difference(finals["mdm-adapted"], finals["mdm-scratch"])
+    report.table(runs_table(per_seed))
+    report.table(savings_table(savings))
+    first = per_seed[seeds[0]]
+    ar_flops = first["summaries"]["mdm-adapted"]["init_from"]["total_flops"]
+    _figure(report, first["curves"], ar_flops, seeds[0])
+    lower_bound = any(savings[s]["at_first_point"] for s in seeds)
     return finish_report(
         report,
         FINDING,
@@ -280,9 +306,9 @@ def judge(
         measured=f"to reach the scratch MDM's final loss the adapted MDM needs "
         f"{factor_text(saving)} MDM compute; counting the AR pretraining, "
         f"{factor_text(with_ar)}; final NELBO adapted - scratch {difference.text(3)} nats/token",
-        verdict=verdict,
+        verdict=saving_verdict(saving),
         rule=f"the saving's whole 95% seed interval at least {RULE['far_less']:g}x",
-        checks=checks,
+        checks=learned_checks(finals, unigram),
         numbers={
             "savings": savings,
             "saving": saving.as_dict(),
@@ -291,8 +317,14 @@ def judge(
             "final_difference": difference.as_dict(),
             "unigram": unigram,
         },
-        notes=notes,
+        notes=[LOWER_BOUND] if lower_bound else [],
     )
+
+
+LOWER_BOUND = (
+    "In some seed the adapted run was already below the scratch run's final loss at its "
+    "first validation: that seed's saving is a lower bound."
+)
 
 
 def _figure(report: Report, curves: dict, ar_flops: float, seed: int) -> None:
@@ -331,4 +363,6 @@ FINDING = Finding(
     rule=RULE,
     gpu_budget="GPT-2 small on OpenWebText, 20k steps per run, 3 seeds",
     cost="3 seeds x 3 runs of 320 steps (AR, MDM from scratch, MDM adapted)",
+    runs=runs,
+    judged_by=("eval.budgets", "eval.curves"),
 )

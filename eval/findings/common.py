@@ -12,12 +12,13 @@ from typing import Any
 
 from eval.findings.registration import (
     EXPLORATORY,
+    JOB_STAMP,
     registration,
     registration_hash,
     registration_text,
 )
 from eval.findings.table import findings_table
-from eval.findings.verdicts import RULES, LearnedCheck, learned_gate
+from eval.findings.verdicts import RULES, LearnedCheck, learned_gate, one_seed_guard
 from eval.report import Report, Table, code_state, provenance
 from shared.faults import StopRequest
 from shared.files import write_atomic
@@ -49,6 +50,9 @@ class FindingResult:
     registration: str = ""  # pre-registered or exploratory (eval.findings.registration)
     numbers: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # the code that wrote the row's report: commit, dirty flag, source hash, registration hash,
+    # and the commit whose job trained the runs it was rendered from (``row_provenance``)
+    provenance: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -78,15 +82,40 @@ class Finding:
     rule: dict[str, Any] = field(default_factory=dict)
     gpu_budget: str = ""  # what the gpu scale trains, for a finding whose models did not learn
     cost: str = ""  # the cpu scale's training work, said where it takes over 20 minutes
+    # settings -> {run name: (preset, overrides)}: every run the finding trains, as run() starts
+    # it (without the job's cache and thread settings); resolved and hashed into the registration
+    runs: Callable[[Any], dict[str, tuple[str, dict[str, Any]]]] | None = None
+    # modules besides verdicts.py, common.py and the finding's own whose code decides its verdict
+    judged_by: tuple[str, ...] = ()
 
 
-def job_stamp(finding: Finding, scale: str) -> dict[str, str]:
-    """What a finding's folder must have been made by to be reused: this code and these
-    settings and rule."""
+def job_stamp(finding: Finding, scale: str) -> dict[str, Any]:
+    """What a finding's folder must have been made by to be reused (this code, these settings
+    and rule: ``REUSE_KEYS``), and the commit that started its job."""
+    state = code_state()
     return {
-        "source_hash": code_state()["source_hash"],
+        "source_hash": state["source_hash"],
         "registration": registration_hash(finding, scale),
+        "git_commit": state["git_commit"],
+        "git_dirty": state["git_dirty"],
     }
+
+
+def runs_origin(out: Path, state: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """Who trained the runs in ``out`` (its job stamp: the commit that started the job), and
+    the report's sentence when that is another commit than ``state``'s: a re-render from
+    stored runs, which keeps the runs' commit."""
+    path = out / JOB_STAMP
+    stamp = json.loads(path.read_text()) if path.is_file() else {}
+    origin = {"git_commit": stamp.get("git_commit"), "git_dirty": stamp.get("git_dirty")}
+    if not stamp or origin["git_commit"] == state["git_commit"]:
+        return origin, ""
+    made_by = f"commit `{origin['git_commit']}`" if origin["git_commit"] else "an unrecorded commit"
+    return origin, (
+        f"**Re-rendered from stored runs.** The runs and measured stages were made by {made_by} "
+        f"(the same source hash `{stamp['source_hash']}`); this report was written at commit "
+        f"`{state['git_commit']}` (its provenance, below)."
+    )
 
 
 def start_report(
@@ -105,8 +134,12 @@ def start_report(
         },
         seeds={"train": list(getattr(settings, "seeds", (0,)))},
     )
-    status = registration(finding, scale, code_state())
+    state = code_state()
+    status = registration(finding, scale, state)
     report.results["registration"] = status
+    report.results["runs_made_by"], rerendered = runs_origin(out, state)
+    if rerendered:
+        report.text(rerendered)
     if preface:
         report.text(preface)
     report.text(
@@ -133,7 +166,8 @@ def finish_report(
 ) -> FindingResult:
     """Apply the learned gate to the comparison's ``verdict``, write the verdict section and the
     report; returns the finding's row for the index."""
-    gated, gate_notes = learned_gate(verdict, checks, finding.gpu_budget or finding.gpu_wall)
+    guarded, seed_notes = one_seed_guard(verdict, len(report.seeds.get("train", ())))
+    gated, gate_notes = learned_gate(guarded, checks, finding.gpu_budget or finding.gpu_wall)
     status = report.results["registration"]["status"]
     result = FindingResult(
         finding.name,
@@ -143,7 +177,7 @@ def finish_report(
         rule,
         scale,
         numbers=(numbers or {}) | {"comparison_verdict": verdict},
-        notes=gate_notes + (notes or []),
+        notes=seed_notes + gate_notes + (notes or []),
         registration=status,
     )
     label = " (exploratory run)" if status == EXPLORATORY else ""
@@ -168,7 +202,22 @@ def finish_report(
     )
     report.results.setdefault("numbers", {}).update(result.numbers)
     result.report = str(report.write()["markdown"])
+    result.provenance = row_provenance(json.loads((report.out / "report.json").read_text()))
     return result
+
+
+def row_provenance(report: dict[str, Any]) -> dict[str, Any]:
+    """An index row's provenance from its finding's ``report.json``: the commit, dirty flag and
+    source hash that wrote the report, its registration hash, and the commit whose job trained
+    the runs (None where the report predates that record)."""
+    prov, results = report["provenance"], report["results"]
+    return {
+        "git_commit": prov["git_commit"],
+        "git_dirty": prov["git_dirty"],
+        "source_hash": prov["source_hash"],
+        "registration_hash": results.get("registration", {}).get("hash"),
+        "runs_commit": results.get("runs_made_by", {}).get("git_commit"),
+    }
 
 
 def rule_text(*names: str) -> list[str]:
@@ -176,14 +225,20 @@ def rule_text(*names: str) -> list[str]:
 
 
 def write_index(
-    out: Path, scale: str, results: list[FindingResult], costs: dict[str, str]
+    out: Path,
+    scale: str,
+    results: list[FindingResult],
+    costs: dict[str, str],
+    reindexed: bool = False,
 ) -> dict[str, Path]:
     """``index.md`` and ``index.json``: one row per finding (``costs``: each finding's training
-    work, said where it took over 20 minutes)."""
+    work, said where it took over 20 minutes), each with its report's provenance;
+    ``reindexed``: rebuilt from the stored reports, nothing run."""
     rows = [_plain(r) for r in results]
     for row in rows:
         row["report"] = os.path.relpath(row["report"], out) if row["report"] else ""
     prov = provenance()
+    written = "Index rebuilt from the stored reports" if reindexed else "Index written"
     text = "\n".join(
         [
             f"# Findings (scale `{scale}`)",
@@ -194,9 +249,11 @@ def write_index(
             "pre-registered. At scale `smoke` the runs are far too short for the verdicts to mean "
             "anything: smoke checks the plumbing.",
             "",
-            f"Index written at git commit `{prov['git_commit']}`"
+            provenance_table(rows),
+            "",
+            f"{written} at git commit `{prov['git_commit']}`"
             + (" (with uncommitted changes)" if prov["git_dirty"] else "")
-            + f" (each report records its own); machine: {prov['machine']['cpu']} "
+            + f" (each report records its own, above); machine: {prov['machine']['cpu']} "
             f"({prov['machine']['cpu_count']} CPUs), GPU: {prov['machine']['gpu']}; "
             f"created {prov['created']}",
             "",
@@ -208,6 +265,21 @@ def write_index(
     data = {"scale": scale, "provenance": prov, "findings": rows}
     write_atomic(paths["json"], json.dumps(data, indent=2, default=str))
     return paths
+
+
+def provenance_table(rows: list[dict[str, Any]]) -> str:
+    """Each row's code: the commit that wrote its report, whether the tree was dirty, the
+    source and registration hashes, and the commit that trained its runs."""
+    lines = [
+        "| finding | report's commit | dirty | source hash | registration hash | runs' commit |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        p = row.get("provenance") or {}
+        cells = [p.get(k) for k in ("git_commit", "git_dirty", "source_hash")]
+        cells += [p.get("registration_hash"), p.get("runs_commit") or "not recorded"]
+        lines.append("| " + " | ".join([row["name"], *(f"{c}" for c in cells)]) + " |")
+    return "\n".join(lines)
 
 
 def _plain(value: Any) -> Any:

@@ -15,6 +15,7 @@ from eval.experiments.compare import token_frequencies
 from eval.experiments.compare_budgets import (
     attention_pattern,
     multiplier_analysis,
+    own_warmups,
     seed_folder,
     train_budget_points,
 )
@@ -112,6 +113,26 @@ RULE = {
 }
 
 
+def runs(settings: GapSettings) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every trunk this finding trains (for the registration; its budget branches are these
+    runs cut short at the budgets ``settings.budgets`` declares)."""
+    schedule = {"lr_schedule": "wsd", "cooldown_fraction": settings.budgets.cooldown_fraction}
+    warmups = own_warmups(settings.budgets)
+    return {
+        f"{size_label(size)}/seed-{seed}/{objective}": (
+            settings.preset,
+            settings.overrides
+            | size
+            | schedule
+            | {"seed": seed, "objective": objective}
+            | warmups.get(objective, {}),
+        )
+        for size in settings.sizes
+        for seed in settings.seeds
+        for objective in ("ar", "mdm")
+    }
+
+
 def run(settings: GapSettings, job: Job) -> FindingResult:
     out, force, scale = job.out, job.force, job.scale
     stages = Stages(out, force, job.stop)
@@ -172,108 +193,132 @@ def measure_size(
     }
 
 
-def judge(scale: str, settings: GapSettings, measured: list[dict], out: Path) -> FindingResult:
-    largest = measured[-1]
-    window = largest.get("window", 0)
-    patterns = {o: attention_pattern(o, window) for o in ("ar", "mdm")}
-    report = start_report(
-        FINDING,
-        scale,
-        out,
-        settings,
-        rule_text("seeds", "learned", "magnitude")
-        + [
-            "Here the multiplier is the main job's (shared code, `eval.experiments."
-            "compare_budgets`): each objective trained at several budgets, each a run scheduled "
-            "for its own length (WSD cooldown branches of one trunk, each budget with its own "
-            "warmup and decay), validated at its end; only points more than "
-            f"{settings.budgets.plateau_margin} nats below the unigram entropy and within "
-            f"{settings.fresh_epochs:g} epoch of the training data (fresh data) enter. M is read "
-            f"at {HEADLINE_RULES[settings.budgets.headline_rule]} (the declared loss level), per "
-            "seed; its interval is the t interval of log M over the seeds. The band is "
-            f"{BAND.text()}. The verdict is the largest size's. Learned checks: each model has "
-            f"at least {RULE['min_points_past_plateau']} budget points past its plateau in "
-            "every seed (a frontier to read M from)."
-        ],
-        preface=f"**Attention.** AR: {patterns['ar']}; MDM: {patterns['mdm']}."
-        + (
-            " Windowed attention: these multipliers are **not comparable** with SMDM's "
-            "(full attention), and the verdict is *inconclusive* whatever they are."
-            if window
-            else ""
+def rules(settings: GapSettings) -> list[str]:
+    """The rules the report states before its numbers."""
+    return rule_text("seeds", "learned", "magnitude") + [
+        "Here the multiplier is the main job's (shared code, `eval.experiments."
+        "compare_budgets`): each objective trained at several budgets, each a run scheduled "
+        "for its own length (WSD cooldown branches of one trunk, each budget with its own "
+        "warmup and decay), validated at its end; only points more than "
+        f"{settings.budgets.plateau_margin} nats below the unigram entropy and within "
+        f"{settings.fresh_epochs:g} epoch of the training data (fresh data) enter. M is read "
+        f"at {HEADLINE_RULES[settings.budgets.headline_rule]} (the declared loss level), per "
+        "seed; its interval is the t interval of log M over the seeds. The band is "
+        f"{BAND.text()}. The verdict is the largest size's, and needs M read in every seed "
+        "(otherwise *inconclusive*). Learned checks: each model has "
+        f"at least {RULE['min_points_past_plateau']} budget points past its plateau in "
+        "every seed (a frontier to read M from)."
+    ]
+
+
+def attention_preface(patterns: dict[str, str], window: int) -> str:
+    return f"**Attention.** AR: {patterns['ar']}; MDM: {patterns['mdm']}." + (
+        " Windowed attention: these multipliers are **not comparable** with SMDM's "
+        "(full attention), and the verdict is *inconclusive* whatever they are."
+        if window
+        else ""
+    )
+
+
+def size_row(m: dict[str, Any]) -> tuple[list[Any], tuple[str, str, Interval | None]]:
+    """One model size's row of the multiplier table and its (direction, magnitude, interval)."""
+    interval = None if m["interval"] is None else Interval(**m["interval"])
+    direction = direction_verdict(Interval(1.0, 1.0, 1.0), interval)
+    magnitude = magnitude_verdict(BAND, interval)
+    analysis = m["analysis"]
+    exponents = analysis["exponents"]
+    row = [
+        size_label(m["size"]),
+        m["parameters"],
+        "; ".join(
+            f"seed {seed}: AR {c['ar']}, MDM {c['mdm']}" for seed, c in m["past_plateau"].items()
         ),
+        "not measured" if interval is None else interval.text(3),
+        _spread_text(analysis.get("fitted_multiplier")),
+        f"AR {_spread_text(exponents.get('ar'))}; MDM {_spread_text(exponents.get('mdm'))}",
+        direction,
+        magnitude,
+    ]
+    return row, (direction, magnitude, interval)
+
+
+def sizes_table(rows: list[list[Any]]) -> Table:
+    return Table(
+        "Compute multiplier per model size",
+        [
+            "size",
+            "parameters",
+            "budget points past the plateau (fresh data)",
+            "M at the declared level (95%)",
+            "M from the two log-log fits",
+            "exponents alpha (loss ~ C^-alpha)",
+            "AR ahead?",
+            f"M in {BAND.low:g}-{BAND.high:g}x?",
+        ],
+        rows,
     )
-    rows, verdicts = [], []
-    for m in measured:
-        interval = None if m["interval"] is None else Interval(**m["interval"])
-        direction = direction_verdict(Interval(1.0, 1.0, 1.0), interval)
-        magnitude = magnitude_verdict(BAND, interval)
-        verdicts.append((direction, magnitude, interval))
-        analysis = m["analysis"]
-        exponents = analysis["exponents"]
-        rows.append(
-            [
-                size_label(m["size"]),
-                m["parameters"],
-                "; ".join(
-                    f"seed {seed}: AR {c['ar']}, MDM {c['mdm']}"
-                    for seed, c in m["past_plateau"].items()
-                ),
-                "not measured" if interval is None else interval.text(3),
-                _spread_text(analysis.get("fitted_multiplier")),
-                f"AR {_spread_text(exponents.get('ar'))}; MDM {_spread_text(exponents.get('mdm'))}",
-                direction,
-                magnitude,
-            ]
-        )
-        report.plot(
-            f"budgets_{size_label(m['size'])}",
-            frontier_figure(m["points"], m["unigram"]),
-            f"Budget frontiers at {size_label(m['size'])}",
-        )
-    report.table(
-        Table(
-            "Compute multiplier per model size",
-            [
-                "size",
-                "parameters",
-                "budget points past the plateau (fresh data)",
-                "M at the declared level (95%)",
-                "M from the two log-log fits",
-                "exponents alpha (loss ~ C^-alpha)",
-                "AR ahead?",
-                f"M in {BAND.low:g}-{BAND.high:g}x?",
-            ],
-            rows,
-        )
-    )
-    report.table(multiplier_curve_table(largest))
-    direction, magnitude, interval = verdicts[-1]
+
+
+def largest_verdict(
+    largest: dict[str, Any], magnitude: str, interval: Interval | None, window: int
+) -> tuple[str, list[str]]:
+    """The verdict at the largest size: the band's, unless M is missing there (in any seed) or
+    the attention is windowed; with the notes that say why."""
     notes = []
     if interval is None:
         notes.append(
             "No multiplier interval at the largest size: fewer than two seeds where both "
             "frontiers, past the plateau on fresh data, cover the declared loss level."
         )
-    verdict = magnitude if interval is not None else INCONCLUSIVE
+    missing = largest["analysis"].get("unmeasured_seeds", [])
+    if interval is not None and missing:
+        notes.append(
+            f"M was not read in seed(s) {missing} at the largest size (a frontier past the "
+            "plateau on fresh data does not reach the declared loss level): the interval of the "
+            "other seeds would hide them, so the verdict is *inconclusive*."
+        )
+    verdict = magnitude if interval is not None and not missing else INCONCLUSIVE
     if window and verdict != INCONCLUSIVE:
         notes.append(
             f"With full attention the band would give *{verdict}*; with windowed attention the "
             "verdict is *inconclusive* (not comparable with SMDM)."
         )
         verdict = INCONCLUSIVE
-    checks = [
+    return verdict, notes
+
+
+def learned_checks(largest: dict[str, Any]) -> list[LearnedCheck]:
+    """Each model's budget points past its plateau at the largest size, in every seed."""
+    least = RULE["min_points_past_plateau"]
+    return [
         LearnedCheck(
             name.upper(),
-            f"at least {RULE['min_points_past_plateau']} budget points past the plateau in "
-            "every seed",
+            f"at least {least} budget points past the plateau in every seed",
             ", ".join(f"seed {seed}: {c[name]}" for seed, c in largest["past_plateau"].items()),
-            all(
-                c[name] >= RULE["min_points_past_plateau"] for c in largest["past_plateau"].values()
-            ),
+            all(c[name] >= least for c in largest["past_plateau"].values()),
         )
         for name in ("ar", "mdm")
     ]
+
+
+def judge(scale: str, settings: GapSettings, measured: list[dict], out: Path) -> FindingResult:
+    largest = measured[-1]
+    window = largest.get("window", 0)
+    patterns = {o: attention_pattern(o, window) for o in ("ar", "mdm")}
+    preface = attention_preface(patterns, window)
+    report = start_report(FINDING, scale, out, settings, rules(settings), preface=preface)
+    rows, verdicts = [], []
+    for m in measured:
+        row, verdict = size_row(m)
+        rows.append(row)
+        verdicts.append(verdict)
+        label = size_label(m["size"])
+        figure = frontier_figure(m["points"], m["unigram"])
+        report.plot(f"budgets_{label}", figure, f"Budget frontiers at {label}")
+    report.table(sizes_table(rows))
+    report.table(multiplier_curve_table(largest))
+    _, magnitude, interval = verdicts[-1]
+    verdict, notes = largest_verdict(largest, magnitude, interval, window)
     return finish_report(
         report,
         FINDING,
@@ -287,7 +332,7 @@ def judge(scale: str, settings: GapSettings, measured: list[dict], out: Path) ->
         verdict=verdict,
         rule=f"the whole 95% interval at the largest size inside {BAND.text()}; windowed "
         "attention is inconclusive",
-        checks=checks,
+        checks=learned_checks(largest),
         numbers={
             "sizes": [{k: v for k, v in m.items() if k != "points"} for m in measured],
             "points": {size_label(m["size"]): m["points"] for m in measured},
@@ -328,4 +373,6 @@ FINDING = Finding(
     rule=RULE,
     gpu_budget="GPT-2-small shapes at three widths on OpenWebText, full attention, 20k steps",
     cost="3 seeds x (2 trunks of 320 steps + 9 cooldown branches)",
+    runs=runs,
+    judged_by=("eval.budgets", "eval.experiments.compare_budgets"),
 )

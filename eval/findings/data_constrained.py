@@ -117,66 +117,56 @@ def ar_name(weight_decay: float) -> str:
     return f"ar-wd{weight_decay:g}"
 
 
-def run(settings: DataSettings, job: Job) -> FindingResult:
+def unique_rows(settings: DataSettings) -> tuple[int, int]:
+    """(rows of unique tokens, batch size) of the preset with the settings' overrides."""
     _, base = resolve_config(settings.preset, settings.overrides)
-    rows = math.ceil(settings.unique_tokens / (base.seq_len - 1))
-    steps_per_epoch = rows / base.batch_size
-    shared = settings.overrides | {"curve_points": 0} | job.extra
-    repeated = shared | {"unique_tokens": settings.unique_tokens, "unique_sample": "random"}
+    return math.ceil(settings.unique_tokens / (base.seq_len - 1)), base.batch_size
+
+
+def seed_plan(settings: DataSettings, seed: int) -> dict[str, dict[str, Any]]:
+    """One seed's runs, each with its objective: the AR sweep and the MDM on the repeated rows,
+    and the fresh-data AR on the first AR run's schedule (its step count, the first AR run's
+    last step, is set when that run has finished)."""
+    rows, batch_size = unique_rows(settings)
 
     def every(evals_per_epoch: float) -> int:
-        return max(1, round(steps_per_epoch / evals_per_epoch))
+        return max(1, round(rows / batch_size / evals_per_epoch))
 
+    shared = settings.overrides | {"curve_points": 0, "seed": seed}
+    repeated = shared | {"unique_tokens": settings.unique_tokens, "unique_sample": "random"}
     ar = {
         "warmup_steps": settings.ar_warmup_steps,
         "eval_every": every(settings.ar_evals_per_epoch),
     }
-    runs: dict[int, dict[str, list[dict[str, Any]]]] = {}
+    plan = {
+        ar_name(wd): repeated | ar | {"epochs": settings.ar_epochs, "weight_decay": wd}
+        for wd in settings.weight_decays
+    }
+    plan = {name: over | {"objective": "ar"} for name, over in plan.items()}
+    plan["mdm"] = repeated | {
+        "epochs": settings.mdm_epochs,
+        "lr_schedule": "constant",
+        "eval_every": every(settings.mdm_evals_per_epoch),
+        "objective": "mdm",
+    }
+    plan["ar-fresh"] = shared | ar | {"weight_decay": settings.weight_decays[0], "objective": "ar"}
+    return plan
+
+
+def runs(settings: DataSettings) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every run this finding trains (for the registration)."""
+    return {
+        f"seed{seed}/{name}": (settings.preset, over)
+        for seed in settings.seeds
+        for name, over in seed_plan(settings, seed).items()
+    }
+
+
+def run(settings: DataSettings, job: Job) -> FindingResult:
+    rows, _ = unique_rows(settings)
+    curves_by_seed: dict[int, dict[str, list[dict[str, Any]]]] = {}
     for seed in settings.seeds:
-        folder = job.out / f"seed{seed}"
-        curves = {}
-        for wd in settings.weight_decays:
-            over = repeated | ar | {"epochs": settings.ar_epochs, "weight_decay": wd, "seed": seed}
-            summary = train_or_reuse(
-                ar_name(wd),
-                folder / ar_name(wd),
-                settings.preset,
-                {"objective": "ar"},
-                over,
-                job.force,
-            )
-            curves[ar_name(wd)] = read_periodic(folder / ar_name(wd), summary["train_rows"])
-        mdm = repeated | {
-            "epochs": settings.mdm_epochs,
-            "lr_schedule": "constant",
-            "eval_every": every(settings.mdm_evals_per_epoch),
-            "seed": seed,
-        }
-        summary = train_or_reuse(
-            "mdm", folder / "mdm", settings.preset, {"objective": "mdm"}, mdm, job.force
-        )
-        curves["mdm"] = read_periodic(folder / "mdm", summary["train_rows"])
-        # The fresh-data reference: the first AR run's schedule and steps on the whole split.
-        first = ar_name(settings.weight_decays[0])
-        fresh = (
-            shared
-            | ar
-            | {
-                "max_steps": curves[first][-1]["step"],
-                "weight_decay": settings.weight_decays[0],
-                "seed": seed,
-            }
-        )
-        summary = train_or_reuse(
-            "ar, fresh data",
-            folder / "ar-fresh",
-            settings.preset,
-            {"objective": "ar"},
-            fresh,
-            job.force,
-        )
-        curves["ar-fresh"] = read_periodic(folder / "ar-fresh", rows)  # epochs of the unique size
-        runs[seed] = curves
+        curves_by_seed[seed] = train_seed(settings, job, seed, rows)
     first_seed = job.out / f"seed{settings.seeds[0]}" / ar_name(settings.weight_decays[0])
     stages = Stages(job.out, job.force, job.stop)
     unigram = stages.run(
@@ -184,7 +174,35 @@ def run(settings: DataSettings, job: Job) -> FindingResult:
         {},
         lambda: entropy_of_counts(token_frequencies(*load(first_seed.parent, first_seed.name)[1:])),
     )
-    return judge(job.scale, settings, runs, unigram, job.out)
+    return judge(job.scale, settings, curves_by_seed, unigram, job.out)
+
+
+def train_seed(
+    settings: DataSettings, job: Job, seed: int, rows: int
+) -> dict[str, list[dict[str, Any]]]:
+    """One seed's runs trained (or reused), as validation curves over epochs of the unique rows
+    (the fresh run's: tokens / unique tokens)."""
+    folder = job.out / f"seed{seed}"
+    plan = seed_plan(settings, seed)
+    first = ar_name(settings.weight_decays[0])
+    curves = {
+        name: train_planned(name, folder / name, settings.preset, plan[name], job)
+        for name in [*map(ar_name, settings.weight_decays), "mdm"]
+    }
+    plan["ar-fresh"]["max_steps"] = curves[first][-1]["step"]
+    curves["ar-fresh"] = train_planned(
+        "ar, fresh data", folder / "ar-fresh", settings.preset, plan["ar-fresh"], job, rows
+    )
+    return curves
+
+
+def train_planned(
+    label: str, run_dir: Path, preset: str, planned: dict, job: Job, rows: int | None = None
+) -> list[dict[str, Any]]:
+    start = {"objective": planned["objective"]}
+    over = {k: v for k, v in planned.items() if k != "objective"} | job.extra
+    summary = train_or_reuse(label, run_dir, preset, start, over, job.force)
+    return read_periodic(run_dir, rows or summary["train_rows"])
 
 
 def read_periodic(run_dir: Path, unique_rows: int) -> list[dict[str, Any]]:
@@ -265,93 +283,85 @@ def data_verdict(difference: Interval, mdm_plateaued: bool) -> str:
     return INCONCLUSIVE
 
 
-def judge(
-    scale: str,
-    settings: DataSettings,
-    runs: dict[int, dict[str, list[dict]]],
-    unigram: float,
-    out: Path,
-) -> FindingResult:
-    report = start_report(
-        FINDING,
-        scale,
-        out,
-        settings,
-        rule_text("seeds", "learned")
-        + [
-            "**Rule (data-constrained).** Per seed: the AR's best = the lowest validation of its "
-            f"weight-decay sweep {list(settings.weight_decays)}; the MDM's best = its lowest. "
-            "Headline: the paired difference MDM best - AR best over seeds. *Reproduced*: its "
-            "whole interval below 0. *Not reproduced*: its whole interval above 0 and the MDM "
-            "plateaued in every seed (its mean validation over the last "
-            f"{RULE['plateau_window']:.0%} of validations less than {RULE['plateau_drop']} nats "
-            "below the window before). "
-            "*Inconclusive* otherwise. Reported, not judged: the best epochs (AR earlier?) and "
-            "the AR's data-reuse half-life R* (Muennighoff et al.'s form, fitted on the repeated "
-            "run up to its best against a fresh-data run on the same schedule). Learned checks: "
-            f"each model's best more than {RULE['learned_margin']} nats below the unigram entropy "
-            f"({unigram:.3f}) in every seed."
-        ],
+def rules(settings: DataSettings, unigram: float) -> list[str]:
+    """The rules the report states before its numbers."""
+    return rule_text("seeds", "learned") + [
+        "**Rule (data-constrained).** Per seed: the AR's best = the lowest validation of its "
+        f"weight-decay sweep {list(settings.weight_decays)}; the MDM's best = its lowest. "
+        "Headline: the paired difference MDM best - AR best over seeds. *Reproduced*: its "
+        "whole interval below 0. *Not reproduced*: its whole interval above 0 and the MDM "
+        "plateaued in every seed (its mean validation over the last "
+        f"{RULE['plateau_window']:.0%} of validations less than {RULE['plateau_drop']} nats "
+        "below the window before). "
+        "*Inconclusive* otherwise. Reported, not judged: the best epochs (AR earlier?) and "
+        "the AR's data-reuse half-life R* (Muennighoff et al.'s form, fitted on the repeated "
+        "run up to its best against a fresh-data run on the same schedule). Learned checks: "
+        f"each model's best more than {RULE['learned_margin']} nats below the unigram entropy "
+        f"({unigram:.3f}) in every seed."
+    ]
+
+
+def best_of_sweep(runs: dict[str, list[dict]], ar_names: list[str]) -> dict[str, Any]:
+    """The lowest validation of the AR sweep's runs, naming the run."""
+    return min(
+        (best_point(runs[n]) | {"run": n} for n in ar_names),
+        key=lambda r: r["val_nats_per_token"],
     )
-    seeds = list(runs)
-    ar_names = [ar_name(wd) for wd in settings.weight_decays]
-    ar_best = {
-        s: min(
-            (best_point(runs[s][n]) | {"run": n} for n in ar_names),
-            key=lambda r: r["val_nats_per_token"],
-        )
-        for s in seeds
-    }
-    mdm_best = {s: best_point(runs[s]["mdm"]) for s in seeds}
-    difference = paired_difference(
-        [mdm_best[s]["val_nats_per_token"] for s in seeds],
-        [ar_best[s]["val_nats_per_token"] for s in seeds],
-    )
-    flat = {s: plateaued(runs[s]["mdm"]) for s in seeds}
-    verdict = data_verdict(difference, all(flat.values()))
-    epochs = {
-        "ar": seed_interval([ar_best[s]["epoch"] for s in seeds]),
-        "mdm": seed_interval([mdm_best[s]["epoch"] for s in seeds]),
-    }
-    peak = direction_verdict(epochs["ar"], epochs["mdm"])
+
+
+def half_lives(
+    runs: dict[int, dict[str, list[dict]]], first_ar: str
+) -> tuple[dict[int, dict | None], Interval | None]:
+    """Each seed's fitted AR half-life R*, and the seed interval of those not at the bound."""
     fits = {
-        s: fit_half_life(effective_epochs(runs[s][ar_names[0]], runs[s]["ar-fresh"])) for s in seeds
+        s: fit_half_life(effective_epochs(run[first_ar], run["ar-fresh"]))
+        for s, run in runs.items()
     }
     r_values = [f["r_star"] for f in fits.values() if f and not f["at_bound"]]
-    r_star = seed_interval(r_values) if r_values else None
-    report.table(
-        Table(
-            "Per seed",
+    return fits, seed_interval(r_values) if r_values else None
+
+
+def fit_text(fit: dict[str, Any] | None) -> str:
+    if not fit:
+        return "not fitted"
+    return f"{fit['r_star']:.3g}" + (" (at the bound: no saturation)" if fit["at_bound"] else "")
+
+
+PER_SEED_COLUMNS = [
+    "seed",
+    "AR best (run, epoch)",
+    "MDM best (epoch)",
+    "MDM final",
+    "MDM plateaued",
+    "AR R* (fit)",
+]
+
+
+def per_seed_table(settings: DataSettings, runs: dict, ar_best, mdm_best, flat, fits) -> Table:
+    return Table(
+        "Per seed",
+        PER_SEED_COLUMNS,
+        [
             [
-                "seed",
-                "AR best (run, epoch)",
-                "MDM best (epoch)",
-                "MDM final",
-                "MDM plateaued",
-                "AR R* (fit)",
-            ],
-            [
-                [
-                    s,
-                    f"{ar_best[s]['val_nats_per_token']:.4f} ({ar_best[s]['run']}, "
-                    f"{ar_best[s]['epoch']:.1f})",
-                    f"{mdm_best[s]['val_nats_per_token']:.4f} ({mdm_best[s]['epoch']:.1f})",
-                    runs[s]["mdm"][-1]["val_nats_per_token"],
-                    "yes" if flat[s] else "no",
-                    "not fitted"
-                    if not fits[s]
-                    else f"{fits[s]['r_star']:.3g}"
-                    + (" (at the bound: no saturation)" if fits[s]["at_bound"] else ""),
-                ]
-                for s in seeds
-            ],
-            note=f"{settings.unique_tokens} unique training tokens (rows drawn over the whole "
-            f"split), AR {settings.ar_epochs} epochs, MDM {settings.mdm_epochs}; nats/token on "
-            "the whole validation split (AR exact NLL, MDM NELBO, an upper bound on its NLL).",
-        )
+                s,
+                f"{ar_best[s]['val_nats_per_token']:.4f} ({ar_best[s]['run']}, "
+                f"{ar_best[s]['epoch']:.1f})",
+                f"{mdm_best[s]['val_nats_per_token']:.4f} ({mdm_best[s]['epoch']:.1f})",
+                runs[s]["mdm"][-1]["val_nats_per_token"],
+                "yes" if flat[s] else "no",
+                fit_text(fits[s]),
+            ]
+            for s in runs
+        ],
+        note=f"{settings.unique_tokens} unique training tokens (rows drawn over the whole "
+        f"split), AR {settings.ar_epochs} epochs, MDM {settings.mdm_epochs}; nats/token on "
+        "the whole validation split (AR exact NLL, MDM NELBO, an upper bound on its NLL).",
     )
-    _figure(report, runs, ar_names)
-    notes = [
+
+
+def reported_notes(settings: DataSettings, epochs, peak: str, r_star, flat) -> list[str]:
+    """What is reported beside the verdict, not judged: the best epochs and R*."""
+    return [
         f"Best epochs: AR {epochs['ar'].text(3)}, MDM {epochs['mdm'].text(3)}; AR earlier: "
         f"**{peak}**.",
         "AR data-reuse half-life R*: "
@@ -361,16 +371,47 @@ def judge(
         + ("plateaued" if all(flat.values()) else "had not plateaued")
         + " by the end.",
     ]
-    checks = [
+
+
+def learned_checks(ar_best: dict, mdm_best: dict, unigram: float) -> list[LearnedCheck]:
+    """Each model's best validation below the unigram plateau, in every seed."""
+    return [
         LearnedCheck(
             label,
             f"best validation more than {RULE['learned_margin']} nats below the unigram entropy "
             f"{unigram:.3f}, every seed",
-            ", ".join(f"{best[s]['val_nats_per_token']:.3f}" for s in seeds),
-            all(best[s]["val_nats_per_token"] < unigram - RULE["learned_margin"] for s in seeds),
+            ", ".join(f"{b['val_nats_per_token']:.3f}" for b in best.values()),
+            all(b["val_nats_per_token"] < unigram - RULE["learned_margin"] for b in best.values()),
         )
         for label, best in (("AR (best of the sweep)", ar_best), ("MDM", mdm_best))
     ]
+
+
+def judge(
+    scale: str,
+    settings: DataSettings,
+    runs: dict[int, dict[str, list[dict]]],
+    unigram: float,
+    out: Path,
+) -> FindingResult:
+    report = start_report(FINDING, scale, out, settings, rules(settings, unigram))
+    seeds = list(runs)
+    ar_names = [ar_name(wd) for wd in settings.weight_decays]
+    ar_best = {s: best_of_sweep(runs[s], ar_names) for s in seeds}
+    mdm_best = {s: best_point(runs[s]["mdm"]) for s in seeds}
+    difference = paired_difference(
+        [mdm_best[s]["val_nats_per_token"] for s in seeds],
+        [ar_best[s]["val_nats_per_token"] for s in seeds],
+    )
+    flat = {s: plateaued(runs[s]["mdm"]) for s in seeds}
+    epochs = {
+        "ar": seed_interval([ar_best[s]["epoch"] for s in seeds]),
+        "mdm": seed_interval([mdm_best[s]["epoch"] for s in seeds]),
+    }
+    peak = direction_verdict(epochs["ar"], epochs["mdm"])
+    fits, r_star = half_lives(runs, ar_names[0])
+    report.table(per_seed_table(settings, runs, ar_best, mdm_best, flat, fits))
+    _figure(report, runs, ar_names)
     return finish_report(
         report,
         FINDING,
@@ -378,10 +419,10 @@ def judge(
         measured=f"best loss MDM - AR {difference.text(3)} nats/token (paired over seeds); best "
         f"epoch AR {epochs['ar'].value:.1f}, MDM {epochs['mdm'].value:.1f}; MDM plateaued: "
         f"{sum(flat.values())} of {len(seeds)} seeds",
-        verdict=verdict,
+        verdict=data_verdict(difference, all(flat.values())),
         rule="paired MDM-AR best-loss difference below 0 (reproduced), or above 0 with the MDM "
         "plateaued (not reproduced), 95% seed interval",
-        checks=checks,
+        checks=learned_checks(ar_best, mdm_best, unigram),
         numbers={
             "difference": difference.as_dict(),
             "ar_best": ar_best,
@@ -393,7 +434,7 @@ def judge(
             "r_star": None if r_star is None else r_star.as_dict(),
             "curves": runs,
         },
-        notes=notes,
+        notes=reported_notes(settings, epochs, peak, r_star, flat),
     )
 
 
@@ -434,4 +475,6 @@ FINDING = Finding(
     rule=RULE,
     gpu_budget="GPT-2 small on 25M unique OpenWebText tokens, MDM 200 epochs, 3 seeds",
     cost="3 seeds x (3 AR runs of 16 epochs, a 150-epoch MDM run, a fresh-data AR run)",
+    runs=runs,
+    judged_by=("eval.budgets",),
 )

@@ -139,6 +139,31 @@ def spec_for(settings: PathStarSettings, degree: int, arm: int, seed: int, rever
     )
 
 
+def graph_overrides(settings: PathStarSettings, degree: int, arm: int, seed: int) -> dict:
+    # every string has the same length: 3*degree*arm + arm + 4 symbols, plus BOS and EOS
+    shape = {"seq_len": 3 * degree * arm + arm + 6, "seed": seed}
+    return TRAIN | settings.overrides | shape
+
+
+def runs(settings: PathStarSettings) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every run this finding trains (for the registration)."""
+    planned = {}
+    for degree, arm in settings.graphs:
+        for seed in settings.seeds:
+            base = graph_overrides(settings, degree, arm, seed)
+            where = f"{graph_label(degree, arm)}/seed{seed}"
+            for name, objective, reverse in RUN_DATA:
+                data = {"dataset": spec_for(settings, degree, arm, seed, reverse)}
+                planned[f"{where}/{name}"] = (
+                    settings.preset,
+                    base | data | {"objective": objective},
+                )
+    return planned
+
+
+RUN_DATA = (("ar", "ar", 0), ("mdm", "mdm", 0), ("ar-reversed", "ar", 1))
+
+
 def run(settings: PathStarSettings, job: Job) -> FindingResult:
     out, force, scale = job.out, job.force, job.scale
     stages = Stages(out, force, job.stop)
@@ -147,9 +172,7 @@ def run(settings: PathStarSettings, job: Job) -> FindingResult:
         label = graph_label(degree, arm)
         for seed in settings.seeds:
             folder = out / label / f"seed{seed}"
-            # every string has the same length: 3*degree*arm + arm + 4 symbols, plus BOS and EOS
-            shape = {"seq_len": 3 * degree * arm + arm + 6, "seed": seed}
-            overrides = TRAIN | settings.overrides | shape | job.extra
+            overrides = graph_overrides(settings, degree, arm, seed) | job.extra
             spec = spec_for(settings, degree, arm, seed)
             summaries = train_both(
                 settings.preset, folder, overrides | {"dataset": spec}, "tokens", force
@@ -209,122 +232,188 @@ def pooled(results: list[dict[str, Any]], run: str, key: str) -> Interval:
     return accuracy_interval([r[run][key] for r in results], [r[run]["n"] for r in results])
 
 
+def chance_band(degree: int) -> tuple[float, float]:
+    return 1 / degree - RULE["chance_band"], 1 / degree + RULE["chance_band"]
+
+
 def planning_verdict(mdm_exact: Interval, ar_first: Interval, degree: int) -> str:
     """Reproduced: the MDM's exact-match interval at or above RULE["mdm_exact"] and the AR's
     first-step interval inside 1/degree +- RULE["chance_band"]. Not reproduced: the MDM's
-    interval below the threshold (it does not solve the task) or the AR's first step clear of
-    the band (no shortcut at chance). Inconclusive otherwise."""
-    low, high = 1 / degree - RULE["chance_band"], 1 / degree + RULE["chance_band"]
-    if mdm_exact.high < RULE["mdm_exact"] or ar_first.high < low or ar_first.low > high:
+    interval below the threshold (it does not solve the task) or the AR's first step above
+    the band (it plans). An AR below the band has not learned the shortcut either (an untrained
+    AR is no planner): inconclusive, and its learned check fails. Inconclusive otherwise."""
+    low, high = chance_band(degree)
+    if ar_first.high < low:
+        return INCONCLUSIVE
+    if mdm_exact.high < RULE["mdm_exact"] or ar_first.low > high:
         return NOT_REPRODUCED
     if mdm_exact.low >= RULE["mdm_exact"] and low <= ar_first.low and ar_first.high <= high:
         return REPRODUCED
     return INCONCLUSIVE
 
 
-def judge(
-    scale: str, settings: PathStarSettings, measured: dict[str, list[dict]], out: Path
-) -> FindingResult:
-    report = start_report(
-        FINDING,
-        scale,
-        out,
-        settings,
-        rule_text("seeds", "learned")
-        + [
-            "**Rule (path-star).** Per graph setting, on held-out graphs: *reproduced* when the "
-            f"MDM's exact-match interval is at or above {RULE['mdm_exact']} (it solves the task) "
-            "and the forward AR's first-step interval lies inside 1/degree +- "
-            f"{RULE['chance_band']} (the shortcut at chance); *not reproduced* when the MDM's "
-            f"interval is below {RULE['mdm_exact']} or the AR's first step is clear of that band; "
-            "inconclusive otherwise; every setting must be reproduced. Learned checks: the "
-            "positive control (an AR trained on the same graphs with the path written from the "
-            f"goal back) reaches exact match {RULE['control_exact']}, and each model's one-hop "
-            "lookup accuracy (`eval.pathstar_probe.one_hop_lookups`) is at least "
-            f"{RULE['lookup']}: "
-            "a model that cannot read the edge list has not been trained enough to test planning. "
-            "Decoding: greedy (AR); the MDM most-confident-first, one position per step."
-        ],
+def seed_check(
+    model: str, results: list[dict], run: str, key: str, threshold: float, what: str
+) -> LearnedCheck:
+    """``run``'s ``key`` at least ``threshold`` in every seed (a pooled mean could hide an
+    untrained seed)."""
+    values = [r[run][key] for r in results]
+    return LearnedCheck(
+        model,
+        f"{what} >= {threshold}, every seed",
+        ", ".join(f"{v:.3f}" for v in values),
+        all(v >= threshold for v in values),
     )
-    rows, verdicts, summary, checks, positions = [], {}, [], [], []
-    for label, results in measured.items():
-        degree = results[0]["degree"]
-        exact = {r: pooled(results, r, "exact_match") for r in RUNS}
-        first = {r: pooled(results, r, "first_step") for r in RUNS}
-        lookup = {r: pooled(results, r, "lookup_accuracy") for r in RUNS}
-        verdicts[label] = planning_verdict(exact["mdm"], first["ar"], degree)
-        for r in RUNS:
-            rows.append(
-                [
-                    label,
-                    r.upper(),
-                    exact[r].text(3),
-                    first[r].text(3),
-                    lookup[r].text(3),
-                    f"{1 / degree:.3f}",
-                ]
-            )
-            mean_positions = [
-                sum(x["position_accuracy"][i] for x in (res[r] for res in results)) / len(results)
-                for i in range(len(results[0][r]["position_accuracy"]))
-            ]
-            order = results[0][r].get("decoding_step")
-            positions.append(
-                [label, r.upper(), " ".join(f"{v:.2f}" for v in mean_positions)]
-                + [" ".join(f"{v:.1f}" for v in order) if order else "-"]
-            )
-        checks += [
-            LearnedCheck(
-                f"AR, path reversed ({label})",
-                f"exact match >= {RULE['control_exact']}",
-                f"{exact['ar-reversed'].value:.3f}",
-                exact["ar-reversed"].value >= RULE["control_exact"],
-            )
-        ] + [
-            LearnedCheck(
-                f"{r.upper()} ({label})",
-                f"one-hop lookup accuracy >= {RULE['lookup']}",
-                f"{lookup[r].value:.3f}",
-                lookup[r].value >= RULE["lookup"],
-            )
-            for r in ("ar", "mdm")
-        ]
-        summary.append(
-            f"{label}: exact match MDM {exact['mdm'].text(3)}, AR {exact['ar'].text(3)}; AR first "
-            f"step {first['ar'].text(3)} (chance {1 / degree:.2f})"
+
+
+def above_chance_check(label: str, ar_first: Interval, degree: int) -> LearnedCheck:
+    """The forward AR's first step is not below the chance band: below it, the AR has not even
+    learned to pick one of the start's arms, and its being no planner says nothing."""
+    low = chance_band(degree)[0]
+    return LearnedCheck(
+        f"AR ({label})",
+        f"first-step interval not wholly below 1/degree - {RULE['chance_band']} = {low:.3f}",
+        ar_first.text(3),
+        ar_first.high >= low,
+    )
+
+
+def rules() -> list[str]:
+    """The rules the report states before its numbers."""
+    return rule_text("seeds", "learned") + [
+        "**Rule (path-star).** Per graph setting, on held-out graphs: *reproduced* when the "
+        f"MDM's exact-match interval is at or above {RULE['mdm_exact']} (it solves the task) "
+        "and the forward AR's first-step interval lies inside 1/degree +- "
+        f"{RULE['chance_band']} (the shortcut at chance); *not reproduced* when the MDM's "
+        f"interval is below {RULE['mdm_exact']} or the AR's first step is above that band; "
+        "inconclusive otherwise; every setting must be reproduced. Learned checks, in every "
+        "seed: the positive control (an AR trained on the same graphs with the path written "
+        f"from the goal back) reaches exact match {RULE['control_exact']}, and each model's "
+        "one-hop lookup accuracy (`eval.pathstar_probe.one_hop_lookups`) is at least "
+        f"{RULE['lookup']}: "
+        "a model that cannot read the edge list has not been trained enough to test planning; "
+        "and the AR's first step is not wholly below the chance band (an AR below chance has "
+        "not learned the shortcut, so it is *inconclusive (not trained)*, not a refutation). "
+        "Decoding: greedy (AR); the MDM most-confident-first, one position per step."
+    ]
+
+
+@dataclass
+class Sections:
+    """What the per-setting judgements add up to: the two tables' rows, each setting's verdict
+    and summary, and the learned checks."""
+
+    rows: list[list[str]] = field(default_factory=list)
+    positions: list[list[str]] = field(default_factory=list)
+    verdicts: dict[str, str] = field(default_factory=dict)
+    summary: list[str] = field(default_factory=list)
+    checks: list[LearnedCheck] = field(default_factory=list)
+
+
+def position_row(label: str, run: str, results: list[dict]) -> list[str]:
+    """A run's accuracy per answer position, mean over seeds, and the MDM's decoding order."""
+    mean_positions = [
+        sum(x["position_accuracy"][i] for x in (res[run] for res in results)) / len(results)
+        for i in range(len(results[0][run]["position_accuracy"]))
+    ]
+    order = results[0][run].get("decoding_step")
+    return [label, run.upper(), " ".join(f"{v:.2f}" for v in mean_positions)] + [
+        " ".join(f"{v:.1f}" for v in order) if order else "-"
+    ]
+
+
+def setting_checks(label: str, results: list[dict], ar_first: Interval, degree: int) -> list:
+    """One graph setting's learned checks: the control, the lookups, the AR not below chance."""
+    control = seed_check(
+        f"AR, path reversed ({label})",
+        results,
+        "ar-reversed",
+        "exact_match",
+        RULE["control_exact"],
+        "exact match",
+    )
+    lookups = [
+        seed_check(
+            f"{r.upper()} ({label})",
+            results,
+            r,
+            "lookup_accuracy",
+            RULE["lookup"],
+            "one-hop lookup accuracy",
         )
-    report.table(
+        for r in ("ar", "mdm")
+    ]
+    return [control, *lookups, above_chance_check(label, ar_first, degree)]
+
+
+def judge_setting(sections: Sections, label: str, results: list[dict]) -> None:
+    """One graph setting: its intervals, verdict, table rows, checks and summary."""
+    degree = results[0]["degree"]
+    exact = {r: pooled(results, r, "exact_match") for r in RUNS}
+    first = {r: pooled(results, r, "first_step") for r in RUNS}
+    lookup = {r: pooled(results, r, "lookup_accuracy") for r in RUNS}
+    sections.verdicts[label] = planning_verdict(exact["mdm"], first["ar"], degree)
+    for r in RUNS:
+        sections.rows.append(
+            [
+                label,
+                r.upper(),
+                exact[r].text(3),
+                first[r].text(3),
+                lookup[r].text(3),
+                f"{1 / degree:.3f}",
+            ]
+        )
+        sections.positions.append(position_row(label, r, results))
+    sections.checks += setting_checks(label, results, first["ar"], degree)
+    sections.summary.append(
+        f"{label}: exact match MDM {exact['mdm'].text(3)}, AR {exact['ar'].text(3)}; AR first "
+        f"step {first['ar'].text(3)} (chance {1 / degree:.2f})"
+    )
+
+
+def tables(settings: PathStarSettings, sections: Sections) -> list[Table]:
+    return [
         Table(
             "Path accuracy on held-out graphs",
             ["graph", "run", "exact match (95%)", "first step (95%)", "one-hop lookups", "chance"],
-            rows,
+            sections.rows,
             note=f"{settings.test} held-out graphs per seed, seeds {list(settings.seeds)}, "
             f"{settings.strings} training graphs per seed, labels from a pool of "
             f"{settings.symbols}. AR-REVERSED writes the path from the goal back (its 'first "
             "step' is the goal's parent).",
-        )
-    )
-    report.table(
+        ),
         Table(
             "Per answer position",
             ["graph", "run", "accuracy per position (mean over seeds)", "MDM decoding step"],
-            positions,
+            sections.positions,
             note="Positions in the order the run writes them (start first; the reversed control "
             "goal first). The MDM's decoding step is the mean step (0 = first) at which it "
             f"revealed each position, seed {settings.seeds[0]}: a model that plans from the goal "
             "end reveals the last positions first.",
-        )
-    )
-    verdict = combine(list(verdicts.values()))
+        ),
+    ]
+
+
+def judge(
+    scale: str, settings: PathStarSettings, measured: dict[str, list[dict]], out: Path
+) -> FindingResult:
+    report = start_report(FINDING, scale, out, settings, rules())
+    sections = Sections()
+    for label, results in measured.items():
+        judge_setting(sections, label, results)
+    for table in tables(settings, sections):
+        report.table(table)
+    verdicts = sections.verdicts
     return finish_report(
         report,
         FINDING,
         scale,
-        measured="; ".join(summary),
-        verdict=verdict,
+        measured="; ".join(sections.summary),
+        verdict=combine(list(verdicts.values())),
         rule=f"MDM exact match >= {RULE['mdm_exact']} and AR first step within 1/degree +- "
         f"{RULE['chance_band']}, whole 95% intervals, every graph setting",
-        checks=checks,
+        checks=sections.checks,
         numbers={"per_setting": measured, "verdicts": verdicts},
         notes=[f"Per setting: {', '.join(f'{k} {v}' for k, v in verdicts.items())}."],
     )
@@ -339,4 +428,5 @@ FINDING = Finding(
     rule=RULE,
     gpu_budget="d384 x 8 layers, 40k steps of 256 graphs from 200k per seed",
     cost="3 seeds x 3 runs of 1000 steps (AR, MDM, the reversed-path control)",
+    runs=runs,
 )

@@ -1,11 +1,16 @@
 """Pre-registration of findings: each finding's claim, settings and verdict rule, hashed and
 committed in ``registered.json`` before its verdict runs.
 
-A report records the hash of what it ran with and the code that ran it (commit, dirty flag,
-source hash). It is *pre-registered* when that hash is the registered one and the code was a
-clean commit; otherwise it is *exploratory* and says why (settings or rule changed after the
-registration, nothing registered, uncommitted code). A registration that is replaced keeps the
-old hash and the reason in its history, so a reviewer sees when a rule moved after a run.
+The hash covers the claim, the settings, the rule, the resolved training configuration of every
+run (the preset expanded, not its name) and the source of the verdict code (``verdicts.py``,
+``common.py``, the finding's own module and the helpers it judges with), so editing any of them
+after the registration makes a run exploratory. A report records the hash of what it ran with
+and the code that ran it (commit, dirty flag, source hash). It is *pre-registered* when that hash
+is the registered one and the code was a clean commit (no changed tracked file and no untracked
+file git does not ignore); otherwise it is *exploratory* and says why (something hashed changed
+after the registration, nothing registered, uncommitted code). A registration that is replaced
+keeps the old hash and the reason in its history, so a reviewer sees when a rule moved after a
+run.
 
     python -m eval.findings.register                        # which entries are stale
     python -m eval.findings.register --because "reason"     # register the current ones
@@ -14,6 +19,7 @@ old hash and the reason in its history, so a reviewer sees when a rule moved aft
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 from dataclasses import asdict, is_dataclass
 from datetime import UTC, datetime
@@ -21,26 +27,76 @@ from pathlib import Path
 from typing import Any
 
 from shared.files import write_atomic
+from shared.training import resolve_config
 from shared.training.run_folder import move_aside
 
 REGISTRY = Path(__file__).with_name("registered.json")
 PRE_REGISTERED, EXPLORATORY = "pre-registered", "exploratory"
 JOB_STAMP = "finding-code.json"
+# What a job folder must share with this invocation to be reused (its commit may differ: a
+# commit that changes no source, e.g. documentation, leaves the runs valid).
+REUSE_KEYS = ("source_hash", "registration")
 
 
 def _plain(value: Any) -> Any:
     return asdict(value) if is_dataclass(value) else value
 
 
+# The code every verdict goes through (intervals, rules, the learned gate, the report's verdict
+# section); a finding adds its own module and the helpers it judges with (``Finding.judged_by``).
+JUDGING_CODE = ("eval.findings.verdicts", "eval.findings.common")
+
+
+# Where a run keeps its cache and how many threads it uses (``Job.extra``), how often it logs
+# and where to: they leave its results unchanged and differ between machines.
+MACHINE_LOCAL = ("cache_dir", "num_threads", "log_with", "log_every", "peak_tflops")
+
+
+def module_text(name: str) -> str:
+    """The source text of the module ``name`` (read from its file, as it is now)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        raise ValueError(f"no source file for module {name!r}")
+    return Path(spec.origin).read_text()
+
+
+def verdict_code(finding: Any) -> dict[str, str]:
+    """The hash of each module whose source decides ``finding``'s verdict."""
+    own = getattr(getattr(finding, "run", None), "__module__", None)
+    names = [*JUDGING_CODE, *([own] if own else []), *getattr(finding, "judged_by", ())]
+    return {
+        name: hashlib.sha256(module_text(name).encode()).hexdigest()[:16]
+        for name in dict.fromkeys(names)
+    }
+
+
+def training_configs(finding: Any, scale: str) -> dict[str, Any]:
+    """The resolved configuration (the preset expanded by ``shared.training.resolve_config``,
+    data spec included) of every run ``finding`` trains at ``scale``: a changed preset or
+    default changes the registration, not only a changed preset name."""
+    runs = getattr(finding, "runs", None)
+    if runs is None:
+        return {}
+    resolved = {}
+    for name, (preset, overrides) in runs(finding.settings[scale]).items():
+        model, train = resolve_config(preset, overrides)
+        local = {key: None for key in MACHINE_LOCAL}
+        resolved[name] = {"model": asdict(model), "train": asdict(train) | local}
+    return resolved
+
+
 def registration_hash(finding: Any, scale: str) -> str:
     """The hash of everything that decides a finding's verdict at ``scale``: its claim, its
-    settings and its declared rule (band, thresholds, learned checks)."""
+    settings, its declared rule (band, thresholds, learned checks), the resolved training
+    configuration of every run it trains, and the source of the code that judges it."""
     payload = {
         "finding": finding.name,
         "claim": _plain(finding.claim),
         "scale": scale,
         "settings": _plain(finding.settings[scale]),
         "rule": finding.rule,
+        "training": training_configs(finding, scale),
+        "code": verdict_code(finding),
     }
     text = json.dumps(payload, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -59,7 +115,8 @@ def registration(finding: Any, scale: str, code: dict[str, Any], registry=None) 
         why = "nothing is registered for this finding and scale"
     elif entry["hash"] != current:
         why = (
-            f"its settings or rule (hash {current}) differ from those registered on "
+            f"its settings, rule, training configuration or verdict code (hash {current}) "
+            f"differ from those registered on "
             f"{entry['registered']} (hash {entry['hash']})"
         )
     elif code.get("git_dirty") is not False:
@@ -88,8 +145,8 @@ def registration_text(status: dict[str, Any]) -> str:
         else ""
     )
     return (
-        f"**Pre-registered**: settings and rule hash `{status['hash']}`, registered on "
-        f"{entry['registered']} in `eval/findings/registered.json`{revised}."
+        f"**Pre-registered**: settings, rule, training and verdict-code hash `{status['hash']}`, "
+        f"registered on {entry['registered']} in `eval/findings/registered.json`{revised}."
     )
 
 
@@ -129,12 +186,15 @@ def register(findings: dict[str, Any], because: str, path: Path = REGISTRY) -> l
 def fresh_job_folder(out: Path, stamp: dict[str, Any], force: bool) -> None:
     """Make ``out`` hold only work done by this code and these settings: when it holds a job
     stamped with another source hash or registration hash (or ``force``), move that job aside
-    (nothing is deleted), so no trained run or stored stage is reused across a change."""
+    (nothing is deleted), so no trained run or stored stage is reused across a change. A reused
+    job keeps its stamp, so its reports name the commit that trained its runs."""
     path = out / JOB_STAMP
     if out.is_dir() and any(out.iterdir()):
         earlier = json.loads(path.read_text()) if path.exists() else None
-        if force or earlier != stamp:
-            why = "--force" if force else f"it was made by other code or settings ({earlier})"
-            print(f"[{out.name}] moved the earlier job aside to {move_aside(out)}: {why}")
+        same = earlier is not None and all(earlier.get(k) == stamp.get(k) for k in REUSE_KEYS)
+        if same and not force:
+            return  # reused: its stamp keeps the commit that trained its runs
+        why = "--force" if force else f"it was made by other code or settings ({earlier})"
+        print(f"[{out.name}] moved the earlier job aside to {move_aside(out)}: {why}")
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(stamp, indent=2, sort_keys=True))

@@ -102,6 +102,22 @@ def facts_spec(settings: ReversalSettings, seed: int) -> str:
     )
 
 
+def seed_overrides(settings: ReversalSettings, seed: int) -> dict[str, Any]:
+    return TRAIN | settings.overrides | {"dataset": facts_spec(settings, seed), "seed": seed}
+
+
+def runs(settings: ReversalSettings) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every run this finding trains (for the registration)."""
+    return {
+        f"seed{seed}/{objective}": (
+            settings.preset,
+            seed_overrides(settings, seed) | {"objective": objective},
+        )
+        for seed in settings.seeds
+        for objective in ("ar", "mdm")
+    }
+
+
 def run(settings: ReversalSettings, job: Job) -> FindingResult:
     out, force, scale = job.out, job.force, job.scale
     stages = Stages(out, force, job.stop)
@@ -109,7 +125,7 @@ def run(settings: ReversalSettings, job: Job) -> FindingResult:
     for seed in settings.seeds:
         spec = facts_spec(settings, seed)
         folder = out / f"seed{seed}"
-        overrides = TRAIN | settings.overrides | {"dataset": spec, "seed": seed} | job.extra
+        overrides = seed_overrides(settings, seed) | job.extra
         summaries = train_both(settings.preset, folder, overrides, "tokens", force)
         key = {"spec": spec, "steps": {k: v["step"] for k, v in summaries.items()}}
         per_seed.append(
@@ -163,31 +179,29 @@ def reversal_verdict(ar: Interval, mdm: Interval, every_seed: bool) -> str:
     return INCONCLUSIVE
 
 
-def judge(
-    scale: str, settings: ReversalSettings, per_seed: list[dict[str, Any]], out: Path
-) -> FindingResult:
-    finding = FINDING
+def rules(settings: ReversalSettings) -> list[str]:
+    """The rules the report states before its numbers."""
     held = settings.pairs - settings.both
-    report = start_report(
-        finding,
-        scale,
-        out,
-        settings,
-        rule_text("seeds", "learned")
-        + [
-            "**Rule (reversal).** Both models are asked the same question in the same surface "
-            "order: a_i after b_i (the AR's next token after `[BOS, b_i]`, the MDM's fill of "
-            f"`[BOS, b_i, MASK, EOS]`) for the {held} held-out facts, whose reversed order never "
-            "appeared in training, each an argmax over the held-out a's (chance "
-            f"1/{held}). *Reproduced*: the AR's interval lies below the MDM's, in every seed, and "
-            f"the MDM's whole interval is at least {RULE['answers']} (it answers). *Not "
-            f"reproduced*: the MDM's whole interval is below {RULE['answers']}, or below the "
-            "AR's. *Inconclusive* otherwise. Learned checks: each model answers at least "
-            f"{RULE['learned_accuracy']} of the forward facts and of the paired facts' reversed "
-            "queries (the paired facts were trained reversed, so a model below that has not "
-            "learned the format)."
-        ],
-    )
+    return rule_text("seeds", "learned") + [
+        "**Rule (reversal).** Both models are asked the same question in the same surface "
+        "order: a_i after b_i (the AR's next token after `[BOS, b_i]`, the MDM's fill of "
+        f"`[BOS, b_i, MASK, EOS]`) for the {held} held-out facts, whose reversed order never "
+        "appeared in training, each an argmax over the held-out a's (chance "
+        f"1/{held}). *Reproduced*: the AR's interval lies below the MDM's, in every seed, and "
+        f"the MDM's whole interval is at least {RULE['answers']} (it answers). *Not "
+        f"reproduced*: the MDM's whole interval is below {RULE['answers']}, or below the "
+        "AR's. *Inconclusive* otherwise. Learned checks: each model answers at least "
+        f"{RULE['learned_accuracy']} of the forward facts and of the paired facts' reversed "
+        "queries in every seed (the paired facts were trained reversed, so a model below "
+        "that has not learned the format)."
+    ]
+
+
+def accuracy_table(
+    settings: ReversalSettings, per_seed: list[dict[str, Any]]
+) -> tuple[Table, dict[tuple[str, str], Interval]]:
+    """Every query's accuracy over the seeds, as a table and as intervals."""
+    held = settings.pairs - settings.both
     rows, intervals = [], {}
     for objective, key, label in QUERIES:
         values = [seed[objective][key] for seed in per_seed]
@@ -195,31 +209,27 @@ def judge(
         intervals[(objective, key)] = interval
         per = ", ".join(f"{v:.3f}" for v in values)
         rows.append([label, interval.value, f"[{interval.low:.3f}, {interval.high:.3f}]", per])
-    report.table(
-        Table(
-            "Accuracy over the facts",
-            ["query", "accuracy (pooled)", "95% interval", "per seed"],
-            rows,
-            note=f"{settings.pairs} facts per seed ({settings.both} paired, {held} held out), "
-            f"seeds {list(settings.seeds)}; chance on the held-out queries = 1/{held} = "
-            f"{1 / held:.3f}. 'By its forward likelihood' ranks the held-out a's by "
-            "p(a) p(b_i | a): the AR answering through its forward direction with one pass "
-            "per candidate, a control that separates 'cannot represent' from 'cannot produce'.",
-        )
+    table = Table(
+        "Accuracy over the facts",
+        ["query", "accuracy (pooled)", "95% interval", "per seed"],
+        rows,
+        note=f"{settings.pairs} facts per seed ({settings.both} paired, {held} held out), "
+        f"seeds {list(settings.seeds)}; chance on the held-out queries = 1/{held} = "
+        f"{1 / held:.3f}. 'By its forward likelihood' ranks the held-out a's by "
+        "p(a) p(b_i | a): the AR answering through its forward direction with one pass "
+        "per candidate, a control that separates 'cannot represent' from 'cannot produce'.",
     )
-    ar = intervals[("ar", "reverse_held_out_accuracy")]
-    mdm = intervals[("mdm", "reverse_held_out_accuracy")]
-    every_seed = all_seeds_agree(
-        [s["ar"]["reverse_held_out_accuracy"] for s in per_seed],
-        [s["mdm"]["reverse_held_out_accuracy"] for s in per_seed],
-    )
-    verdict = reversal_verdict(ar, mdm, every_seed)
-    checks = [
+    return table, intervals
+
+
+def learned_checks(per_seed: list[dict[str, Any]]) -> list[LearnedCheck]:
+    """Each model's forward and paired-reversed accuracy, in every seed."""
+    return [
         LearnedCheck(
             objective.upper(),
-            f"{what} accuracy >= {RULE['learned_accuracy']}",
-            f"{intervals[(objective, key)].value:.3f}",
-            intervals[(objective, key)].value >= RULE["learned_accuracy"],
+            f"{what} accuracy >= {RULE['learned_accuracy']}, every seed",
+            ", ".join(f"{seed[objective][key]:.3f}" for seed in per_seed),
+            all(seed[objective][key] >= RULE["learned_accuracy"] for seed in per_seed),
         )
         for objective in ("ar", "mdm")
         for key, what in (
@@ -227,15 +237,30 @@ def judge(
             ("reverse_paired_accuracy", "paired facts' reversed"),
         )
     ]
+
+
+def judge(
+    scale: str, settings: ReversalSettings, per_seed: list[dict[str, Any]], out: Path
+) -> FindingResult:
+    held = settings.pairs - settings.both
+    report = start_report(FINDING, scale, out, settings, rules(settings))
+    table, intervals = accuracy_table(settings, per_seed)
+    report.table(table)
+    ar = intervals[("ar", "reverse_held_out_accuracy")]
+    mdm = intervals[("mdm", "reverse_held_out_accuracy")]
+    every_seed = all_seeds_agree(
+        [s["ar"]["reverse_held_out_accuracy"] for s in per_seed],
+        [s["mdm"]["reverse_held_out_accuracy"] for s in per_seed],
+    )
     return finish_report(
         report,
-        finding,
+        FINDING,
         scale,
         measured=f"held-out reverse accuracy AR {ar.text()} vs MDM {mdm.text()} "
         f"(chance {1 / held:.3f})",
-        verdict=verdict,
+        verdict=reversal_verdict(ar, mdm, every_seed),
         rule=RULE_SUMMARY,
-        checks=checks,
+        checks=learned_checks(per_seed),
         numbers={
             "per_seed": per_seed,
             "intervals": {f"{o}/{k}": v.as_dict() for (o, k), v in intervals.items()},
@@ -259,4 +284,5 @@ FINDING = Finding(
     rule=RULE | {"summary": RULE_SUMMARY},
     gpu_budget="d256 x 6 layers, 3000 steps of 256 strings, 10 seeds",
     cost="3 seeds x 2 runs of 600 steps",
+    runs=runs,
 )

@@ -84,6 +84,21 @@ SETTINGS = {
 }
 
 
+def runs(settings: QualitySettings) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every run this finding trains (for the registration), as ``block_sweep.train_all``
+    starts them."""
+    planned = {}
+    for seed in settings.seeds:
+        shared = settings.overrides | {"curve_points": 0, "seed": seed}
+        for name in run_names((settings.block_size,)):
+            objective = "bd" if name.startswith("bd-") else name
+            start = {"objective": objective}
+            if objective == "bd":
+                start["block_size"] = settings.block_size
+            planned[f"seed-{seed}/{name}"] = (settings.preset, shared | start)
+    return planned
+
+
 def run(settings: QualitySettings, job: Job) -> FindingResult:
     stages = Stages(job.out, job.force, job.stop)
     per_seed, finals = {}, {}
@@ -204,51 +219,57 @@ def ordered(better: dict[str, Any], worse: dict[str, Any]) -> str:
     return INCONCLUSIVE if verdict == REPRODUCED and cheap else verdict
 
 
-def judge(
-    scale: str,
-    settings: QualitySettings,
-    judged: dict,
-    out: Path,
-    learned: dict[str, Any],
-) -> FindingResult:
-    """``judged``: the judge and the merged sample sets; ``learned``: the unigram entropy and
-    each seed's final validation loss per run, for the learned gate."""
-    report = start_report(
-        FINDING,
-        scale,
-        out,
-        settings,
-        rule_text("seeds", "learned", "direction")
-        + [
-            "Quantities: each sample set's log judge perplexity (the mean over all seeds' "
-            "samples of the judge's nats/token; its interval the union of the normal interval "
-            "over samples and the t interval over the seeds' means; perplexity = exp). The "
-            "claim has two halves and both enter the verdict. Ordering: AR below BD and BD "
-            "below MDM, each pair by the direction rule at full step counts (one step per "
-            "decoded position), T=1, float64 noise; a pair whose lower-perplexity side has more "
-            f"than {ENTROPY_TOLERANCE:.0%} lower mean sample entropy is *inconclusive* "
-            "(perplexity bought by repetition). Steps: for each diffusion model, full steps "
-            "below the fewest steps, by the direction rule. Reproduced only if all four parts "
-            "are; not reproduced if any part is reversed with separated intervals. Learned "
-            "checks: each model's final validation loss more than "
-            f"{RULE['plateau_margin']} nats below the unigram entropy, in every seed."
-        ],
-    )
-    sets = judged["sets"]
-    full = {entry["model"]: entry for entry in sets.values() if entry.get("divisor", 1) == 1}
-    bd = f"BD-{settings.block_size}"
-    pairs = {
+def rules() -> list[str]:
+    """The rules the report states before its numbers."""
+    return rule_text("seeds", "learned", "direction") + [
+        "Quantities: each sample set's log judge perplexity (the mean over all seeds' "
+        "samples of the judge's nats/token; its interval the union of the normal interval "
+        "over samples and the t interval over the seeds' means; perplexity = exp). The "
+        "claim has two halves and both enter the verdict. Ordering: AR below BD and BD "
+        "below MDM, each pair by the direction rule at full step counts (one step per "
+        "decoded position), T=1, float64 noise; a pair whose lower-perplexity side has more "
+        f"than {ENTROPY_TOLERANCE:.0%} lower mean sample entropy is *inconclusive* "
+        "(perplexity bought by repetition). Steps: for each diffusion model, full steps "
+        "below the fewest steps, by the direction rule. Reproduced only if all four parts "
+        "are; not reproduced if any part is reversed with separated intervals. Learned "
+        "checks: each model's final validation loss more than "
+        f"{RULE['plateau_margin']} nats below the unigram entropy, in every seed."
+    ]
+
+
+def ordering_half(full: dict[str, Any], bd: str) -> dict[str, str]:
+    """The first half: AR < BD < MDM at full steps, pair by pair."""
+    return {
         "AR < " + bd: ordered(full["AR"], full[bd]),
         bd + " < MDM": ordered(full[bd], full["MDM"]),
     }
-    steps_verdicts = {}
+
+
+def steps_half(sets: dict[str, Any], bd: str) -> dict[str, str]:
+    """The second half: each diffusion model at full steps below its fewest steps."""
+    verdicts = {}
     for model in (bd, "MDM"):
         runs = sorted((e for e in sets.values() if e["model"] == model), key=lambda e: e["steps"])
-        steps_verdicts[model] = direction_verdict(
+        verdicts[model] = direction_verdict(
             Interval(**runs[-1]["log_ppl"]), Interval(**runs[0]["log_ppl"])
         )
+    return verdicts
+
+
+PERPLEXITY_COLUMNS = [
+    "set",
+    "steps",
+    "samples",
+    "judge ppl",
+    "95% interval",
+    "sample entropy",
+    "4-gram repetition",
+]
+
+
+def perplexity_table(settings: QualitySettings, judged: dict) -> Table:
     rows = []
-    for name, entry in sets.items():
+    for name, entry in judged["sets"].items():
         interval = Interval(**entry["log_ppl"])
         rows.append(
             [
@@ -261,38 +282,46 @@ def judge(
                 entry["repetition_rate_4gram"],
             ]
         )
-    report.table(
-        Table(
-            f"Judge perplexity of samples of {settings.gen_length} tokens",
-            [
-                "set",
-                "steps",
-                "samples",
-                "judge ppl",
-                "95% interval",
-                "sample entropy",
-                "4-gram repetition",
-            ],
-            rows,
-            note=f"Judge: {judged['judge']}. Perplexity = exp(mean over samples of nats/token); "
-            f"{settings.samples} samples per seed, seeds {list(settings.seeds)}.",
-        )
+    return Table(
+        f"Judge perplexity of samples of {settings.gen_length} tokens",
+        PERPLEXITY_COLUMNS,
+        rows,
+        note=f"Judge: {judged['judge']}. Perplexity = exp(mean over samples of nats/token); "
+        f"{settings.samples} samples per seed, seeds {list(settings.seeds)}.",
     )
-    verdict = combine(list(pairs.values()) + list(steps_verdicts.values()))
-    names = {"ar": "AR", f"bd-{settings.block_size}": bd, "mdm": "MDM"}
-    checks = [
+
+
+def learned_checks(settings: QualitySettings, learned: dict[str, Any]) -> list[LearnedCheck]:
+    """Each model's final validation loss below the unigram plateau, in every seed."""
+    names = {"ar": "AR", f"bd-{settings.block_size}": f"BD-{settings.block_size}", "mdm": "MDM"}
+    finals, ceiling = learned["finals"].values(), learned["unigram"] - RULE["plateau_margin"]
+    return [
         LearnedCheck(
             label,
             f"final validation loss more than {RULE['plateau_margin']} nats below the unigram "
             f"entropy {learned['unigram']:.3f}, every seed",
-            ", ".join(f"{f[run]:.3f}" for f in learned["finals"].values()),
-            all(
-                f[run] < learned["unigram"] - RULE["plateau_margin"]
-                for f in learned["finals"].values()
-            ),
+            ", ".join(f"{f[run]:.3f}" for f in finals),
+            all(f[run] < ceiling for f in finals),
         )
         for run, label in names.items()
     ]
+
+
+def judge(
+    scale: str,
+    settings: QualitySettings,
+    judged: dict,
+    out: Path,
+    learned: dict[str, Any],
+) -> FindingResult:
+    """``judged``: the judge and the merged sample sets; ``learned``: the unigram entropy and
+    each seed's final validation loss per run, for the learned gate."""
+    report = start_report(FINDING, scale, out, settings, rules())
+    sets = judged["sets"]
+    full = {entry["model"]: entry for entry in sets.values() if entry.get("divisor", 1) == 1}
+    bd = f"BD-{settings.block_size}"
+    pairs, steps_verdicts = ordering_half(full, bd), steps_half(sets, bd)
+    report.table(perplexity_table(settings, judged))
     measured = ", ".join(
         f"{m} {math.exp(full[m]['log_ppl']['value']):.0f}" for m in ("AR", bd, "MDM")
     )
@@ -304,10 +333,10 @@ def judge(
         + "; ".join(f"{k}: {v}" for k, v in pairs.items())
         + "; fewer steps worse: "
         + ", ".join(f"{m} {v}" for m, v in steps_verdicts.items()),
-        verdict=verdict,
+        verdict=combine(list(pairs.values()) + list(steps_verdicts.values())),
         rule="AR < BD < MDM in judge perplexity at full steps (entropy within 5%) and each "
         "diffusion model worse at its fewest steps, all 95% intervals separated",
-        checks=checks,
+        checks=learned_checks(settings, learned),
         numbers={"pairs": pairs, "steps": steps_verdicts, "sets": sets, "learned": learned},
     )
 
@@ -321,4 +350,5 @@ FINDING = Finding(
     rule=RULE,
     gpu_budget="GPT-2 small shapes on OpenWebText, 50k steps at 1024 tokens, 3 seeds",
     cost="3 seeds x 3 runs of 320 steps, then 7 sets of 162 samples judged by SmolLM2",
+    runs=runs,
 )

@@ -7,12 +7,13 @@ interval of its mean over seeds (``seed_interval``; one seed gives an unbounded 
 verdict rests on one training run), a paired MDM-AR difference the t interval of the per-seed
 differences (``paired_difference``), and an accuracy the union of that t interval and the Wilson
 interval of every (seed, example) trial pooled (``accuracy_interval``: seeds that agree perfectly
-still leave the finite number of examples).
+still leave the finite number of examples; one seed leaves the whole of [0, 1]).
 
 A rule cannot be won by a wide interval: the direction rule needs the intervals separated, the
 magnitude rule needs the whole interval inside a band declared with the finding (``Band``), and
 ``learned_gate`` turns any verdict into *inconclusive (not trained)* when a model failed the
-check the finding states for it.
+check the finding states for it; ``one_seed_guard`` turns a verdict from one training seed into
+*inconclusive*.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ RULES = {
     "direction": (
         "**Rule (direction).** The claim says quantity A is below quantity B. *Reproduced*: A's "
         "95% interval lies entirely below B's. *Not reproduced*: A's interval lies entirely above "
-        "B's (the opposite direction, separated). *Inconclusive*: the intervals overlap, or a "
-        "quantity was not measured."
+        "B's (the opposite direction, separated). *Inconclusive*: the intervals overlap, either "
+        "interval is unbounded on a side, or a quantity was not measured."
     ),
     "magnitude": (
         "**Rule (magnitude).** The finding declares, before any run, an equivalence band around "
@@ -52,7 +53,8 @@ RULES = {
     "seeds": (
         "**Intervals.** 95% Student-t intervals over training seeds (n - 1 degrees of freedom), "
         "paired MDM-AR differences where both ran on the same seed; accuracies take the union of "
-        "that interval and the Wilson interval of all (seed, example) trials pooled."
+        "that interval and the Wilson interval of all (seed, example) trials pooled. One training "
+        "seed gives no verdict: *inconclusive*, whatever its numbers."
     ),
 }
 
@@ -111,11 +113,11 @@ def paired_difference(first: Sequence[float], second: Sequence[float]) -> Interv
 def accuracy_interval(fractions: Sequence[float], trials: Sequence[int]) -> Interval:
     """An accuracy measured on ``trials[i]`` examples in seed i: the pooled value with the union
     of the seeds' t interval (training randomness; clipped to [0, 1]) and the pooled Wilson
-    interval (the finite examples). One seed gives the Wilson interval alone, which is then
-    labelled as such by the caller's seed count."""
+    interval (the finite examples). One seed's t interval is unbounded, so its union is all of
+    [0, 1]: the examples of one training run say nothing about training randomness."""
     pooled = pooled_accuracy(fractions, trials)
     if len(fractions) < 2:
-        return pooled
+        return Interval(pooled.value, 0.0, 1.0)
     seeds = t_interval(fractions)
     return Interval(
         pooled.value,
@@ -136,14 +138,19 @@ def t_interval(values: Sequence[float]) -> Interval:
 
 
 def direction_verdict(lower: Interval | None, higher: Interval | None) -> str:
-    """The claim "``lower`` < ``higher``" judged by the direction rule."""
-    if lower is None or higher is None:
+    """The claim "``lower`` < ``higher``" judged by the direction rule. An interval unbounded
+    on either side (one seed, or a ratio's open end) never separates: inconclusive."""
+    if lower is None or higher is None or not (bounded(lower) and bounded(higher)):
         return INCONCLUSIVE
     if lower.high < higher.low:
         return REPRODUCED
     if lower.low > higher.high:
         return NOT_REPRODUCED
     return INCONCLUSIVE
+
+
+def bounded(interval: Interval) -> bool:
+    return math.isfinite(interval.low) and math.isfinite(interval.high)
 
 
 @dataclass(frozen=True)
@@ -218,10 +225,25 @@ def pooled_accuracy(fractions: Sequence[float], trials: Sequence[int]) -> Interv
 
 def combine(verdicts: Sequence[str]) -> str:
     """A claim made of parts: reproduced when every part is, not reproduced when any part is
-    (its direction reversed, separated), inconclusive otherwise."""
+    (its direction reversed, separated), inconclusive otherwise. A claim of no parts has
+    nothing measured: refused, never reproduced."""
+    if not verdicts:
+        raise ValueError("combine needs at least one part's verdict")
     if all(v == REPRODUCED for v in verdicts):
         return REPRODUCED
     return NOT_REPRODUCED if NOT_REPRODUCED in verdicts else INCONCLUSIVE
+
+
+def one_seed_guard(verdict: str, seeds: int) -> tuple[str, list[str]]:
+    """No verdict rests on one training run: with fewer than two seeds the comparison's verdict
+    becomes inconclusive (*not trained* stays), with the note that says why."""
+    if seeds >= 2:
+        return verdict, []
+    note = (
+        f"One training seed: its intervals say nothing about training randomness, so the "
+        f"comparison's *{verdict}* counts as *{INCONCLUSIVE}*. Run at least two seeds."
+    )
+    return (verdict if verdict == NOT_TRAINED else INCONCLUSIVE), [note]
 
 
 def direction_in_every_seed(
