@@ -75,7 +75,10 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "smoke": kjv_preset(
         dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=160, max_seq_len=64),
         data=dict(tokenizer_vocab_size=512, seq_len=64, batch_size=16, precision="fp32"),
-        schedule=dict(lr=5e-3, warmup_steps=10, max_steps=150, eval_every=75, eval_batches=2),
+        # 256 of the 1,073 validation rows: the pipeline's plumbing, not its numbers, is checked
+        schedule=dict(
+            lr=5e-3, warmup_steps=10, max_steps=150, eval_every=75, eval_batches=2, val_max_rows=256
+        ),
     ),
     # The CPU main job, in the regime where both models learn (docs/studies/demo-regime.md): a
     # narrower model on BPE 512 with an 8-token attention window, which moves the MDM off its
