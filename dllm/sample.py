@@ -30,9 +30,9 @@ import sys
 
 from dllm.canvas import EOS_POLICIES
 from dllm.generate import CACHES, SamplerConfig
-from dllm.generator import DiffusionGenerator, DiffusionResult
+from dllm.generator import DiffusionGenerator
 from dllm.strategies import REMASKING, Ancestral, FixedCount, Threshold
-from dllm.uniform_generate import UniformSamplerConfig
+from dllm.uniform_generate import UniformSamplerConfig, distilled_note
 from shared.cli_args import (
     CommandParser,
     DefaultsHelpFormatter,
@@ -219,8 +219,9 @@ def config_from_args(args: argparse.Namespace, steps: int) -> SamplerConfig:
     ).validate()
 
 
-def sample_from_args(args: argparse.Namespace) -> tuple[str, SamplerConfig, DiffusionResult]:
-    """(objective, config, result) of the command line's request."""
+def sample_from_args(args: argparse.Namespace) -> tuple:
+    """(objective, config, result, steps asked, note) of the command line's request; the note
+    is one line for a distilled udm student sampled at a step count it was not distilled for."""
     check_sampler_options(args)
     set_threads(args.threads)
     generator = DiffusionGenerator.from_checkpoint(args.checkpoint, device_argument(args.device))
@@ -233,14 +234,16 @@ def sample_from_args(args: argparse.Namespace) -> tuple[str, SamplerConfig, Diff
     gen_length = fitting_length(args.gen_length, context, longest + suffix, "--gen-length")
     canvas = generator.prompt_canvas(prompts, gen_length, suffix=args.suffix)
     steps = generator.steps_per_position(canvas) if args.steps is None else args.steps
+    note = None
     if generator.objective == "udm":
         config = udm_config_from_args(args, steps)
+        note = distilled_note(generator.state, steps)
     else:
         config = config_from_args(args, steps)
     result = generator.fill(
         canvas, config, seed=args.seed, eos=args.eos, kv_cache=not args.no_kv_cache
     )
-    return generator.objective, config, result, args.steps
+    return generator.objective, config, result, args.steps, note
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     sampled, status = result_or_status(lambda: sample_from_args(args))
     if status:
         return status
-    objective, config, result, steps_asked = sampled
+    objective, config, result, steps_asked, note = sampled
     raw = result.raw
     stats = {
         "objective": objective,
@@ -263,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         "cache": raw.cache,
         "approximate": raw.approximate,
     }
+    if note:  # a distilled student at a step count it was not distilled for
+        stats["note"] = note
     if args.json:
         print(json.dumps({"texts": result.texts, **stats}))
         return 0
@@ -277,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         f"blocks={stats['blocks']} cache={raw.cache}{label}",
         file=sys.stderr,
     )
+    if note:
+        print(note, file=sys.stderr)
     return 0
 
 

@@ -91,3 +91,54 @@ def gaussian_latents(
     scale_clean, scale_noise = torch.sigmoid(-gamma).sqrt(), torch.sigmoid(gamma).sqrt()
     onehot = torch.nn.functional.one_hot(clean, n_support).to(eps.dtype)
     return scale_clean * onehot + scale_noise * eps
+
+
+class GammaOfAlpha:
+    """The inverse map: the gamma at which the Gaussian latent's argmax has a given alpha, read
+    from a float64 table over a range wide enough for any alpha in [1e-4, 1 - 1e-4] at any
+    realistic support size (linear interpolation in alpha). Distillation uses it to put the
+    Gaussian pair on the udm schedule's own times."""
+
+    def __init__(self, n_support: int, low: float = -24.0, high: float = 24.0, points: int = 8193):
+        grid = torch.linspace(low, high, points, dtype=torch.float64)
+        alphas = argmax_alpha(grid, n_support)[0]
+        # drop saturated repeats, and alpha outside (0, 1), which the quadrature's last digit
+        # can reach where the map is flat
+        keep = torch.cat([torch.tensor([True]), alphas.diff() < 0]) & (alphas > 0) & (alphas < 1)
+        # ascending alpha for interpolation
+        self.alpha, self.grid = alphas[keep].flip(0), grid[keep].flip(0)
+
+    def __call__(self, alpha: torch.Tensor) -> torch.Tensor:
+        alpha = alpha.to(torch.float64).cpu()
+        if bool((alpha <= self.alpha[0]).any() | (alpha >= self.alpha[-1]).any()):
+            raise ValueError("alpha outside the invertible range of the Gaussian map")
+        right = torch.searchsorted(self.alpha, alpha).clamp(1, len(self.alpha) - 1)
+        left = right - 1
+        frac = (alpha - self.alpha[left]) / (self.alpha[right] - self.alpha[left])
+        return self.grid[left] + frac * (self.grid[right] - self.grid[left])
+
+
+def row_normals(
+    seeds: torch.Tensor, positions: torch.Tensor, n_support: int, device: torch.device | str
+) -> torch.Tensor:
+    """Standard-normal draws [n, N] for the True ``positions`` [B, L] (row-major), each row's
+    from its own seed on ``device``: the same for any split of the batch into micro-batches or
+    processes, and no [B, L, N] tensor on the host."""
+    draws = []
+    for row, seed in enumerate(seeds.tolist()):
+        generator = torch.Generator(device=device).manual_seed(int(seed))
+        full = torch.randn((positions.shape[1], n_support), generator=generator, device=device)
+        draws.append(full[positions[row].to(device)])
+    return torch.cat(draws)
+
+
+def coupled_states(
+    clean: torch.Tensor, gamma_t: torch.Tensor, gamma_s: torch.Tensor, eps: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(z_t, z_s) support indices from one Gaussian noise ``eps`` [n, N] at two noise levels
+    (Duo's distillation pairs): each is a uniform-state sample at its own alpha, and the pair is
+    coupled through eps, so z_s = z_t when gamma_s = gamma_t and they rarely differ when close."""
+    n_support = eps.shape[-1]
+    z_t = gaussian_latents(clean, gamma_t, n_support, eps).argmax(-1)
+    z_s = gaussian_latents(clean, gamma_s, n_support, eps).argmax(-1)
+    return z_t, z_s

@@ -136,3 +136,15 @@ def sample_uniform(
         )
         tokens[free] = new
     return UniformSampleResult(tokens=tokens, nfe=config.steps, changed=changed)
+
+
+def distilled_note(state: dict, steps: int) -> str | None:
+    """One line when a distilled student (``dllm.distill``: its state records ``distilled``) is
+    sampled at a step count it was not distilled for; None otherwise."""
+    record = state.get("distilled")
+    if not record or steps in record["trained_for_steps"]:
+        return None
+    return (
+        f"note: this student was distilled for {record['trained_for_steps']} steps; "
+        f"sampling with {steps} is allowed but was not trained for"
+    )

@@ -33,7 +33,14 @@ import torch
 from torch import nn
 
 from dllm.objective import check_time_range, stratified_times
-from dllm.uniform_curriculum import GAMMA_MAX, GAMMA_MIN, TAU, AlphaMap, gaussian_latents
+from dllm.uniform_curriculum import (
+    GAMMA_MAX,
+    GAMMA_MIN,
+    TAU,
+    AlphaMap,
+    gaussian_latents,
+    row_normals,
+)
 from shared.errors import ConfigError
 from shared.objective import (
     LossOutput,
@@ -292,16 +299,7 @@ class UniformDiffusionObjective:
         span = alphas.gamma_max - alphas.gamma_min
         row_of_token = scored.nonzero()[:, 0]
         clean = support_index(tokens[scored], self.pad_id)
-        eps = torch.cat(
-            [
-                torch.randn(
-                    (tokens.shape[1], self.n_support),
-                    generator=torch.Generator(device=device).manual_seed(int(seed)),
-                    device=device,
-                )[scored[row]]
-                for row, seed in enumerate(noise["latent_seed"].tolist())
-            ]
-        )
+        eps = row_normals(noise["latent_seed"], scored, self.n_support, device)
         latents = gaussian_latents(clean, gamma.to(device)[row_of_token], self.n_support, eps)
         noised = tokens.clone()
         noised[scored] = support_ids(latents.argmax(-1), self.pad_id)
