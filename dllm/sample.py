@@ -58,10 +58,11 @@ OBJECTIVE_ONLY = {
     "cfg_scale": ("mdm", 0.0),
     "no_kv_cache": ("bd", False),
     "greedy_tail": ("udm", False),
+    "corrector": ("udm", 1.0),
 }
 # Options of the masked samplers that a uniform-state (udm) model has no use for.
 MASKED_ONLY = ("remasking", "llada_reference", "threshold", "schedule", "block_length")
-UDM_OPTIONS = "--steps, --greedy-tail, --temperature and --top-p"
+UDM_OPTIONS = "--steps, --greedy-tail, --corrector, --temperature and --top-p"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,6 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="udm only: the last step takes the argmax of the model's prediction",
     )
+    parser.add_argument(
+        "--corrector",
+        type=float,
+        default=1.0,
+        metavar="KAPPA",
+        help="udm only: predictor-corrector (Psi) step, kappa * posterior + (1 - kappa) * the "
+        "model's guess noised back to s; 1 = the ancestral sampler",
+    )
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -197,7 +206,7 @@ def check_objective_options(args: argparse.Namespace, objective: str) -> None:
 
 def udm_config_from_args(args: argparse.Namespace, steps: int) -> UniformSamplerConfig:
     sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
-    return UniformSamplerConfig(steps, args.greedy_tail, sampling).validate()
+    return UniformSamplerConfig(steps, args.greedy_tail, sampling, args.corrector).validate()
 
 
 def config_from_args(args: argparse.Namespace, steps: int) -> SamplerConfig:
