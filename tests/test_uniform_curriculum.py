@@ -297,3 +297,49 @@ def test_bad_curriculum_settings_are_refused(tmp_path, flags, message):
     with pytest.raises(ConfigError, match=message):
         cli.train_from_argv([*argv, *flags])
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.serial
+def test_two_processes_reproduce_one_process_during_the_curriculum(tmp_path):
+    # each row's latents come from its own seed, drawn for the global batch: a process holding
+    # half of the rows must draw exactly the latents one process draws for them
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from launch import free_port, two_cpu_processes
+
+    if shutil.which("accelerate") is None:
+        pytest.skip("accelerate launcher not on PATH")
+    common = [
+        "--max-steps",
+        "3",
+        "--curriculum-steps",
+        "2",
+        "--log-every",
+        "1",
+        "--batch-size",
+        "8",
+    ]
+    one = train(tmp_path, "one", *common)
+    two = tmp_path / "two"
+    argv = ["train.py", "--preset", "tiny", "--objective", "udm", "--out", str(two)]
+    argv += ["--cache-dir", str(tmp_path / "cache"), "--eval-every", "100", *common]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
+    done = subprocess.run(
+        [*two_cpu_processes(port=free_port()), *argv],
+        cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    def losses(run):
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        return [r["loss"] for r in map(json.loads, lines) if r["kind"] == "train"]
+
+    assert len(losses(one)) == len(losses(two)) == 3
+    for a, b in zip(losses(one), losses(two)):
+        assert abs(a - b) / abs(a) < 1e-5
+    final = json.loads((two / "final.json").read_text())
+    assert final["processes"] == 2
