@@ -30,9 +30,9 @@ import sys
 
 from dllm.canvas import EOS_POLICIES
 from dllm.generate import CACHES, SamplerConfig
-from dllm.generator import DiffusionGenerator, DiffusionResult
+from dllm.generator import DiffusionGenerator
 from dllm.strategies import REMASKING, Ancestral, FixedCount, Threshold
-from dllm.uniform_generate import UniformSamplerConfig
+from dllm.uniform_generate import UniformSamplerConfig, distilled_note
 from shared.cli_args import (
     CommandParser,
     DefaultsHelpFormatter,
@@ -58,10 +58,11 @@ OBJECTIVE_ONLY = {
     "cfg_scale": ("mdm", 0.0),
     "no_kv_cache": ("bd", False),
     "greedy_tail": ("udm", False),
+    "corrector": ("udm", 1.0),
 }
 # Options of the masked samplers that a uniform-state (udm) model has no use for.
 MASKED_ONLY = ("remasking", "llada_reference", "threshold", "schedule", "block_length")
-UDM_OPTIONS = "--steps, --greedy-tail, --temperature and --top-p"
+UDM_OPTIONS = "--steps, --greedy-tail, --corrector, --temperature and --top-p"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,6 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="udm only: the last step takes the argmax of the model's prediction",
     )
+    parser.add_argument(
+        "--corrector",
+        type=float,
+        default=1.0,
+        metavar="KAPPA",
+        help="udm only: predictor-corrector (Psi) step, kappa * posterior + (1 - kappa) * the "
+        "model's guess noised back to s; 1 = the ancestral sampler",
+    )
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -197,7 +206,7 @@ def check_objective_options(args: argparse.Namespace, objective: str) -> None:
 
 def udm_config_from_args(args: argparse.Namespace, steps: int) -> UniformSamplerConfig:
     sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
-    return UniformSamplerConfig(steps, args.greedy_tail, sampling).validate()
+    return UniformSamplerConfig(steps, args.greedy_tail, sampling, args.corrector).validate()
 
 
 def config_from_args(args: argparse.Namespace, steps: int) -> SamplerConfig:
@@ -219,8 +228,9 @@ def config_from_args(args: argparse.Namespace, steps: int) -> SamplerConfig:
     ).validate()
 
 
-def sample_from_args(args: argparse.Namespace) -> tuple[str, SamplerConfig, DiffusionResult]:
-    """(objective, config, result) of the command line's request."""
+def sample_from_args(args: argparse.Namespace) -> tuple:
+    """(objective, config, result, steps asked, note) of the command line's request; the note
+    is one line for a distilled udm student sampled at a step count it was not distilled for."""
     check_sampler_options(args)
     set_threads(args.threads)
     generator = DiffusionGenerator.from_checkpoint(args.checkpoint, device_argument(args.device))
@@ -233,14 +243,16 @@ def sample_from_args(args: argparse.Namespace) -> tuple[str, SamplerConfig, Diff
     gen_length = fitting_length(args.gen_length, context, longest + suffix, "--gen-length")
     canvas = generator.prompt_canvas(prompts, gen_length, suffix=args.suffix)
     steps = generator.steps_per_position(canvas) if args.steps is None else args.steps
+    note = None
     if generator.objective == "udm":
         config = udm_config_from_args(args, steps)
+        note = distilled_note(generator.state, steps)
     else:
         config = config_from_args(args, steps)
     result = generator.fill(
         canvas, config, seed=args.seed, eos=args.eos, kv_cache=not args.no_kv_cache
     )
-    return generator.objective, config, result, args.steps
+    return generator.objective, config, result, args.steps, note
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     sampled, status = result_or_status(lambda: sample_from_args(args))
     if status:
         return status
-    objective, config, result, steps_asked = sampled
+    objective, config, result, steps_asked, note = sampled
     raw = result.raw
     stats = {
         "objective": objective,
@@ -263,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         "cache": raw.cache,
         "approximate": raw.approximate,
     }
+    if note:  # a distilled student at a step count it was not distilled for
+        stats["note"] = note
     if args.json:
         print(json.dumps({"texts": result.texts, **stats}))
         return 0
@@ -277,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         f"blocks={stats['blocks']} cache={raw.cache}{label}",
         file=sys.stderr,
     )
+    if note:
+        print(note, file=sys.stderr)
     return 0
 
 

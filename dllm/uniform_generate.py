@@ -14,7 +14,13 @@ place of the clean token (reference: Duo's ``_compute_posterior``),
 
 with alpha_{t|s} = alpha_t / alpha_s; at s = 0 (alpha_0 = 1) this is x_theta reweighted by the
 chance of having reached z_t.
-``greedy_tail``: the last step takes the argmax of x_theta instead. Temperature, top-k and top-p
+``greedy_tail``: the last step takes the argmax of x_theta instead.
+``corrector`` (kappa, Duo++'s Psi step with a constant kappa): z_s is drawn from
+kappa * posterior + (1 - kappa) * (alpha_s x_hat + (1 - alpha_s) / N), where x_hat is the
+posterior all the way to s = 0 (x_theta reweighted by the chance of reaching z_t) noised forward
+again to s: a share 1 - kappa of the step forgets z_t and re-noises the model's guess, which can
+undo earlier mistakes (a uniform-state token can always change again). kappa = 1 is the ancestral
+step exactly; the last step (s = 0) is the same for every kappa. Temperature, top-k and top-p
 apply to x_theta, never to the posterior (greedy on the posterior gives near-random text).
 Every draw is in float64 from the row's own CPU generator, so a row's sample does not depend on
 the rows batched with it.
@@ -36,17 +42,23 @@ from shared.sampling import SamplingConfig, process_logits, sample_categorical
 class UniformSamplerConfig:
     """``steps``: denoising steps (one network evaluation each); ``greedy_tail``: the last step
     takes argmax x_theta; ``sampling``: temperature / top-k / top-p on x_theta (temperature 0
-    is greedy at every step)."""
+    is greedy at every step); ``corrector``: kappa of the predictor-corrector step (1 = the
+    ancestral step)."""
 
     steps: int
     greedy_tail: bool = False
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    corrector: float = 1.0
 
-    name = "uniform-ancestral"
+    @property
+    def name(self) -> str:
+        return "uniform-ancestral" if self.corrector == 1.0 else "uniform-psi"
 
     def validate(self) -> UniformSamplerConfig:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
             raise ValueError(f"steps={self.steps!r} must be a positive integer")
+        if not 0.0 <= self.corrector <= 1.0:
+            raise ValueError(f"corrector={self.corrector!r} (kappa) must be in [0, 1]")
         if self.sampling.min_p or self.sampling.repetition_penalty != 1.0:
             raise ValueError(
                 "min_p and repetition_penalty are not applied by the udm sampler; it takes "
@@ -74,6 +86,19 @@ def posterior(x_theta: torch.Tensor, noised: torch.Tensor, t: float, s: float) -
         alpha_s * x_theta.to(torch.float64) + (1.0 - alpha_s) / n_support
     )
     return weights / weights.sum(-1, keepdim=True)
+
+
+def corrected_step(
+    x_theta: torch.Tensor, noised: torch.Tensor, t: float, s: float, kappa: float
+) -> torch.Tensor:
+    """The Psi step's distribution of z_s [n, N] (float64): kappa * posterior + (1 - kappa) *
+    the posterior to 0 noised forward to s. kappa = 1 returns the posterior itself."""
+    step = posterior(x_theta, noised, t, s)
+    if kappa == 1.0:
+        return step
+    alpha_s = float(alpha(torch.tensor(s, dtype=torch.float64)))
+    renoised = alpha_s * posterior(x_theta, noised, t, 0.0) + (1.0 - alpha_s) / x_theta.shape[-1]
+    return kappa * step + (1.0 - kappa) * renoised
 
 
 def uniform_canvas(
@@ -122,7 +147,8 @@ def sample_uniform(
             chosen = processed.argmax(-1)
         else:
             x_theta = torch.softmax(processed, dim=-1)
-            steps = posterior(x_theta, support_index(current, pad_id), t, s).split(per_row)
+            noised = support_index(current, pad_id)
+            steps = corrected_step(x_theta, noised, t, s, config.corrector).split(per_row)
             chosen = torch.cat(
                 [
                     sample_categorical(probs, generator) if len(probs) else probs[:, 0].long()
@@ -136,3 +162,15 @@ def sample_uniform(
         )
         tokens[free] = new
     return UniformSampleResult(tokens=tokens, nfe=config.steps, changed=changed)
+
+
+def distilled_note(state: dict, steps: int) -> str | None:
+    """One line when a distilled student (``dllm.distill``: its state records ``distilled``) is
+    sampled at a step count it was not distilled for; None otherwise."""
+    record = state.get("distilled")
+    if not record or steps in record["trained_for_steps"]:
+        return None
+    return (
+        f"note: this student was distilled for {record['trained_for_steps']} steps; "
+        f"sampling with {steps} is allowed but was not trained for"
+    )

@@ -33,6 +33,14 @@ import torch
 from torch import nn
 
 from dllm.objective import check_time_range, stratified_times
+from dllm.uniform_curriculum import (
+    GAMMA_MAX,
+    GAMMA_MIN,
+    TAU,
+    AlphaMap,
+    gaussian_latents,
+    row_normals,
+)
 from shared.errors import ConfigError
 from shared.objective import (
     LossOutput,
@@ -41,6 +49,7 @@ from shared.objective import (
     register_objective,
     sum_per_row,
 )
+from shared.time_embedding import SoftInput
 
 DELTA = 1e-3  # alpha_1: the clean share left at t = 1
 
@@ -68,8 +77,20 @@ def position_nelbo(
 ) -> torch.Tensor:
     """L_t above for each position: ``log_x_theta`` [n, N] the model's log-probabilities over
     the support, ``clean`` and ``noised`` [n] support positions of x and z_t, ``t`` [n]."""
+    return nelbo_at(log_x_theta, clean, noised, alpha(t), alpha_derivative(t))
+
+
+def nelbo_at(
+    log_x_theta: torch.Tensor,
+    clean: torch.Tensor,
+    noised: torch.Tensor,
+    alpha_t: torch.Tensor,
+    dalpha_t: torch.Tensor,
+) -> torch.Tensor:
+    """``position_nelbo`` for any schedule: ``alpha_t`` [n] and its time derivative ``dalpha_t``
+    [n] given directly (the Gaussian curriculum's alpha is a map of gamma, not of t)."""
     n_support = log_x_theta.shape[-1]
-    a = alpha(t).to(log_x_theta.dtype)
+    a = alpha_t.to(log_x_theta.dtype)
     noise_share = 1.0 - a  # the weight of the uniform part of xbar
     # log xbar_theta_j = log(N alpha x_theta_j + 1 - alpha), computed in log space
     log_xbar_theta = torch.logaddexp(
@@ -91,14 +112,14 @@ def position_nelbo(
         + (n_support / xbar_i) * (log_theta_i - torch.log(xbar_i))
         + (entropy_part - cross_part) / xbar_i
     )
-    weight = -alpha_derivative(t).to(log_x_theta.dtype) / (n_support * a)
+    weight = -dalpha_t.to(log_x_theta.dtype) / (n_support * a)
     return weight * bracket
 
 
-def prior_nats(n_support: int) -> float:
+def prior_nats(n_support: int, alpha_1: float = DELTA) -> float:
     """KL(q(z_1 | x) || uniform) of one position: the same for every token x."""
-    clean = DELTA + (1.0 - DELTA) / n_support
-    other = (1.0 - DELTA) / n_support
+    clean = alpha_1 + (1.0 - alpha_1) / n_support
+    other = (1.0 - alpha_1) / n_support
     return clean * math.log(clean * n_support) + (n_support - 1) * other * math.log(
         other * n_support
     )
@@ -112,7 +133,16 @@ class UniformDiffusionObjective:
     streams = 1
     estimator = "time"  # t drawn per row (the MDM's count estimator has no uniform analogue)
 
-    def __init__(self, *, pad_id: int, t_eps: float = 1e-3, schedule: str = "linear"):
+    def __init__(
+        self,
+        *,
+        pad_id: int,
+        t_eps: float = 1e-3,
+        schedule: str = "linear",
+        curriculum_steps: int = 0,
+        curriculum_tau: float = TAU,
+        curriculum_gamma: tuple[float, float] = (GAMMA_MIN, GAMMA_MAX),
+    ):
         check_time_range(t_eps)
         if schedule != "linear":
             raise ValueError(
@@ -121,10 +151,25 @@ class UniformDiffusionObjective:
         self.pad_id = pad_id
         self.t_eps = t_eps
         self.n_support: int | None = None  # set by model_vocab_size
+        # the Gaussian curriculum (training steps 0..curriculum_steps-1; 0 = off)
+        self.curriculum_steps, self.curriculum_tau = curriculum_steps, curriculum_tau
+        self.curriculum_gamma = tuple(curriculum_gamma)
+        self._alpha_map: AlphaMap | None = None
 
     @classmethod
     def options_from_config(cls, train_config: dict, *, full_noise_range: bool) -> dict:
-        return {"t_eps": train_config["t_eps"], "schedule": train_config["schedule"]}
+        options = {"t_eps": train_config["t_eps"], "schedule": train_config["schedule"]}
+        if not full_noise_range and train_config.get("curriculum_steps", 0):
+            # training only: evaluation always scores the exact discrete NELBO
+            options |= {
+                "curriculum_steps": train_config["curriculum_steps"],
+                "curriculum_tau": train_config["curriculum_tau"],
+                "curriculum_gamma": (
+                    train_config["curriculum_gamma_min"],
+                    train_config["curriculum_gamma_max"],
+                ),
+            }
+        return options
 
     @classmethod
     def check_config(cls, train_config) -> None:
@@ -145,6 +190,15 @@ class UniformDiffusionObjective:
                 "the whole row over t in [t_eps, 1]"
             )
 
+        if train_config.curriculum_steps:
+            low, high = train_config.curriculum_gamma_min, train_config.curriculum_gamma_max
+            if not low < high:
+                raise ConfigError(
+                    f"curriculum_gamma_min={low} must be below curriculum_gamma_max={high}"
+                )
+            if not train_config.curriculum_tau > 0:
+                raise ConfigError(f"curriculum_tau={train_config.curriculum_tau!r} must be > 0")
+
     def model_vocab_size(self, tokenizer_vocab_size: int) -> int:
         if not 0 <= self.pad_id < tokenizer_vocab_size:
             raise ValueError(f"pad_id={self.pad_id} is outside the vocabulary")
@@ -160,6 +214,19 @@ class UniformDiffusionObjective:
         keep = torch.rand((n_rows, seq_len), generator=generator, dtype=torch.float64)
         draw = torch.rand((n_rows, seq_len), generator=generator, dtype=torch.float64)
         return {"t": t, "uniforms": keep, "draws": draw}
+
+    def step_noise(self, step: int, n_rows: int, generator: torch.Generator) -> dict:
+        """Extra noise of training step ``step`` (drawn after the rest, so the exact steps draw
+        what a run without the curriculum draws): during the curriculum, one seed per row of the
+        global batch for its Gaussian latents, so any split of the batch sees the same latents."""
+        if step >= self.curriculum_steps:
+            return {}
+        return {"latent_seed": torch.randint(0, 2**62, (n_rows,), generator=generator)}
+
+    def alpha_map(self) -> AlphaMap:
+        if self._alpha_map is None:  # tabulated once, on first use
+            self._alpha_map = AlphaMap(self.n_support, *self.curriculum_gamma)
+        return self._alpha_map
 
     def repeated_noise(
         self, n_rows: int, samples: int, seq_len: int, generator: torch.Generator
@@ -194,6 +261,8 @@ class UniformDiffusionObjective:
     ) -> LossOutput:
         if scored is None:
             scored = loss_positions(tokens, self.pad_id)
+        if "latent_seed" in noise:
+            return self.curriculum_loss(model, tokens, noise, scored)
         noised = self.noise_rows(tokens, noise, scored)
         attention = annealed_attention(noise, self.attention, tokens.shape[1], tokens.device)
         logits = model(noised, attention=attention, output_mask=scored, time=noise["t"])
@@ -208,5 +277,49 @@ class UniformDiffusionObjective:
             support_index(noised[scored], self.pad_id),
             t,
         ) + prior_nats(self.n_support)
+        row_nats = sum_per_row(token_nats.double(), row_of_token, len(tokens))
+        return LossOutput(nats=token_nats.sum(), n_tokens=scored.sum(), row_nats=row_nats)
+
+    def curriculum_loss(
+        self,
+        model: nn.Module,
+        tokens: torch.Tensor,
+        noise: dict[str, torch.Tensor],
+        scored: torch.Tensor,
+        tau: float | None = None,
+    ) -> LossOutput:
+        """Duo's Gaussian relaxation (``dllm.uniform_curriculum``): each scored token's latent
+        w from its row's seed at gamma(t); the network reads softmax(w / tau) @ E there, and the
+        loss is the NELBO at z_t = argmax(w) with the alpha the Gaussian implies."""
+        tau = self.curriculum_tau if tau is None else tau
+        device = tokens.device
+        alphas = self.alpha_map()
+        gamma = alphas.gamma(noise["t"].cpu())
+        alpha_t, dalpha_dgamma = alphas(gamma)
+        span = alphas.gamma_max - alphas.gamma_min
+        row_of_token = scored.nonzero()[:, 0]
+        clean = support_index(tokens[scored], self.pad_id)
+        eps = row_normals(noise["latent_seed"], scored, self.n_support, device)
+        latents = gaussian_latents(clean, gamma.to(device)[row_of_token], self.n_support, eps)
+        noised = tokens.clone()
+        noised[scored] = support_ids(latents.argmax(-1), self.pad_id)
+        support = support_ids(torch.arange(self.n_support, device=device), self.pad_id)
+        soft = SoftInput(scored, torch.softmax(latents / tau, dim=-1), support)
+        # a time-conditioned model reads the t at which the udm schedule has this alpha
+        time = ((1.0 - alpha_t) / (1.0 - DELTA)).clamp(0.0, 1.0).float()
+        attention = annealed_attention(noise, self.attention, tokens.shape[1], device)
+        logits = model(
+            noised, attention=attention, output_mask=scored, time=time.to(device), soft=soft
+        )
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        log_x_theta = torch.log_softmax(logits[:, support].to(dtype), dim=-1)
+        alpha_1 = float(alphas(torch.tensor([alphas.gamma_max]))[0][0])
+        token_nats = nelbo_at(
+            log_x_theta,
+            clean,
+            support_index(noised[scored], self.pad_id),
+            alpha_t.to(device)[row_of_token],
+            (dalpha_dgamma * span).to(device)[row_of_token],
+        ) + prior_nats(self.n_support, alpha_1)
         row_nats = sum_per_row(token_nats.double(), row_of_token, len(tokens))
         return LossOutput(nats=token_nats.sum(), n_tokens=scored.sum(), row_nats=row_nats)

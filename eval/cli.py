@@ -10,6 +10,7 @@
     duolm side-by-side runs/demo/ar runs/demo/mdm                    # eval.experiments.side_by_side
     duolm findings --scale cpu --out runs/findings-cpu               # eval.findings
     duolm convert-checkpoint runs/old-mdm --trust                    # shared.training.convert
+    duolm distill runs/udm runs/udm-dcd --rounds 5                   # dllm.distill
 
 Each subcommand takes exactly the flags of the module it stands for (``duolm train --help``);
 ``python -m <module>`` and ``accelerate launch train.py`` keep working.
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from arlm import export as ar_export
 from arlm import sample as ar_sample
+from dllm import distill
 from dllm import export as diffusion_export
 from dllm import sample as diffusion_sample
 from eval import likelihood
@@ -109,6 +111,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "sweep": (block_sweep.main, "block-size sweep: AR, block diffusion sizes, MDM"),
     "side-by-side": (side_by_side.main, "the same prompts through an AR and an MDM checkpoint"),
     "findings": (findings.main, "reproduce published AR-vs-diffusion findings, with verdicts"),
+    "distill": (distill.main, "distil a udm run into a few-step student (Duo's DCD)"),
     "convert-checkpoint": (
         convert_checkpoint.main,
         "convert a checkpoint of an earlier release (pickled state) so it resumes",

@@ -31,7 +31,7 @@ from shared.attention import (
 )
 from shared.config import ModelConfig
 from shared.ops import RotaryFunction, rms_norm, rotate_pairs
-from shared.time_embedding import TimeEmbedding
+from shared.time_embedding import SoftInput, TimeEmbedding, embed_input
 
 # "causal", "bidirectional", a boolean mask [T_q, T_k] or [B, 1, T_q, T_k] (True = may attend), or a
 # flex-attention BlockMask (uncached forwards)
@@ -326,6 +326,7 @@ class Transformer(nn.Module):
         cache: KVCache | None = None,
         cache_start: int | None = None,
         time: torch.Tensor | None = None,
+        soft: SoftInput | None = None,
     ) -> torch.Tensor:
         """Logits for ``tokens`` [B, T].
 
@@ -341,6 +342,7 @@ class Transformer(nn.Module):
             ``KVCache`` (default: append at ``cache.length``) and attend over the filled slots;
             the new tokens' validity is recorded from ``key_valid`` (default: all real).
         ``time`` [B]: each row's diffusion time in [0, 1]; only a time-conditioned model reads it.
+        ``soft``: soft input tokens at some positions (``shared.time_embedding.SoftInput``).
         """
         batch, length = tokens.shape
         start = 0
@@ -380,9 +382,7 @@ class Transformer(nn.Module):
         else:
             mask, is_causal = self._uncached_mask(attention, slots, key_valid, flex=True)
 
-        x = self.tok_embeddings(tokens)
-        if self.config.time_conditioning:
-            x = self.time_embedding.add_to(x, time)
+        x = embed_input(self, tokens, time, soft)
         for layer, layer_kv in zip(self.layers, layer_cache):
             x = layer(x, cos, sin, mask, is_causal, layer_kv)
         x = self.norm(x)

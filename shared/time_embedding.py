@@ -1,10 +1,12 @@
-"""The diffusion time as an input to the backbone (``ModelConfig.time_conditioning``, used by
-uniform-state diffusion): a uniformly replaced token does not look like noise, so the noise level
-is information the tokens alone do not carry."""
+"""The backbone's input vectors beyond the token lookup, both for uniform-state diffusion: the
+diffusion time (``ModelConfig.time_conditioning``: a uniformly replaced token does not look like
+noise, so the noise level is information the tokens alone do not carry) and soft tokens (the
+Gaussian curriculum's relaxed inputs)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -38,3 +40,30 @@ class TimeEmbedding(nn.Module):
                 "pass time=[batch] in [0, 1]"
             )
         return x + self(time.to(x.device))[:, None, :].to(x.dtype)
+
+
+@dataclass(frozen=True)
+class SoftInput:
+    """Soft tokens in place of hard ones at some positions (uniform-state diffusion's Gaussian
+    curriculum): at each True of ``positions`` [B, T] (row-major order) the input is
+    ``weights`` [n, K] (rows summing to one) times the embedding rows of token ``ids`` [K]."""
+
+    positions: torch.Tensor
+    weights: torch.Tensor
+    ids: torch.Tensor
+
+
+def embed_input(
+    model: nn.Module, tokens: torch.Tensor, time: torch.Tensor | None, soft: SoftInput | None
+) -> torch.Tensor:
+    """The backbone's input vectors: token embeddings (soft ones where ``soft`` says), plus the
+    time embedding of a time-conditioned model. The soft rows are computed inside the forward
+    so that a compiled or sharded model sees them like any other input."""
+    x = model.tok_embeddings(tokens)
+    if soft is not None:
+        table = model.tok_embeddings.weight[soft.ids.to(x.device)]
+        x = x.clone()
+        x[soft.positions] = (soft.weights.to(table.dtype) @ table).to(x.dtype)
+    if model.config.time_conditioning:
+        x = model.time_embedding.add_to(x, time)
+    return x

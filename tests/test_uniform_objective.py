@@ -456,3 +456,85 @@ def test_a_time_conditioned_run_trains_resumes_samples_and_refuses_other_objecti
     with pytest.raises(ConfigError, match="time_conditioning"):
         cli.train_from_argv(["--preset", "tiny", "--objective", "mdm", "--init-from", str(run),
                              "--out", str(tmp_path / "b"), "--max-steps", "1", *cache])  # fmt: skip
+
+
+# ---- the predictor-corrector (Psi) step ----------------------------------------------------------
+
+
+def test_the_corrector_step_mixes_the_posterior_with_the_renoised_guess():
+    from dllm.uniform_generate import corrected_step, posterior
+
+    generator = torch.Generator().manual_seed(8)
+    theta = torch.rand(3, N, generator=generator, dtype=torch.float64)
+    theta = theta / theta.sum(-1, keepdim=True)
+    noised = torch.tensor([1, 0, 3])
+    t, s = 0.7, 0.4
+    a_t, a_s = (float(alpha(torch.tensor(v, dtype=torch.float64))) for v in (t, s))
+    # x given z_t by Bayes with x ~ theta, then noised forward to s
+    likelihood = (a_t * torch.eye(N, dtype=torch.float64) + (1 - a_t) / N)[:, noised].T
+    guess = theta * likelihood
+    guess = guess / guess.sum(-1, keepdim=True)
+    renoised = a_s * guess + (1 - a_s) / N
+    for kappa in (0.0, 0.3, 1.0):
+        expected = kappa * posterior(theta, noised, t, s) + (1 - kappa) * renoised
+        assert torch.allclose(corrected_step(theta, noised, t, s, kappa), expected, atol=1e-12)
+    assert torch.equal(corrected_step(theta, noised, t, s, 1.0), posterior(theta, noised, t, s))
+    for kappa in (0.0, 0.5):  # the last step does not depend on kappa
+        assert torch.allclose(
+            corrected_step(theta, noised, 0.25, 0.0, kappa), posterior(theta, noised, 0.25, 0.0)
+        )
+
+
+class ConstantModel(nn.Module):
+    """x_theta = pi at every position whatever the input: the exact denoiser of independent
+    positions with marginal pi, so every sampler of the chain ends on pi exactly."""
+
+    config = SimpleNamespace(vocab_size=VOCAB)
+
+    def __init__(self, pi: torch.Tensor):
+        super().__init__()
+        logits = torch.full((VOCAB,), -1e9, dtype=torch.float64)
+        logits[SUPPORT] = pi.log()
+        self.logits = logits
+
+    def forward(self, tokens, attention="bidirectional", output_mask=None, time=None):
+        out = self.logits.expand(*tokens.shape, VOCAB)
+        return out if output_mask is None else out[output_mask]
+
+
+@pytest.mark.parametrize("kappa", [0.0, 0.4])
+def test_with_the_exact_denoiser_the_corrector_keeps_the_data_marginal(kappa):
+    pi = torch.tensor([0.5, 0.1, 0.3, 0.1], dtype=torch.float64)
+    rows = 4000
+    result = run_sampler(ConstantModel(pi), rows, 3, seed=1, corrector=kappa)
+    for position in (1, 2):
+        counts = torch.bincount(support_index(result.tokens[:, position], PAD), minlength=N)
+        expected = rows * pi
+        chi2 = float(((counts - expected) ** 2 / expected).sum())
+        assert chi2 < 20.0, (kappa, counts)  # 3 degrees of freedom: p < 2e-4
+
+
+def test_kappa_one_is_the_ancestral_sampler_and_other_kappas_differ():
+    model = PairModel(2)
+    plain = run_sampler(model, 64, 4, seed=5)
+    assert plain.tokens.shape == (64, 3)
+    assert torch.equal(run_sampler(model, 64, 4, seed=5, corrector=1.0).tokens, plain.tokens)
+    corrected = run_sampler(model, 64, 4, seed=5, corrector=0.2)
+    assert not torch.equal(corrected.tokens, plain.tokens)
+    assert (corrected.tokens[:, 0] == BOS).all() and not (corrected.tokens == PAD).any()
+    from dllm.uniform_generate import UniformSamplerConfig
+
+    assert UniformSamplerConfig(4).name == "uniform-ancestral"
+    assert UniformSamplerConfig(4, corrector=0.5).name == "uniform-psi"
+    with pytest.raises(ValueError, match=r"corrector=1.5 \(kappa\) must be in \[0, 1\]"):
+        UniformSamplerConfig(4, corrector=1.5).validate()
+
+
+def test_the_command_line_takes_the_corrector_for_udm_only(udm_run, capsys):
+    import json
+
+    from dllm import sample
+
+    argv = [str(udm_run), "--gen-length", "5", "--steps", "3", "--json", "--corrector", "0.5"]
+    assert sample.main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["sampler"] == "uniform-psi"

@@ -60,7 +60,7 @@ FLAG_GROUPS: dict[str, dict[str, str]] = {
         "cache_dir": "where tokenizers and tokenized rows are cached",
     },
     "objective": {
-        "objective": "ar | mdm | bd (block diffusion)",
+        "objective": "ar | mdm | bd (block diffusion) | udm (uniform-state diffusion)",
         "schedule": "diffusion noise schedule: linear | cosine",
         "t_eps": "smallest diffusion time drawn, in [0, 1)",
         "estimator": "MDM loss estimator: time (Bernoulli masks at t) | count (LLaDA, linear only)",
@@ -68,6 +68,11 @@ FLAG_GROUPS: dict[str, dict[str, str]] = {
         "t_max": "bd: largest diffusion time drawn in training, in (t_eps, 1]",
         "attention_anneal_steps": "mdm: first steps whose attention rises from causal to full "
         "(a random, linearly growing share of future positions); 0 = off",
+        "curriculum_steps": "udm: first steps trained with Duo's Gaussian relaxation (soft "
+        "inputs, the NELBO at the latent's argmax); 0 = off",
+        "curriculum_tau": "udm curriculum: softmax temperature of the soft inputs (> 0)",
+        "curriculum_gamma_min": "udm curriculum: gamma at t = 0 (log-SNR of the latent, negated)",
+        "curriculum_gamma_max": "udm curriculum: gamma at t = 1",
     },
     "initialisation": {
         "init_from": "start from the weights of a run folder (its newest valid checkpoint) or a "

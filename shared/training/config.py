@@ -78,6 +78,13 @@ class TrainConfig:
     # the future positions rising linearly from 0 to 1; full attention after, and always in
     # validation and sampling. 0 = off. See shared.objective.annealing_noise.
     attention_anneal_steps: int = 0
+    # uniform-state diffusion ("udm"): Duo's Gaussian-relaxation curriculum for the first K steps
+    # (soft inputs softmax(w / tau) @ E, the NELBO at argmax(w)), the exact loss after; 0 = off.
+    # gamma spans [min, max] as t spans [0, 1] (Duo's defaults). See dllm.uniform_curriculum.
+    curriculum_steps: int = 0
+    curriculum_tau: float = 1e-3
+    curriculum_gamma_min: float = -3.5
+    curriculum_gamma_max: float = -1.75
     # start from another run's weights (a run folder: its newest valid checkpoint, or a
     # checkpoint folder); "" = fresh weights. A new run only: resuming uses its own checkpoint.
     init_from: str = ""
@@ -141,6 +148,7 @@ class TrainConfig:
             "keep_checkpoints",
             "block_size",
             "attention_anneal_steps",
+            "curriculum_steps",
             "num_threads",
             "peak_tflops",
             "weight_decay",
@@ -201,6 +209,11 @@ class TrainConfig:
                 f"attention_anneal_steps={self.attention_anneal_steps} eases causal attention into "
                 f"bidirectional attention; objective={self.objective!r} trains with "
                 f"{objective.attention!r} attention (use it with mdm)"
+            )
+        if self.curriculum_steps and self.objective != "udm":
+            raise ConfigError(
+                f"curriculum_steps={self.curriculum_steps} is uniform-state diffusion's Gaussian "
+                f"curriculum (objective udm); objective={self.objective!r} does not use it"
             )
         budgets = [name for name in ("max_tokens", "max_flops", "epochs") if getattr(self, name)]
         if len(budgets) > 1:

@@ -132,3 +132,11 @@ def batch_generator(seed: int, step: int) -> torch.Generator:
     """The generator of step ``step``'s diffusion noise: a pure function of (seed, step), so a
     resumed run draws exactly the noise the uninterrupted one would have."""
     return noise_generator(seed, step)
+
+
+def objective_step_noise(objective, step: int, n_rows: int, generator: torch.Generator) -> dict:
+    """Noise an objective draws only at some training steps (``step_noise``, e.g. the uniform
+    objective's curriculum), after every other draw of the step so the remaining steps draw
+    exactly what they draw without it; {} for objectives without one."""
+    step_noise = getattr(objective, "step_noise", None)
+    return {} if step_noise is None else step_noise(step, n_rows, generator)

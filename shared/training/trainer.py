@@ -43,6 +43,7 @@ from shared.training.schedule import (
     branch_points,
     check_cooldown,
     curve_steps,
+    objective_step_noise,
     schedules_agree,
     total_steps_for,
 )
@@ -107,8 +108,7 @@ class Trainer:
     def load_data(self, source: InitSource | None) -> None:
         """The tokenizer, the training and validation rows, and the answer positions."""
         cfg, spec = self.cfg, self.spec
-        # A resumed run keeps its own tokenizer; one initialised from another run takes the
-        # source's.
+        # A resumed run keeps its own tokenizer; one initialised from another takes the source's.
         tokenizer_from = spec.resume_from or (source.checkpoint if source else None)
         self.data = load_data(
             cfg, self.accelerator, tokenizer_from, self.saved, spec.allow_config_change
@@ -247,7 +247,7 @@ class Trainer:
         noise = self.objective.sample_noise(len(rows), rows.shape[1], generator)
         noise |= annealing_noise(
             cfg.attention_anneal_steps, step, len(rows), generator, self.model_cfg.sliding_window
-        )
+        ) | objective_step_noise(self.objective, step, len(rows), generator)
         scored = self.scored
         step_scored = (
             loss_positions(rows, self.tokenizer.pad_id) if scored is None else scored(rows)
