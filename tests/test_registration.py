@@ -198,3 +198,29 @@ def test_an_untracked_file_makes_the_tree_dirty_an_ignored_one_does_not(tmp_path
     assert code_state(tmp_path)["git_dirty"] is False
     (tmp_path / "new_module.py").write_text("X = 1\n")  # a new module a finding could import
     assert code_state(tmp_path)["git_dirty"] is True
+
+
+def test_an_option_added_off_by_default_leaves_registrations_as_they_were(judged, monkeypatch):
+    """A new training option at its off value changes no registration; set, it does."""
+    import dataclasses
+
+    from shared.training import config as train_config
+
+    _, registry = judged
+    original = train_config.TrainConfig
+    grown = dataclasses.make_dataclass(
+        "TrainConfig", [("a_new_option", int, 0)], bases=(original,), frozen=True
+    )
+    resolve = registration.resolve_config
+
+    def resolve_with(option: int):
+        def resolved(preset, overrides):
+            model, train = resolve(preset, overrides)
+            return model, grown(**dataclasses.asdict(train), a_new_option=option)
+
+        return resolved
+
+    monkeypatch.setattr(registration, "resolve_config", resolve_with(0))
+    assert status_of(runs_toy("toy_judge"), registry) == registration.PRE_REGISTERED
+    monkeypatch.setattr(registration, "resolve_config", resolve_with(3))
+    assert status_of(runs_toy("toy_judge"), registry) == registration.EXPLORATORY

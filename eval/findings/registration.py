@@ -80,9 +80,22 @@ def training_configs(finding: Any, scale: str) -> dict[str, Any]:
     resolved = {}
     for name, (preset, overrides) in runs(finding.settings[scale]).items():
         model, train = resolve_config(preset, overrides)
-        local = {key: None for key in MACHINE_LOCAL}
-        resolved[name] = {"model": asdict(model), "train": asdict(train) | local}
+        resolved[name] = {"model": set_fields(model), "train": set_fields(train)}
     return resolved
+
+
+def set_fields(config: Any) -> dict[str, Any]:
+    """The fields of a resolved configuration that are set, machine-local ones left out: a field
+    at an off value (0, "", False) reads as absent, so an option added later, off by default,
+    leaves every registration as it was, while any value that changes (a default included)
+    changes it."""
+    return {
+        name: value
+        for name, value in asdict(config).items()
+        if name not in MACHINE_LOCAL
+        and value != ""
+        and not (isinstance(value, int | float) and value == 0)
+    }
 
 
 def registration_hash(finding: Any, scale: str) -> str:
