@@ -5,7 +5,6 @@ python docs/studies/udm-time-conditioning/analyze.py RUNS_FOLDER
 
 import json
 import math
-import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +17,14 @@ sys.path.insert(0, str(HERE.parents[2]))
 
 from eval.curves import unigram_entropy  # noqa: E402
 from eval.experiments.stages import load, validation_rows  # noqa: E402
+from shared.hardware import cpu_name  # noqa: E402
 
 SEEDS = (0, 1, 2)
+# run.sh ran the first two runs from the working tree, the rest from a worktree pinned at b13f533
+RUNS_CODE = (
+    "b13f533 (udm-tctrue-s0 at 109cd9a, which differs from it only in shared/hardware.py's MFU "
+    "peak and in docs)"
+)
 
 
 def main(runs: Path) -> None:
@@ -54,13 +59,11 @@ def main(runs: Path) -> None:
         "interval_95": [low, high],
         "learned": learned,
         "verdict": verdict,
-        "commits": sorted(
-            {record.get("code_version", {}).get("commit", "?") for record in final.values()}
-        ),
+        "runs_code": RUNS_CODE,
         "commit_of_analysis": subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE
         ).stdout.strip(),
-        "machine": platform.processor() or platform.machine(),
+        "machine": cpu_name(),
     }
     (HERE / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
