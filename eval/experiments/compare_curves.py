@@ -78,8 +78,32 @@ def budgets_section(
 ) -> dict[str, Any]:
     """Add the budget frontiers, M(L), the headline multiplier with its interval over seeds and
     the exponents to ``report``; returns what report.json keeps of them."""
-    seeds = list(runs)
-    headline = analysis["multiplier"]
+    report.text(multiplier_text(runs, analysis, unigram, windowed, schedules))
+    report.plot(
+        "budget_frontiers",
+        frontier_figure(runs, unigram),
+        "Validation loss at each budget (one run per budget), per seed",
+    )
+    report.plot("multiplier_curve", multiplier_figure(analysis, windowed), "M(L) per seed")
+    report.table(budget_points_table(runs, analysis, unigram))
+    multiplier_table(report, analysis)
+    return {
+        "points": {seed: run["points"] for seed, run in runs.items()},
+        "analysis": analysis,
+        "published_multiplier": None if windowed else PUBLISHED_MULTIPLIER,
+        "published_comparable": not windowed,
+    }
+
+
+def multiplier_text(
+    runs: dict[int, dict[str, Any]],
+    analysis: dict[str, Any],
+    unigram: float,
+    windowed: bool,
+    schedules: str,
+) -> str:
+    """The paragraph on the budgets: how they were trained, the rule, the headline M, the
+    published value and the exponents."""
     published = (
         "not comparable (windowed attention)"
         if windowed
@@ -89,6 +113,34 @@ def budgets_section(
         f"seed {seed}: AR {s['past_plateau']['ar']}, MDM {s['past_plateau']['mdm']}"
         for seed, s in analysis["seeds"].items()
     )
+    exponents = analysis["exponents"]
+    return (
+        "**Compute multiplier over budgets.** Each objective is trained at several budgets, each "
+        "a run scheduled for its own length (warmup-stable-decay; the shorter budgets are "
+        "cooldown branches of the longest run), and validated on the whole split at its end"
+        + (f" (schedules: {schedules})" if schedules else "")
+        + ". "
+        f"M(L) = C_MDM(L) / C_AR(L) is read where both frontiers cover L, using only points more "
+        f"than {analysis['plateau_margin']:g} nats below the unigram entropy ({unigram:.3f}); "
+        f"points past the plateau per seed: {counts}. Rule, fixed before the run: the headline "
+        f"is M at {analysis['rule']}. Headline: "
+        + headline_summary(list(runs), analysis)
+        + f". Published: {published}. "
+        "Log-log exponents (L ~ C^-alpha over the points past the plateau): AR "
+        + spread_text(exponents["ar"])
+        + ", MDM "
+        + spread_text(exponents["mdm"])
+        + "; paired MDM - AR difference "
+        + spread_text(analysis["exponent_difference"])
+        + " (0 is parallel scaling, a constant multiplier). M at the headline level from the two "
+        "fits instead of interpolation: " + spread_text(analysis["fitted_multiplier"]) + "."
+    )
+
+
+def headline_summary(seeds: list[int], analysis: dict[str, Any]) -> str:
+    """The headline M with its interval over seeds and each seed's value, or why it is not
+    measured; with one seed, how to get an interval."""
+    headline = analysis["multiplier"]
     if headline is None:
         summary = (
             "**not measured**: in no seed do both frontiers, past the plateau, cover the "
@@ -114,55 +166,39 @@ def budgets_section(
             "again; the demo's default is one seed because that is what fits its 15 minutes on a "
             "2-core CPU)"
         )
-    exponents = analysis["exponents"]
-    report.text(
-        "**Compute multiplier over budgets.** Each objective is trained at several budgets, each "
-        "a run scheduled for its own length (warmup-stable-decay; the shorter budgets are "
-        "cooldown branches of the longest run), and validated on the whole split at its end"
-        + (f" (schedules: {schedules})" if schedules else "")
-        + ". "
-        f"M(L) = C_MDM(L) / C_AR(L) is read where both frontiers cover L, using only points more "
-        f"than {analysis['plateau_margin']:g} nats below the unigram entropy ({unigram:.3f}); "
-        f"points past the plateau per seed: {counts}. Rule, fixed before the run: the headline "
-        f"is M at {analysis['rule']}. Headline: " + summary + f". Published: {published}. "
-        "Log-log exponents (L ~ C^-alpha over the points past the plateau): AR "
-        + spread_text(exponents["ar"])
-        + ", MDM "
-        + spread_text(exponents["mdm"])
-        + "; paired MDM - AR difference "
-        + spread_text(analysis["exponent_difference"])
-        + " (0 is parallel scaling, a constant multiplier). M at the headline level from the two "
-        "fits instead of interpolation: " + spread_text(analysis["fitted_multiplier"]) + "."
-    )
-    report.plot(
-        "budget_frontiers",
-        frontier_figure(runs, unigram),
-        "Validation loss at each budget (one run per budget), per seed",
-    )
-    report.plot("multiplier_curve", multiplier_figure(analysis, windowed), "M(L) per seed")
-    report.table(
-        Table(
-            "Budget points (final validation of each budget's run, whole split)",
-            ["seed", "model", "steps", "FLOPs", "nats/token", "95%", "bits/byte", "past plateau"],
+    return summary
+
+
+def budget_points_table(
+    runs: dict[int, dict[str, Any]], analysis: dict[str, Any], unigram: float
+) -> Table:
+    """Every budget point of every seed: its loss with an interval, and whether it is past the
+    plateau."""
+    return Table(
+        "Budget points (final validation of each budget's run, whole split)",
+        ["seed", "model", "steps", "FLOPs", "nats/token", "95%", "bits/byte", "past plateau"],
+        [
             [
-                [
-                    seed,
-                    name.upper(),
-                    p["steps"],
-                    p["flops"],
-                    p["loss"],
-                    interval_text(p),
-                    p["bpb"],
-                    "yes" if p["loss"] < unigram - analysis["plateau_margin"] else "no",
-                ]
-                for seed in seeds
-                for name in ("ar", "mdm")
-                for p in runs[seed]["points"][name]
-            ],
-            note="MDM: NELBO with the run's fixed validation noise (an upper bound); AR: exact "
-            "NLL. The interval is over validation rows (and noise), within one training run.",
-        )
+                seed,
+                name.upper(),
+                p["steps"],
+                p["flops"],
+                p["loss"],
+                interval_text(p),
+                p["bpb"],
+                "yes" if p["loss"] < unigram - analysis["plateau_margin"] else "no",
+            ]
+            for seed in runs
+            for name in ("ar", "mdm")
+            for p in runs[seed]["points"][name]
+        ],
+        note="MDM: NELBO with the run's fixed validation noise (an upper bound); AR: exact "
+        "NLL. The interval is over validation rows (and noise), within one training run.",
     )
+
+
+def multiplier_table(report: Report, analysis: dict[str, Any]) -> None:
+    """M(L) per seed at evenly spaced losses, or a sentence saying it is read nowhere."""
     grid = sorted({round(loss, 3) for s in analysis["seeds"].values() for loss, _ in s["curve"]})
     title = "M(L) per seed at evenly spaced losses of each seed's shared range"
     rows = [[seed, loss, m] for seed, s in analysis["seeds"].items() for loss, m in s["curve"]]
@@ -181,12 +217,6 @@ def budgets_section(
             f"**{title}:** none; in no seed do the two frontiers, past the plateau, share a "
             "range of losses, so M(L) is read nowhere."
         )
-    return {
-        "points": {seed: run["points"] for seed, run in runs.items()},
-        "analysis": analysis,
-        "published_multiplier": None if windowed else PUBLISHED_MULTIPLIER,
-        "published_comparable": not windowed,
-    }
 
 
 def spread_text(spread: dict[str, Any] | None) -> str:
