@@ -1,18 +1,22 @@
 """The main job: train an AR and an MDM model from one preset and compare them side by side.
 
     python -m eval.experiments.compare --preset demo --out runs/demo [--force]
-        [--budget tokens|flops] [training overrides such as --max-steps 800 ...]
+        [--budget tokens|flops] [--objectives ar,mdm,udm] [training overrides such as
+        --max-steps 800 ...]
 
-Stages, each resumable (its result is stored under ``<out>/stages/`` and reused by a rerun with
-the same settings; ``--force`` redoes everything):
+``--objectives`` names the families (default ``ar,mdm``; ``bd`` and ``udm`` may join, AR must
+be there: each diffusion family's M(L) is read against it). Stages, each resumable (its result
+is stored under ``<out>/stages/`` and reused by a rerun with the same settings; ``--force``
+redoes everything):
 
-1. train   both objectives from the same preset, corpus, tokenizer, seed and budget;
-2. likelihood  AR exact NLL and MDM NELBO (with its interval) on the same validation rows, in
-               bits per byte; the MDM's exact left-to-right NLL on a few rows;
-3. generate    unconditional samples: KV-cached AR decoding and the diffusion samplers at
-               several step counts, plus a temperature sweep; NFE, wall time, FLOPs per token;
+1. train   every objective from the same preset, corpus, tokenizer, seed and budget;
+2. likelihood  AR exact NLL and each diffusion family's NELBO (with its interval) on the same
+               validation rows, in bits per byte; the MDM's exact left-to-right NLL on a few rows;
+3. generate    unconditional samples: KV-cached AR decoding and each family's diffusion samplers
+               at several step counts, plus a temperature sweep; NFE, wall time, FLOPs per token;
 4. quality     judge perplexity, unigram entropy, distinct-n, repetition, MAUVE vs held-out text;
-5. examples    the same prompts through both models, and an infilling example only the MDM can do;
+5. examples    the same prompts through every model, and an infilling example that only the
+               diffusion models can do;
 
 then ``<out>/report.md``, ``report.json`` and the plots.
 """
@@ -35,7 +39,12 @@ from eval.experiments.compare_samples import (
     quality_stage,
     token_frequencies,
 )
-from eval.experiments.compare_settings import CompareSettings, settings_for
+from eval.experiments.compare_settings import (
+    CompareSettings,
+    diffusion_families,
+    objectives_asked,
+    settings_for,
+)
 from eval.experiments.stages import (
     Stages,
     load,
@@ -54,7 +63,7 @@ from shared.training.config import MAX_SEED
 
 def likelihood_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
     results = {}
-    for objective in ("ar", "mdm"):
+    for objective in settings.objectives:
         results[objective] = evaluate_checkpoint(
             str(out / objective),
             samples=settings.nelbo_samples,
@@ -83,9 +92,15 @@ def run_comparison(
     tuning, own = None, None
     if tune_lr:
         tuning = tune_learning_rates(
-            preset, out, overrides, settings.lr_factors, settings.tune_fraction, force
+            preset,
+            out,
+            overrides,
+            settings.lr_factors,
+            settings.tune_fraction,
+            force,
+            settings.objectives,
         )
-        own = {objective: {"lr": tuning[objective]["chosen"]} for objective in ("ar", "mdm")}
+        own = {name: {"lr": tuning[name]["chosen"]} for name in settings.objectives}
     runs = train_budget_points(preset, out, overrides, settings, budget, force, own)
     # The evaluation stages look at the first seed's main-budget runs.
     main = seed_folder(out, settings.seeds[0])
@@ -181,7 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--seeds",
         default=None,
         help="training seeds, comma-separated (default: the preset's; --seed N is --seeds N); "
-        "each trains every budget point of both objectives",
+        "each trains every budget point of every objective",
+    )
+    parser.add_argument(
+        "--objectives",
+        default="ar,mdm",
+        help="the families trained at the same budget points and compared, comma-separated: ar "
+        "and one or more of mdm, bd, udm (each diffusion family's M(L) is read against AR)",
     )
     return parser
 
@@ -199,7 +220,7 @@ def settings_from_args(args: argparse.Namespace, overrides: dict[str, Any]) -> C
     seeds = seeds_asked(args.seeds, overrides.pop("seed", None))
     if seeds:
         settings = dataclasses.replace(settings, seeds=seeds)
-    return settings
+    return dataclasses.replace(settings, objectives=objectives_asked(args.objectives))
 
 
 def comparison_job(
@@ -223,11 +244,14 @@ def comparison_job(
         stop=stop,
         tune_lr=args.tune_lr,
     )
-    ar, mdm = likelihood["ar"]["estimates"]["nll"], likelihood["mdm"]["estimates"]["nelbo"]
+    ar = likelihood["ar"]["estimates"]["nll"]
     print(f"AR  {ar['nats_per_token']:.4f} nats/token, {ar['bits_per_byte']:.4f} bits/byte")
-    print(
-        f"MDM {mdm['nats_per_token']:.4f} nats/token (NELBO), {mdm['bits_per_byte']:.4f} bits/byte"
-    )
+    for name in diffusion_families(settings):
+        nelbo = likelihood[name]["estimates"]["nelbo"]
+        print(
+            f"{name.upper():<3} {nelbo['nats_per_token']:.4f} nats/token (NELBO), "
+            f"{nelbo['bits_per_byte']:.4f} bits/byte"
+        )
     print(f"report: {paths['markdown']} ({(time.perf_counter() - started) / 60:.1f} min)")
 
 

@@ -12,6 +12,7 @@ from eval.experiments.compare_curves import budgets_section, sampling_checkpoint
 from eval.experiments.compare_sections import (
     ReportInputs,
     Section,
+    every,
     examples_section,
     frontier_section,
     generation_section,
@@ -22,20 +23,23 @@ from eval.experiments.stages import training_seed
 from eval.report import Report, Table
 
 
-def tuning_section(report: Report, tuning: dict[str, Any] | None) -> None:
+def tuning_section(
+    report: Report, tuning: dict[str, Any] | None, objectives: tuple[str, ...] = ("ar", "mdm")
+) -> None:
     """Where each model's learning rate came from, and the sweep's table when there was one."""
     if tuning is None:
         report.text(
-            "**Learning rates.** Not tuned in this run: both models use the preset's learning "
-            "rate (`--tune-lr` sweeps each objective's own)."
+            f"**Learning rates.** Not tuned in this run: {every(objectives)} models use the "
+            "preset's learning rate (`--tune-lr` sweeps each objective's own)."
         )
         return
     budget = ", ".join(f"{name}={value:g}" for name, value in tuning["budget"].items())
     report.text(
         "**Learning rates.** Each objective's own, chosen by a sweep of short runs "
         f"({budget} each) at {len(tuning['ar']['table'])} learning rates around the "
-        f"preset's {tuning['base_lr']:g}, on validation loss: AR {tuning['ar']['chosen']:.3g}, "
-        f"MDM {tuning['mdm']['chosen']:.3g}."
+        f"preset's {tuning['base_lr']:g}, on validation loss: "
+        + ", ".join(f"{name.upper()} {tuning[name]['chosen']:.3g}" for name in objectives)
+        + "."
     )
     rows = [
         [
@@ -44,7 +48,7 @@ def tuning_section(report: Report, tuning: dict[str, Any] | None) -> None:
             "diverged" if row["diverged"] else row["loss"],
             "chosen" if row["lr"] == tuning[name]["chosen"] else "",
         ]
-        for name in ("ar", "mdm")
+        for name in objectives
         for row in tuning[name]["table"]
     ]
     report.table(
@@ -56,10 +60,10 @@ def tuning_section(report: Report, tuning: dict[str, Any] | None) -> None:
     )
 
 
-def training_seeds(out: Path) -> dict[str, int]:
-    """{"train": seed} when both runs used one seed (the usual case), else one entry per run."""
-    seeds = {name: training_seed(out / name) for name in ("ar", "mdm")}
-    if seeds["ar"] == seeds["mdm"]:
+def training_seeds(out: Path, objectives: tuple[str, ...] = ("ar", "mdm")) -> dict[str, int]:
+    """{"train": seed} when every run used one seed (the usual case), else one entry per run."""
+    seeds = {name: training_seed(out / name) for name in objectives}
+    if len(set(seeds.values())) == 1:
         return {"train": seeds["ar"]}
     return {f"train_{name}": seed for name, seed in seeds.items()}
 
@@ -72,6 +76,7 @@ RESULT_KEYS = (
     "examples",
     "training",
     "mdm_ar_perplexity_ratio",
+    "perplexity_ratios",
     "budgets",
     "tuning",
     "wall_seconds",
@@ -121,26 +126,35 @@ def write_report(
 def new_report(inputs: ReportInputs) -> Report:
     """The empty report with its configuration and seeds."""
     settings, summaries = inputs.settings, inputs.summaries
+    families = inputs.families
+    against = (
+        "masked diffusion"
+        if families == ("mdm",)
+        else "diffusion (" + ", ".join(name.upper() for name in families) + ")"
+    )
     return Report(
-        f"AR vs masked diffusion: preset `{inputs.preset}`",
+        f"AR vs {against}: preset `{inputs.preset}`",
         inputs.out,
         config={
             "preset": inputs.preset,
             "settings": dataclasses.asdict(settings),
             "training": {k: v["data"] | {"steps": v["step"]} for k, v in summaries.items()},
         },
-        seeds=training_seeds(inputs.main) | {"sampling": 0, "budget_seeds": list(settings.seeds)},
+        seeds=training_seeds(inputs.main, settings.objectives)
+        | {"sampling": 0, "budget_seeds": list(settings.seeds)},
     )
 
 
 def attention_section(report: Report, inputs: ReportInputs) -> dict[str, Any]:
-    """The first line: how each model attends (a window changes the backbone for both)."""
+    """The first line: how each model attends (a window changes the backbone for all)."""
     attention = inputs.attention
     report.text(
-        f"**Attention.** AR: {attention['ar']}; MDM: {attention['mdm']}."
+        "**Attention.** "
+        + "; ".join(f"{name.upper()}: {pattern}" for name, pattern in attention.items())
+        + "."
         + (
-            " Windowed attention changes the backbone for both objectives: the multiplier is "
-            "not comparable with published full-attention values."
+            f" Windowed attention changes the backbone for {every(inputs.settings.objectives)} "
+            "objectives: the multiplier is not comparable with published full-attention values."
             if inputs.windowed
             else ""
         )
@@ -152,32 +166,49 @@ def headline_section(report: Report, inputs: ReportInputs) -> dict[str, Any]:
     """The likelihood and sample-quality headline paragraphs, and the wall time."""
     settings, likelihood, quality = inputs.settings, inputs.likelihood, inputs.quality
     ar_l = likelihood["ar"]["estimates"]["nll"]
-    mdm_l = likelihood["mdm"]["estimates"]["nelbo"]
-    ratio = math.exp(mdm_l["nats_per_token"] - ar_l["nats_per_token"])
     exact_bytes = likelihood["ar"]["protocol"]["tokenizer"].get("bytes_exact", True)
     byte_note = "" if exact_bytes else " (approximate: the tokenizer normalizes text)"
-    ar_set, mdm_set = headline_sets(settings)
-    judged = {name: judge_text(quality["sets"][name]) for name in (ar_set, mdm_set)}
-    gap = inputs.analysis["final_gap"]
+    ratios, bounds, gaps = {}, [], []
+    for name in inputs.families:
+        nelbo, family = likelihood[name]["estimates"]["nelbo"], name.upper()
+        ratios[name] = math.exp(nelbo["nats_per_token"] - ar_l["nats_per_token"])
+        low, high = nelbo["nats_per_token_ci95"]
+        bounds.append(
+            f"the {family} at most {nelbo['bits_per_byte']:.4f} (NELBO, 95% interval of the "
+            f"per-token value [{low:.4f}, {high:.4f}] nats): {article(family)} {family}/AR "
+            f"perplexity ratio of at most **{ratios[name]:.2f}**"
+        )
+        gap = inputs.analyses[name]["final_gap"]["text"]
+        gaps.append(f"{family} - AR difference at the main budget is {gap} nats/token")
+    ar_set, *family_sets = headline_sets(settings)
+    judged = [
+        f"the {name.upper()}'s ({set_name}) {judge_text(quality['sets'][set_name])}"
+        for name, set_name in zip(inputs.families, family_sets, strict=True)
+    ]
     report.text(
         f"**Likelihood.** On the same {ar_l['tokens']:,} validation tokens the AR model of seed "
         f"{settings.seeds[0]} scores "
-        f"{ar_l['bits_per_byte']:.4f} bits/byte{byte_note} (exact NLL) and the MDM at most "
-        f"{mdm_l['bits_per_byte']:.4f} (NELBO, 95% interval of the per-token value "
-        f"[{mdm_l['nats_per_token_ci95'][0]:.4f}, {mdm_l['nats_per_token_ci95'][1]:.4f}] nats): "
-        f"an MDM/AR perplexity ratio of at most **{ratio:.2f}** after "
-        f"{inputs.summaries['ar']['tokens_seen']:,} training tokens each"
+        f"{ar_l['bits_per_byte']:.4f} bits/byte{byte_note} (exact NLL) and "
+        + "; ".join(bounds)
+        + f" after {inputs.summaries['ar']['tokens_seen']:,} training tokens each"
         f"{schedule_note(inputs.summaries)} "
         "(published: about 1.2-1.3 at large compute, larger at small compute). Over "
-        f"{len(settings.seeds)} training seed(s) the paired MDM - AR difference at the main "
-        f"budget is {gap['text']} nats/token (one fixed noise draw per row).\n\n"
+        f"{len(settings.seeds)} training seed(s) the paired "
+        + ", the paired ".join(gaps)
+        + " (one fixed noise draw per row).\n\n"
         f"**Samples.** The judge ({quality['judge']}) gives AR samples at temperature 1 a "
-        f"perplexity of {judged[ar_set]} and the MDM's ({mdm_set}) {judged[mdm_set]} (95% "
-        "intervals over the samples, of the first seed's models); held-out text scores "
+        f"perplexity of {judge_text(quality['sets'][ar_set])} and "
+        + ", ".join(judged)
+        + " (95% intervals over the samples, of the first seed's models); held-out text scores "
         f"{quality['reference']['judge_ppl']:.1f}. The frontier below shows what each diffusion "
         "sampler buys per network evaluation. " + wall_time_text(inputs)
     )
-    return {"mdm_ar_perplexity_ratio": ratio}
+    return {"mdm_ar_perplexity_ratio": ratios.get("mdm"), "perplexity_ratios": ratios}
+
+
+def article(initialism: str) -> str:
+    """ "an" before an initialism read with a vowel sound (an MDM), else "a" (a UDM, a BD)."""
+    return "an" if initialism[0] in "AEFHILMNORSX" else "a"
 
 
 def wall_time_text(inputs: ReportInputs) -> str:
@@ -211,18 +242,21 @@ def compute_section(report: Report, inputs: ReportInputs) -> dict[str, Any]:
         inputs.unigram,
         inputs.windowed,
         schedules_text(inputs),
+        inputs.analyses,
     )
     return {"budgets": curves | {"attention": inputs.attention}}
 
 
 def learning_rate_section(report: Report, inputs: ReportInputs) -> dict[str, Any]:
-    tuning_section(report, inputs.tuning)
+    tuning_section(report, inputs.tuning, inputs.settings.objectives)
     return {"tuning": inputs.tuning}
 
 
 def sampling_source_section(report: Report, inputs: ReportInputs) -> dict[str, Any]:
     """Which checkpoint each model's samples come from, said when it is not the final one."""
-    sources = {name: sampling_checkpoint(inputs.main / name)[1] for name in ("ar", "mdm")}
+    sources = {
+        name: sampling_checkpoint(inputs.main / name)[1] for name in inputs.settings.objectives
+    }
     if any(label != "final checkpoint" for label in sources.values()):
         report.text(
             "**Samples come from:** "
@@ -233,14 +267,15 @@ def sampling_source_section(report: Report, inputs: ReportInputs) -> dict[str, A
 
 
 def likelihood_section(report: Report, inputs: ReportInputs) -> dict[str, Any]:
-    """Both models on the same validation rows; the MDM's exact left-to-right NLL beside its
-    NELBO on the first rows."""
+    """Every model on the same validation rows (AR: exact NLL; each diffusion family: its NELBO,
+    an upper bound); the MDM's exact left-to-right NLL beside its NELBO on the first rows."""
     likelihood, chain_rows = inputs.likelihood, inputs.settings.chain_rule_rows
-    mdm = likelihood["mdm"]
-    rows = {
-        "AR": likelihood["ar"]["estimates"]["nll"] | {"protocol": likelihood["ar"]["protocol"]},
-        "MDM": mdm["estimates"]["nelbo"] | {"protocol": mdm["protocol"]},
-    }
+    rows = {"AR": likelihood["ar"]["estimates"]["nll"] | {"protocol": likelihood["ar"]["protocol"]}}
+    for name in inputs.families:
+        rows[name.upper()] = likelihood[name]["estimates"]["nelbo"] | {
+            "protocol": likelihood[name]["protocol"]
+        }
+    mdm = likelihood.get("mdm", {"estimates": {}})
     if "chain_rule_nll" in mdm["estimates"]:
         rows[f"MDM left-to-right (first {chain_rows} rows)"] = mdm["estimates"][
             "chain_rule_nll"
@@ -255,7 +290,7 @@ def likelihood_section(report: Report, inputs: ReportInputs) -> dict[str, Any]:
 def training_section(report: Report, inputs: ReportInputs) -> dict[str, Any]:
     """Parameters, tokens, throughput and MFU of the first seed's main runs."""
     summaries = inputs.summaries
-    # One peak for both rows: the start-up matmul measurement is noisy on a shared machine.
+    # One peak for every row: the start-up matmul measurement is noisy on a shared machine.
     peak = max(s["peak_flops"] for s in summaries.values())
     report.table(
         Table(
@@ -273,9 +308,10 @@ def training_section(report: Report, inputs: ReportInputs) -> dict[str, Any]:
                 for k, s in summaries.items()
             ],
             note=f"MFU (a percentage, as the progress bar shows it; metrics.jsonl keeps the "
-            f"fraction) against one peak of {peak / 1e12:.3g} TFLOP/s for both rows "
-            f"({summaries['ar']['peak_flops_source']}); FLOPs by the config count "
-            "(6N + attention), the same formula for both objectives.",
+            f"fraction) against one peak of {peak / 1e12:.3g} TFLOP/s for "
+            f"{every(tuple(summaries))} rows ({summaries['ar']['peak_flops_source']}); FLOPs by "
+            "the config count (6N + attention), the same formula for "
+            f"{every(tuple(summaries))} objectives.",
         )
     )
     return {"training": summaries}

@@ -3,6 +3,8 @@ floor, their judged quality, and the side-by-side and infilling examples."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -12,11 +14,13 @@ import torch
 from tqdm.auto import tqdm
 
 from arlm.generate import ARGenerator, GenerationConfig
+from dllm.block_generate import grid_blocks
 from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.strategies import Ancestral, FixedCount, Threshold
+from dllm.uniform_generate import UniformSamplerConfig
 from eval.experiments.compare_curves import sampling_checkpoint
-from eval.experiments.compare_settings import CompareSettings, headline_sets
+from eval.experiments.compare_settings import CompareSettings, diffusion_families, headline_sets
 from eval.experiments.stages import load, reference_texts, training_rows, validation_rows
 from eval.quality import diversity_report, load_judge, mauve_score
 from shared.checkpoint import load_model_from_checkpoint
@@ -70,7 +74,9 @@ def unigram_samples(out: Path, settings: CompareSettings) -> dict[str, Any]:
 
 def generation_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
     """Unconditional samples for every setting; texts, ids, NFE, time and FLOPs per token."""
-    sets = ar_sample_sets(out, settings) | diffusion_sample_sets(out, settings)
+    sets = ar_sample_sets(out, settings)
+    for family in diffusion_families(settings):
+        sets |= diffusion_sample_sets(out, settings, family)
     sets["unigram model"] = unigram_samples(out, settings)
     for entry in sets.values():
         entry["samples"] = len(entry["texts"])
@@ -112,59 +118,111 @@ def ar_sample_sets(out: Path, settings: CompareSettings) -> dict[str, dict[str, 
     return sets
 
 
-def diffusion_sampler_configs(settings: CompareSettings) -> list[tuple[str, SamplerConfig, float]]:
-    """(name, sampler, temperature) of every MDM setting: ancestral and fixed-count
-    low-confidence at each step count, a confidence threshold, and the temperature sweep at the
-    middle step count."""
-    configs: list[tuple[str, SamplerConfig, float]] = []
+# (set name, sampler, temperature, sampler label) of one diffusion sample set
+SamplerSetting = tuple[str, "SamplerConfig | UniformSamplerConfig", float, str]
+
+
+def diffusion_sampler_configs(
+    settings: CompareSettings, family: str = "mdm"
+) -> list[SamplerSetting]:
+    """Every sample set of one diffusion family. Masked families (mdm, bd): ancestral and
+    fixed-count low-confidence at each step count, a confidence threshold. Uniform-state (udm):
+    ancestral at each step count and the same with a greedy last step (remasking and thresholds
+    rank [MASK] positions, which a udm canvas does not have). Both: the temperature sweep of the
+    ancestral sampler at the middle step count."""
+    ancestral = uniform_ancestral if family == "udm" else masked_ancestral
+    configs: list[SamplerSetting] = []
     for steps in settings.diffusion_steps:
-        configs.append((f"mdm ancestral {steps} steps", SamplerConfig(Ancestral(steps)), 1.0))
-        configs.append(
-            (
-                f"mdm fixed low-conf {steps} steps",
-                SamplerConfig(FixedCount(steps, "low_confidence")),
-                1.0,
-            )
-        )
-    configs.append(("mdm threshold 0.9", SamplerConfig(Threshold(0.9)), 1.0))
+        configs.append((f"{family} ancestral {steps} steps", ancestral(steps, 1.0), 1.0, ""))
+        if family == "udm":
+            greedy_tail = UniformSamplerConfig(steps, greedy_tail=True)
+            configs.append((f"udm greedy-tail {steps} steps", greedy_tail, 1.0, "greedy-tail"))
+        else:
+            fixed = SamplerConfig(FixedCount(steps, "low_confidence"))
+            configs.append((f"{family} fixed low-conf {steps} steps", fixed, 1.0, ""))
+    if family != "udm":
+        threshold = SamplerConfig(Threshold(0.9))
+        configs.append((f"{family} threshold 0.9", threshold, 1.0, ""))
     middle = settings.diffusion_steps[len(settings.diffusion_steps) // 2]
     for temperature in settings.temperatures:
         if temperature != 1.0:
-            configs.append(
-                (
-                    f"mdm ancestral {middle} steps T={temperature:g}",
-                    SamplerConfig(
-                        Ancestral(middle), sampling=SamplingConfig(temperature=temperature)
-                    ),
-                    temperature,
-                )
-            )
+            name = f"{family} ancestral {middle} steps T={temperature:g}"
+            configs.append((name, ancestral(middle, temperature), temperature, ""))
     return configs
 
 
-def diffusion_sample_sets(out: Path, settings: CompareSettings) -> dict[str, dict[str, Any]]:
-    """The MDM's samples under every setting of ``diffusion_sampler_configs``."""
+def masked_ancestral(steps: int, temperature: float) -> SamplerConfig:
+    if temperature == 1.0:
+        return SamplerConfig(Ancestral(steps))
+    return SamplerConfig(Ancestral(steps), sampling=SamplingConfig(temperature=temperature))
+
+
+def uniform_ancestral(steps: int, temperature: float) -> UniformSamplerConfig:
+    return UniformSamplerConfig(steps, sampling=SamplingConfig(temperature=temperature))
+
+
+def example_sampler(family: str, steps: int) -> SamplerConfig | UniformSamplerConfig:
+    """The examples' sampler: ancestral at the most steps, temperature 0.8."""
+    if family == "udm":
+        return uniform_ancestral(steps, 0.8)
+    return SamplerConfig(Ancestral(steps), sampling=SamplingConfig(temperature=0.8))
+
+
+def sampler_label(config: SamplerConfig | UniformSamplerConfig, label: str) -> str:
+    """The sampler's name in the report: the masked strategy's, "ancestral" for udm's."""
+    if label:
+        return label
+    return "ancestral" if isinstance(config, UniformSamplerConfig) else config.strategy.name
+
+
+def sampler_steps(config: SamplerConfig | UniformSamplerConfig) -> int | None:
+    if isinstance(config, UniformSamplerConfig):
+        return config.steps
+    return getattr(config.strategy, "steps", None)
+
+
+def fit_to_blocks(
+    config: SamplerConfig | UniformSamplerConfig, engine: DiffusionGenerator, canvas
+) -> SamplerConfig | UniformSamplerConfig:
+    """A block diffusion sampler gives every block of the canvas the same number of steps:
+    round a step count up to a multiple of the blocks (the report's steps column says how many
+    ran). Other families' samplers unchanged."""
+    steps = sampler_steps(config)
+    if engine.block_size is None or steps is None:
+        return config
+    blocks = len(grid_blocks(canvas.region, engine.block_size, canvas.length))
+    if steps % blocks == 0:
+        return config
+    rounded = blocks * math.ceil(steps / blocks)
+    return dataclasses.replace(config, strategy=dataclasses.replace(config.strategy, steps=rounded))
+
+
+def diffusion_sample_sets(
+    out: Path, settings: CompareSettings, family: str = "mdm"
+) -> dict[str, dict[str, Any]]:
+    """One diffusion family's samples under every setting of ``diffusion_sampler_configs``."""
     sets: dict[str, dict[str, Any]] = {}
     length = settings.gen_length
-    mdm = DiffusionGenerator(*load_for_sampling(out, "mdm"))
-    mdm_flops = forward_flops_per_token(mdm.state["model_config"], 1 + length)
-    configs = diffusion_sampler_configs(settings)
-    for name, config, temperature in tqdm(configs, desc="diffusion samplers", leave=False):
-        canvas = mdm.prompt_canvas([[]] * sample_count(name, settings), length)
+    engine = DiffusionGenerator(*load_for_sampling(out, family))
+    flops = forward_flops_per_token(engine.state["model_config"], 1 + length)
+    configs = diffusion_sampler_configs(settings, family)
+    for name, config, temperature, label in tqdm(configs, desc=f"{family} samplers", leave=False):
+        canvas = engine.prompt_canvas([[]] * sample_count(name, settings), length)
+        config = fit_to_blocks(config, engine, canvas)
         start = time.perf_counter()
-        result = mdm.fill(canvas, config, seed=0, eos="stop")
+        result = engine.fill(canvas, config, seed=0, eos="stop")
         elapsed = time.perf_counter() - start
         sets[name] = {
-            "objective": "mdm",
-            "sampler": config.strategy.name,
+            "objective": family,
+            "sampler": sampler_label(config, label),
             "temperature": temperature,
-            "steps": getattr(config.strategy, "steps", None),
+            "steps": sampler_steps(config),
             "nfe": result.nfe,
             "seconds": elapsed,
             "texts": result.texts,
             "ids": result.tokens,
             # Every evaluation processes the whole canvas; spread over the generated tokens.
-            "flops_per_token": result.nfe * canvas.length * mdm_flops / length,
+            "flops_per_token": result.nfe * canvas.length * flops / length,
             "approximate": result.approximate,
         }
     return sets
@@ -205,59 +263,81 @@ def quality_stage(out: Path, sets: dict[str, Any], settings: CompareSettings) ->
 
 
 def examples_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
-    """Side-by-side continuations of the same prompts, and one infilling example."""
+    """Side-by-side continuations of the same prompts by every model, and one infilling example
+    (a prefix and a suffix kept, the middle generated) for every diffusion family that sees the
+    suffix (mdm, udm)."""
     ar_model, tokenizer, state = load_for_sampling(out, "ar")
-    mdm = DiffusionGenerator(*load_for_sampling(out, "mdm"))
+    families = diffusion_families(settings)
+    engines = {name: DiffusionGenerator(*load_for_sampling(out, name)) for name in families}
     rows = validation_rows(state, tokenizer)
     k, length = settings.prompt_tokens, settings.gen_length
     step = max(1, len(rows) // max(settings.prompts, 1))
     prompts = [rows[i * step][1 : 1 + k].tolist() for i in range(settings.prompts)]
     engine = ARGenerator(ar_model, tokenizer)
     start = time.perf_counter()
-    ar = engine.generate(
-        [[tokenizer.eos_id, *p] for p in prompts],
-        GenerationConfig(
-            max_new_tokens=length, stop_on_eos=False, sampling=SamplingConfig(temperature=0.8)
-        ),
-        seed=0,
-    )
-    ar_seconds = time.perf_counter() - start
+    ar = engine.generate([[tokenizer.eos_id, *p] for p in prompts], ar_sampler(length), seed=0)
+    seconds = {"ar": time.perf_counter() - start}
     steps = settings.diffusion_steps[-1]
-    sampler = SamplerConfig(Ancestral(steps), sampling=SamplingConfig(temperature=0.8))
-    start = time.perf_counter()
-    continued = mdm.generate(prompts, length, sampler, seed=0, eos="stop")
-    mdm_seconds = time.perf_counter() - start
+    continued, used_steps = {}, {}
+    for name, diffusion in engines.items():
+        canvas = diffusion.prompt_canvas(prompts, length)
+        sampler = fit_to_blocks(example_sampler(name, steps), diffusion, canvas)
+        start = time.perf_counter()
+        continued[name] = diffusion.fill(canvas, sampler, seed=0, eos="stop")
+        seconds[name] = time.perf_counter() - start
+        used_steps[name] = sampler_steps(sampler)
     side_by_side = [
-        {"prompt": tokenizer.decode(p), "ar": ar.texts[i], "mdm": continued.texts[i]}
+        {"prompt": tokenizer.decode(p), "ar": ar.texts[i]}
+        | {name: result.texts[i] for name, result in continued.items()}
         for i, p in enumerate(prompts)
     ]
-    # Infilling: keep a prefix and a suffix of a held-out row, mask the middle.
     row = rows[min(len(rows) - 1, step // 2)]
-    middle = min(length, max(4, (len(row) - 1) // 2))
+    return {
+        "side_by_side": side_by_side,
+        **{f"{name}_seconds_per_sample": s / len(prompts) for name, s in seconds.items()},
+        "ar_nfe": ar.forward_passes,
+        **{f"{name}_nfe": result.nfe for name, result in continued.items()},
+        **{f"{name}_steps": used for name, used in used_steps.items()},
+        "infill": infill_example(row, engine, engines, tokenizer, settings),
+    }
+
+
+def ar_sampler(length: int) -> GenerationConfig:
+    """The examples' AR decoding: ``length`` tokens at temperature 0.8."""
+    return GenerationConfig(
+        max_new_tokens=length, stop_on_eos=False, sampling=SamplingConfig(temperature=0.8)
+    )
+
+
+def infill_example(
+    row: np.ndarray,
+    engine: ARGenerator,
+    engines: dict[str, DiffusionGenerator],
+    tokenizer,
+    settings: CompareSettings,
+) -> dict[str, str]:
+    """Keep a prefix and a suffix of a held-out row and generate the middle: with every
+    diffusion family that sees the suffix, and with the AR model from the prefix alone."""
+    k, steps = settings.prompt_tokens, settings.diffusion_steps[-1]
+    middle = min(settings.gen_length, max(4, (len(row) - 1) // 2))
     prefix, suffix = row[1 : 1 + k].tolist(), row[1 + k + middle : 1 + 2 * k + middle].tolist()
     fixed = {1 + i: t for i, t in enumerate(prefix)}
     fixed |= {1 + k + middle + j: t for j, t in enumerate(suffix)}
-    infill = mdm.infill_canvas(1 + 2 * k + middle if suffix else 1 + k + middle, fixed)
-    filled = mdm.fill(infill, sampler, seed=0, eos="none").raw
-    ar_prefix_only = engine.generate(
-        [[tokenizer.eos_id, *prefix]],
-        GenerationConfig(
-            max_new_tokens=middle, stop_on_eos=False, sampling=SamplingConfig(temperature=0.8)
-        ),
-        seed=0,
-    )
+    middles = {}
+    for name, diffusion in engines.items():
+        if name == "bd":  # block-causal: a block never sees the blocks after it (the suffix)
+            continue
+        infill = diffusion.infill_canvas(1 + 2 * k + middle if suffix else 1 + k + middle, fixed)
+        sampler = fit_to_blocks(example_sampler(name, steps), diffusion, infill)
+        filled = diffusion.fill(infill, sampler, seed=0, eos="none").raw
+        middles[f"{name}_middle"] = tokenizer.decode(
+            filled.tokens[0, 1 + k : 1 + k + middle].tolist()
+        )
+    ar_prefix_only = engine.generate([[tokenizer.eos_id, *prefix]], ar_sampler(middle), seed=0)
     return {
-        "side_by_side": side_by_side,
-        "ar_seconds_per_sample": ar_seconds / len(prompts),
-        "mdm_seconds_per_sample": mdm_seconds / len(prompts),
-        "ar_nfe": ar.forward_passes,
-        "mdm_nfe": continued.nfe,
-        "mdm_steps": steps,
-        "infill": {
-            "prefix": tokenizer.decode(prefix),
-            "suffix": tokenizer.decode(suffix),
-            "original_middle": tokenizer.decode(row[1 + k : 1 + k + middle].tolist()),
-            "mdm_middle": tokenizer.decode(filled.tokens[0, 1 + k : 1 + k + middle].tolist()),
-            "ar_prefix_only": ar_prefix_only.texts[0],
-        },
+        "prefix": tokenizer.decode(prefix),
+        "suffix": tokenizer.decode(suffix),
+        "original_middle": tokenizer.decode(row[1 + k : 1 + k + middle].tolist()),
+        **middles,
+        "ar_prefix_only": ar_prefix_only.texts[0],
     }

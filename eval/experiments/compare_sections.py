@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eval.experiments.compare_budgets import attention_pattern, multiplier_analysis, seed_folder
-from eval.experiments.compare_settings import CompareSettings
+from eval.experiments.compare_budgets import attention_pattern, family_analyses, seed_folder
+from eval.experiments.compare_settings import CompareSettings, diffusion_families
 from eval.report import Report, Table, frontier_figure
 
 
@@ -42,11 +42,18 @@ class ReportInputs:
     main: Path = field(init=False)
     summaries: dict[str, dict[str, Any]] = field(init=False)
     analysis: dict[str, Any] = field(init=False)
+    analyses: dict[str, dict[str, Any]] = field(init=False)
 
     def __post_init__(self) -> None:
         self.main = seed_folder(self.out, self.settings.seeds[0])
         self.summaries = self.runs[self.settings.seeds[0]]["summaries"]
-        self.analysis = multiplier_analysis(self.runs, self.unigram, self.settings)
+        self.analyses = family_analyses(self.runs, self.unigram, self.settings)
+        # the first diffusion family's: the headline multiplier (the MDM's by default)
+        self.analysis = self.analyses[self.families[0]]
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        return diffusion_families(self.settings)
 
     @property
     def attention(self) -> dict[str, str]:
@@ -138,12 +145,15 @@ def frontier_section(report: Report, inputs: ReportInputs) -> dict[str, Any]:
         if entry["objective"] == "unigram":
             continue  # a floor, not a sampler: it is in the table
         if entry["temperature"] == 1.0:
-            label = "AR (KV cache)" if entry["objective"] == "ar" else f"MDM {entry['sampler']}"
+            family = entry["objective"].upper()
+            label = "AR (KV cache)" if family == "AR" else f"{family} {entry['sampler']}"
             nfe_curves.setdefault(label, []).append((entry["nfe"], judged["judge_ppl"]))
         if entry["objective"] == "ar" or (
             entry["sampler"] == "ancestral" and entry["steps"] == middle
         ):
-            label = "AR" if entry["objective"] == "ar" else "MDM ancestral"
+            label = (
+                "AR" if entry["objective"] == "ar" else f"{entry['objective'].upper()} ancestral"
+            )
             point = (judged["unigram_entropy"], judged["judge_ppl"])
             entropy_curves.setdefault(label, []).append(point)
     frontier_plot(
@@ -179,29 +189,44 @@ def frontier_plot(
 
 
 def examples_section(report: Report, inputs: ReportInputs) -> dict[str, Any]:
-    """The same prompts through both models, and the infilling example."""
-    examples = inputs.examples
-    lines = ["### Same prompts, both models", ""]
+    """The same prompts through every model, and the infilling example of each diffusion
+    family."""
+    examples, families = inputs.examples, inputs.families
+    lines = [f"### Same prompts, {every(inputs.settings.objectives)} models", ""]
     for item in examples["side_by_side"]:
-        lines += [
-            f"- **prompt**: {item['prompt']!r}",
-            f"  - **AR**: {item['ar']!r}",
-            f"  - **MDM**: {item['mdm']!r}",
-        ]
+        lines += [f"- **prompt**: {item['prompt']!r}", f"  - **AR**: {item['ar']!r}"]
+        lines += [f"  - **{name.upper()}**: {item[name]!r}" for name in families]
     infill = examples["infill"]
+    costs = [
+        f"{name.upper()} ancestral {examples[f'{name}_steps']} steps: "
+        f"{examples[f'{name}_seconds_per_sample']:.2f} s/sample ({examples[f'{name}_nfe']} NFE)"
+        for name in families
+    ]
     lines += [
         "",
         f"AR: {examples['ar_seconds_per_sample']:.2f} s/sample ({examples['ar_nfe']} forwards "
-        f"per batch); MDM ancestral {examples['mdm_steps']} steps: "
-        f"{examples['mdm_seconds_per_sample']:.2f} s/sample ({examples['mdm_nfe']} NFE).",
-        "",
-        "### Infilling (only the MDM can condition on a suffix)",
-        "",
-        f"- prefix: {infill['prefix']!r}",
-        f"- suffix: {infill['suffix']!r}",
-        f"- original middle: {infill['original_middle']!r}",
-        f"- **MDM middle** (sees prefix and suffix): {infill['mdm_middle']!r}",
-        f"- AR continuation (prefix only): {infill['ar_prefix_only']!r}",
+        "per batch); " + "; ".join(costs) + ".",
     ]
+    infilled = [name for name in families if f"{name}_middle" in infill]
+    if infilled:
+        who = " and ".join(f"the {name.upper()}" for name in infilled)
+        lines += [
+            "",
+            f"### Infilling (only {who} can condition on a suffix)",
+            "",
+            f"- prefix: {infill['prefix']!r}",
+            f"- suffix: {infill['suffix']!r}",
+            f"- original middle: {infill['original_middle']!r}",
+        ]
+        lines += [
+            f"- **{name.upper()} middle** (sees prefix and suffix): {infill[f'{name}_middle']!r}"
+            for name in infilled
+        ]
+        lines.append(f"- AR continuation (prefix only): {infill['ar_prefix_only']!r}")
     report.text("\n".join(lines))
     return {"examples": examples, "wall_seconds": inputs.wall_seconds}
+
+
+def every(objectives: tuple[str, ...]) -> str:
+    """ "both" for two objectives, "all N" for more."""
+    return "both" if len(objectives) == 2 else f"all {len(objectives)}"
