@@ -192,7 +192,8 @@ def headline_section(report: Report, inputs: ReportInputs) -> dict[str, Any]:
         + "; ".join(bounds)
         + f" after {inputs.summaries['ar']['tokens_seen']:,} training tokens each"
         f"{schedule_note(inputs.summaries)} "
-        "(published: about 1.2-1.3 at large compute, larger at small compute). Over "
+        + ("(published" if inputs.families == ("mdm",) else "(published for the MDM")
+        + ": about 1.2-1.3 at large compute, larger at small compute). Over "
         f"{len(settings.seeds)} training seed(s) the paired "
         + ", the paired ".join(gaps)
         + " (one fixed noise draw per row).\n\n"
