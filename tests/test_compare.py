@@ -18,6 +18,11 @@ def smoke(tmp_path_factory):
     return out, args
 
 
+def forced(args):
+    """The smoke job redone from scratch, shorter: 60 steps of seed 5 (budget points 15, 30, 60)."""
+    return [*args, "--force", "--max-steps", "60", "--no-mauve", "--seed", "5"]
+
+
 def finite_numbers(value, path="report"):
     """Every number inside a JSON value, with where it sits."""
     if isinstance(value, bool) or value is None or isinstance(value, str):
@@ -113,8 +118,7 @@ def test_rerun_reuses_every_stage_and_force_redoes_them(smoke, capsys):
     assert checkpoint.stat().st_mtime_ns == before
     assert {p.name: p.stat().st_mtime_ns for p in (out / "stages").glob("*.json")} == stage_times
 
-    forced = [*args, "--force", "--max-steps", "60", "--no-mauve", "--seed", "5"]
-    assert compare.main(forced) == 0
+    assert compare.main(forced(args)) == 0
     printed = capsys.readouterr().out
     assert "reusing" not in printed
     ar = json.loads((out / "seed-5" / "ar" / "final.json").read_text())
@@ -122,6 +126,56 @@ def test_rerun_reuses_every_stage_and_force_redoes_them(smoke, capsys):
     # the report records the training seed the runs used (train.py's --seed passes through)
     report = json.loads((out / "report.json").read_text())
     assert report["provenance"]["seeds"] == {"train": 5, "sampling": 0, "budget_seeds": [5]}
+
+
+def test_a_third_family_trains_at_the_same_budget_points_and_has_every_row(smoke, capsys):
+    out, args = smoke
+    if not (out / "seed-5").is_dir():  # run alone: build the forced job the rerun test leaves
+        assert compare.main(forced(args)) == 0
+    capsys.readouterr()
+    three = [flag for flag in forced(args) if flag != "--force"]
+    assert compare.main([*three, "--objectives", "ar,mdm,udm"]) == 0
+    printed = capsys.readouterr().out
+    # the AR and MDM runs (trunks and branches) are the forced job's: only the UDM trains
+    assert printed.count("reusing the finished run") == 2
+    assert printed.count("reusing the finished branch") == 4
+    assert "UDM" in printed and "(NELBO)" in printed
+    data = json.loads((out / "report.json").read_text())
+    results = data["results"]
+    for where, number in finite_numbers(results):
+        assert math.isfinite(number), where
+    assert data["config"]["settings"]["objectives"] == ["ar", "mdm", "udm"]
+    points = results["budgets"]["points"]["5"]
+    assert list(points) == ["ar", "mdm", "udm"]
+    assert {name: [p["steps"] for p in points[name]] for name in points} == {
+        name: [15, 30, 60] for name in ("ar", "mdm", "udm")
+    }
+    training = results["training"]
+    assert training["udm"]["tokens_seen"] == training["ar"]["tokens_seen"]
+    rows = results["likelihood"]["Validation likelihood (same rows, same protocol)"]
+    assert rows["UDM"]["kind"].startswith("nelbo") and rows["AR"]["kind"].startswith("exact")
+    assert rows["UDM"]["tokens"] == rows["AR"]["tokens"] and rows["UDM"]["bits_per_byte"] > 0
+    assert set(results["perplexity_ratios"]) == {"mdm", "udm"}
+    assert set(results["budgets"]["analyses"]) == {"mdm", "udm"}
+    sets = results["generation"]
+    udm = {name for name in sets if name.startswith("udm")}
+    assert udm == {
+        "udm ancestral 4 steps",
+        "udm greedy-tail 4 steps",
+        "udm ancestral 24 steps",
+        "udm greedy-tail 24 steps",
+        "udm ancestral 24 steps T=0.8",
+    }
+    assert set(results["quality"]["sets"]) == set(sets)
+    assert all(results["quality"]["sets"][name]["judge_ppl"] > 1 for name in udm)
+    examples = results["examples"]
+    assert all(item["udm"] for item in examples["side_by_side"])
+    assert examples["infill"]["udm_middle"] and examples["udm_nfe"] == 24
+    markdown = (out / "report.md").read_text()
+    assert markdown.startswith("# AR vs diffusion (MDM, UDM): preset `smoke`")
+    assert "M(L) = C_UDM(L) / C_AR(L)" in markdown and "| 5 | UDM | 60 |" in markdown
+    assert "| UDM | nelbo" in markdown and "**UDM middle**" in markdown
+    assert (out / "multiplier_curve_udm.png").stat().st_size > 1000
 
 
 def test_flops_budget_gives_the_mdm_the_ar_flops(tmp_path):

@@ -29,9 +29,13 @@ from eval.budgets import (
     past_plateau,
     seed_spread,
 )
-from eval.experiments.compare_settings import CompareSettings
+from eval.experiments.compare_settings import (
+    CompareSettings,
+    budget_fractions,
+    diffusion_families,
+    own_warmup,
+)
 from eval.experiments.stages import (
-    OBJECTIVES,
     JobStopped,
     check_equal_budgets,
     continue_refused,
@@ -82,13 +86,11 @@ def train_budget_points(
     """Train (or reuse) every seed's trunks and branches; returns, per seed, the trunks'
     summaries and each objective's budget points in step order."""
     total = main_steps(preset, overrides)
-    plan = {
-        "ar": budget_steps(total, settings.ar_budgets),
-        "mdm": budget_steps(total, settings.mdm_budgets),
-    }
+    objectives = settings.objectives
+    plan = {name: budget_steps(total, budget_fractions(settings, name)) for name in objectives}
     schedule = {"lr_schedule": "wsd", "cooldown_fraction": settings.cooldown_fraction}
-    warmups = own_warmups(settings)
-    for name in OBJECTIVES:
+    warmups = own_settings(settings)
+    for name in objectives:
         over = overrides | schedule | (own or {}).get(name, {}) | warmups.get(name, {})
         check_budgets({name: plan[name]}, resolve_config(preset, over)[1])
     results: dict[int, dict[str, Any]] = {}
@@ -98,13 +100,15 @@ def train_budget_points(
             name: (own or {}).get(name, {})
             | warmups.get(name, {})
             | {"branch_budgets": ",".join(str(b) for b in plan[name][:-1])}
-            for name in OBJECTIVES
+            for name in objectives
         }
         trunk_overrides = overrides | schedule | {"seed": seed}
-        summaries = train_both(preset, folder, trunk_overrides, budget, force, with_branches)
+        summaries = train_both(
+            preset, folder, trunk_overrides, budget, force, with_branches, objectives
+        )
         check_equal_budgets(summaries, budget)
         points = {}
-        for name in OBJECTIVES:
+        for name in objectives:
             branches = [
                 train_branch(folder / name, folder / "budgets" / f"{name}-{steps}", steps, force)
                 for steps in plan[name][:-1]
@@ -114,10 +118,16 @@ def train_budget_points(
     return results
 
 
-def own_warmups(settings: CompareSettings) -> dict[str, dict[str, int]]:
-    """The objectives that train with their own warmup instead of the preset's."""
-    steps = {"ar": settings.ar_warmup_steps, "mdm": settings.mdm_warmup_steps}
-    return {name: {"warmup_steps": value} for name, value in steps.items() if value}
+def own_settings(settings: CompareSettings) -> dict[str, dict[str, int]]:
+    """What an objective trains with instead of the preset's: its own warmup, and block
+    diffusion's block size."""
+    own: dict[str, dict[str, int]] = {}
+    for name in settings.objectives:
+        if own_warmup(settings, name):
+            own[name] = {"warmup_steps": own_warmup(settings, name)}
+        if name == "bd":
+            own[name] = own.get(name, {}) | {"block_size": settings.bd_block_size}
+    return own
 
 
 def check_budgets(plan: dict[str, list[int]], cfg: TrainConfig) -> None:
@@ -215,47 +225,32 @@ def attention_pattern(objective: str, window: int) -> str:
 
 
 def multiplier_analysis(
-    runs: dict[int, dict[str, Any]], unigram: float, settings: CompareSettings
+    runs: dict[int, dict[str, Any]],
+    unigram: float,
+    settings: CompareSettings,
+    family: str = "mdm",
 ) -> dict[str, Any]:
-    """Per seed: the points past the plateau, the headline loss and M there, M over the shared
-    loss range, the log-log exponents; over seeds: t-intervals of M, of both exponents and of
-    their paired difference, and of the paired final-loss difference."""
-    per_seed: dict[int, dict[str, Any]] = {}
-    for seed, run in runs.items():
-        frontier = {
-            name: [(p["flops"], p["loss"]) for p in run["points"][name]] for name in OBJECTIVES
-        }
-        kept = {
-            name: past_plateau(points, unigram, settings.plateau_margin)
-            for name, points in frontier.items()
-        }
-        level = headline_loss(settings.headline_rule, kept["ar"], kept["mdm"])
-        fits = {name: fit_log_log(points) for name, points in kept.items()}
-        fitted = None  # M at the headline level from the two log-log fits
-        if level is not None and fits["ar"] and fits["mdm"]:
-            fitted = fits["mdm"].flops_at(level) / fits["ar"].flops_at(level)
-        per_seed[seed] = {
-            "past_plateau": {name: len(points) for name, points in kept.items()},
-            "headline_loss": level,
-            "multiplier": None if level is None else multiplier_at(kept["ar"], kept["mdm"], level),
-            "fitted_multiplier": fitted,
-            "curve": multiplier_curve(kept["ar"], kept["mdm"]),
-            "exponents": {name: None if f is None else f.alpha for name, f in fits.items()},
-            "fits": {name: None if f is None else f.__dict__ for name, f in fits.items()},
-            "final_gap": frontier["mdm"][-1][1] - frontier["ar"][-1][1],
-        }
+    """M(L) of the diffusion ``family`` against AR. Per seed: the points past the plateau, the
+    headline loss and M there, M over the shared loss range, the log-log exponents; over seeds:
+    t-intervals of M, of both exponents and of their paired difference, and of the paired
+    final-loss difference."""
+    pair = ("ar", family)
+    per_seed = {seed: seed_analysis(run, unigram, settings, family) for seed, run in runs.items()}
     measured = [s["multiplier"] for s in per_seed.values() if s["multiplier"] is not None]
     exponents = {
         name: [s["exponents"][name] for s in per_seed.values() if s["exponents"][name]]
-        for name in OBJECTIVES
+        for name in pair
     }
     paired = [
-        s["exponents"]["mdm"] - s["exponents"]["ar"]
+        s["exponents"][family] - s["exponents"]["ar"]
         for s in per_seed.values()
-        if s["exponents"]["mdm"] and s["exponents"]["ar"]
+        if s["exponents"][family] and s["exponents"]["ar"]
     ]
     return {
-        "rule": HEADLINE_RULES[settings.headline_rule],
+        "family": family,
+        "rule": HEADLINE_RULES[settings.headline_rule].replace(
+            "the MDM's", f"the {family.upper()}'s"
+        ),
         "plateau_margin": settings.plateau_margin,
         "seeds": per_seed,
         "unmeasured_seeds": [seed for seed, s in per_seed.items() if s["multiplier"] is None],
@@ -269,6 +264,46 @@ def multiplier_analysis(
         "exponents": {name: spread_dict(seed_spread(v)) for name, v in exponents.items()},
         "exponent_difference": spread_dict(seed_spread(paired)),
         "final_gap": spread_dict(seed_spread([s["final_gap"] for s in per_seed.values()])),
+    }
+
+
+def seed_analysis(
+    run: dict[str, Any], unigram: float, settings: CompareSettings, family: str
+) -> dict[str, Any]:
+    """One seed's M(L) of ``family`` against AR: the points past the plateau, the headline loss
+    and M there (interpolated, and from the two log-log fits), M over the shared loss range,
+    the exponents, the final-loss difference."""
+    frontier = {
+        name: [(p["flops"], p["loss"]) for p in run["points"][name]] for name in ("ar", family)
+    }
+    kept = {
+        name: past_plateau(points, unigram, settings.plateau_margin)
+        for name, points in frontier.items()
+    }
+    level = headline_loss(settings.headline_rule, kept["ar"], kept[family])
+    fits = {name: fit_log_log(points) for name, points in kept.items()}
+    fitted = None  # M at the headline level from the two log-log fits
+    if level is not None and fits["ar"] and fits[family]:
+        fitted = fits[family].flops_at(level) / fits["ar"].flops_at(level)
+    return {
+        "past_plateau": {name: len(points) for name, points in kept.items()},
+        "headline_loss": level,
+        "multiplier": None if level is None else multiplier_at(kept["ar"], kept[family], level),
+        "fitted_multiplier": fitted,
+        "curve": multiplier_curve(kept["ar"], kept[family]),
+        "exponents": {name: None if f is None else f.alpha for name, f in fits.items()},
+        "fits": {name: None if f is None else f.__dict__ for name, f in fits.items()},
+        "final_gap": frontier[family][-1][1] - frontier["ar"][-1][1],
+    }
+
+
+def family_analyses(
+    runs: dict[int, dict[str, Any]], unigram: float, settings: CompareSettings
+) -> dict[str, dict[str, Any]]:
+    """``multiplier_analysis`` of every diffusion family of the comparison against AR."""
+    return {
+        family: multiplier_analysis(runs, unigram, settings, family)
+        for family in diffusion_families(settings)
     }
 
 

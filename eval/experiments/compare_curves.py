@@ -16,6 +16,7 @@ from shared.validation import standard_error
 # the compute of an AR model to reach the same validation loss.
 PUBLISHED_MULTIPLIER = 16.0
 Z95 = 1.959964
+COLOURS = {"ar": "tab:blue", "mdm": "tab:orange", "udm": "tab:green", "bd": "tab:red"}
 OVERFIT_TOLERANCE = 0.01  # final validation more than 1% above the best: say so
 
 
@@ -75,20 +76,102 @@ def budgets_section(
     unigram: float,
     windowed: bool,
     schedules: str = "",
+    analyses: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Add the budget frontiers, M(L), the headline multiplier with its interval over seeds and
-    the exponents to ``report``; returns what report.json keeps of them."""
-    seeds = list(runs)
-    headline = analysis["multiplier"]
-    published = (
-        "not comparable (windowed attention)"
-        if windowed
-        else f"{PUBLISHED_MULTIPLIER:.0f}x (Nie et al. 2024, SMDM; full attention)"
+    the exponents to ``report``; returns what report.json keeps of them. ``analyses``: one
+    ``multiplier_analysis`` per diffusion family (default: ``analysis``, the MDM's), each
+    against AR; ``analysis`` is the headline family's."""
+    analyses = analyses or {analysis.get("family", "mdm"): analysis}
+    alone = len(analyses) == 1
+    for index, (family, family_analysis) in enumerate(analyses.items()):
+        first = index == 0
+        report.text(
+            multiplier_text(
+                runs, family_analysis, unigram, windowed, schedules, family, first, alone
+            )
+        )
+    report.plot(
+        "budget_frontiers",
+        frontier_figure(runs, unigram),
+        "Validation loss at each budget (one run per budget), per seed",
     )
+    for index, (family, family_analysis) in enumerate(analyses.items()):
+        name = "multiplier_curve" if index == 0 else f"multiplier_curve_{family}"
+        caption = "M(L) per seed" if alone else f"M(L) of the {family.upper()} per seed"
+        report.plot(name, multiplier_figure(family_analysis, windowed, family), caption)
+    report.table(budget_points_table(runs, analysis, unigram))
+    for family, family_analysis in analyses.items():
+        multiplier_table(report, family_analysis, "" if alone else family)
+    return {
+        "points": {seed: run["points"] for seed, run in runs.items()},
+        "analysis": analysis,
+        "analyses": analyses,
+        "published_multiplier": None if windowed else PUBLISHED_MULTIPLIER,
+        "published_comparable": not windowed,
+    }
+
+
+def published_text(family: str, windowed: bool) -> str:
+    """The published multiplier the family's M is set beside: SMDM's, for masked diffusion at
+    full attention only."""
+    if family != "mdm":
+        return f"none for the {family.upper()} (SMDM's 16x is masked diffusion's)"
+    if windowed:
+        return "not comparable (windowed attention)"
+    return f"{PUBLISHED_MULTIPLIER:.0f}x (Nie et al. 2024, SMDM; full attention)"
+
+
+def multiplier_text(
+    runs: dict[int, dict[str, Any]],
+    analysis: dict[str, Any],
+    unigram: float,
+    windowed: bool,
+    schedules: str,
+    family: str = "mdm",
+    first: bool = True,
+    alone: bool = True,
+) -> str:
+    """The paragraph on one diffusion family's budgets against AR: how they were trained (the
+    first family's paragraph), the rule, the headline M, the published value, the exponents."""
+    name = family.upper()
     counts = "; ".join(
-        f"seed {seed}: AR {s['past_plateau']['ar']}, MDM {s['past_plateau']['mdm']}"
+        f"seed {seed}: AR {s['past_plateau']['ar']}, {name} {s['past_plateau'][family]}"
         for seed, s in analysis["seeds"].items()
     )
+    exponents = analysis["exponents"]
+    heading = "**Compute multiplier over budgets" + ("" if alone else f", {name} against AR")
+    intro = (
+        ".** Each objective is trained at several budgets, each "
+        "a run scheduled for its own length (warmup-stable-decay; the shorter budgets are "
+        "cooldown branches of the longest run), and validated on the whole split at its end"
+        + (f" (schedules: {schedules})" if schedules else "")
+        + ". "
+    )
+    return (
+        heading
+        + (intro if first else ".** ")
+        + f"M(L) = C_{name}(L) / C_AR(L) is read where both frontiers cover L, using only points "
+        f"more than {analysis['plateau_margin']:g} nats below the unigram entropy "
+        f"({unigram:.3f}); points past the plateau per seed: {counts}. Rule, fixed before the "
+        f"run: the headline is M at {analysis['rule']}. Headline: "
+        + headline_summary(list(runs), analysis, first)
+        + f". Published: {published_text(family, windowed)}. "
+        f"Log-log exponents (L ~ C^-alpha over the points past the plateau): AR "
+        + spread_text(exponents["ar"])
+        + f", {name} "
+        + spread_text(exponents[family])
+        + f"; paired {name} - AR difference "
+        + spread_text(analysis["exponent_difference"])
+        + " (0 is parallel scaling, a constant multiplier). M at the headline level from the two "
+        "fits instead of interpolation: " + spread_text(analysis["fitted_multiplier"]) + "."
+    )
+
+
+def headline_summary(seeds: list[int], analysis: dict[str, Any], first: bool = True) -> str:
+    """The headline M with its interval over seeds and each seed's value, or why it is not
+    measured; with one seed, how to get an interval (said once, in the first family's)."""
+    headline = analysis["multiplier"]
     if headline is None:
         summary = (
             "**not measured**: in no seed do both frontiers, past the plateau, cover the "
@@ -107,64 +190,53 @@ def budgets_section(
     if analysis["unmeasured_seeds"]:
         unmeasured = ", ".join(str(seed) for seed in analysis["unmeasured_seeds"])
         summary += f"; not measured at seed(s) {unmeasured}"
-    if len(seeds) == 1:
+    if len(seeds) == 1 and first:
         summary += (
             f". This run trained one seed ({seeds[0]}), so no interval covers training "
             "randomness: rerun with `--seeds 0,1,2` for one (each seed trains every budget point "
             "again; the demo's default is one seed because that is what fits its 15 minutes on a "
             "2-core CPU)"
         )
-    exponents = analysis["exponents"]
-    report.text(
-        "**Compute multiplier over budgets.** Each objective is trained at several budgets, each "
-        "a run scheduled for its own length (warmup-stable-decay; the shorter budgets are "
-        "cooldown branches of the longest run), and validated on the whole split at its end"
-        + (f" (schedules: {schedules})" if schedules else "")
-        + ". "
-        f"M(L) = C_MDM(L) / C_AR(L) is read where both frontiers cover L, using only points more "
-        f"than {analysis['plateau_margin']:g} nats below the unigram entropy ({unigram:.3f}); "
-        f"points past the plateau per seed: {counts}. Rule, fixed before the run: the headline "
-        f"is M at {analysis['rule']}. Headline: " + summary + f". Published: {published}. "
-        "Log-log exponents (L ~ C^-alpha over the points past the plateau): AR "
-        + spread_text(exponents["ar"])
-        + ", MDM "
-        + spread_text(exponents["mdm"])
-        + "; paired MDM - AR difference "
-        + spread_text(analysis["exponent_difference"])
-        + " (0 is parallel scaling, a constant multiplier). M at the headline level from the two "
-        "fits instead of interpolation: " + spread_text(analysis["fitted_multiplier"]) + "."
-    )
-    report.plot(
-        "budget_frontiers",
-        frontier_figure(runs, unigram),
-        "Validation loss at each budget (one run per budget), per seed",
-    )
-    report.plot("multiplier_curve", multiplier_figure(analysis, windowed), "M(L) per seed")
-    report.table(
-        Table(
-            "Budget points (final validation of each budget's run, whole split)",
-            ["seed", "model", "steps", "FLOPs", "nats/token", "95%", "bits/byte", "past plateau"],
+    return summary
+
+
+def budget_points_table(
+    runs: dict[int, dict[str, Any]], analysis: dict[str, Any], unigram: float
+) -> Table:
+    """Every budget point of every seed: its loss with an interval, and whether it is past the
+    plateau."""
+    families = [name.upper() for name in next(iter(runs.values()))["points"] if name != "ar"]
+    return Table(
+        "Budget points (final validation of each budget's run, whole split)",
+        ["seed", "model", "steps", "FLOPs", "nats/token", "95%", "bits/byte", "past plateau"],
+        [
             [
-                [
-                    seed,
-                    name.upper(),
-                    p["steps"],
-                    p["flops"],
-                    p["loss"],
-                    interval_text(p),
-                    p["bpb"],
-                    "yes" if p["loss"] < unigram - analysis["plateau_margin"] else "no",
-                ]
-                for seed in seeds
-                for name in ("ar", "mdm")
-                for p in runs[seed]["points"][name]
-            ],
-            note="MDM: NELBO with the run's fixed validation noise (an upper bound); AR: exact "
-            "NLL. The interval is over validation rows (and noise), within one training run.",
-        )
+                seed,
+                name.upper(),
+                p["steps"],
+                p["flops"],
+                p["loss"],
+                interval_text(p),
+                p["bpb"],
+                "yes" if p["loss"] < unigram - analysis["plateau_margin"] else "no",
+            ]
+            for seed in runs
+            for name in runs[seed]["points"]
+            for p in runs[seed]["points"][name]
+        ],
+        note=f"{', '.join(families)}: NELBO with the run's fixed validation noise (an upper "
+        "bound); AR: exact NLL. The interval is over validation rows (and noise), within one "
+        "training run.",
     )
+
+
+def multiplier_table(report: Report, analysis: dict[str, Any], family: str = "") -> None:
+    """M(L) per seed at evenly spaced losses, or a sentence saying it is read nowhere;
+    ``family`` names the diffusion family in the title (when there are several)."""
     grid = sorted({round(loss, 3) for s in analysis["seeds"].values() for loss, _ in s["curve"]})
     title = "M(L) per seed at evenly spaced losses of each seed's shared range"
+    if family:
+        title += f" ({family.upper()} against AR)"
     rows = [[seed, loss, m] for seed, s in analysis["seeds"].items() for loss, m in s["curve"]]
     if rows:
         report.table(
@@ -181,12 +253,6 @@ def budgets_section(
             f"**{title}:** none; in no seed do the two frontiers, past the plateau, share a "
             "range of losses, so M(L) is read nowhere."
         )
-    return {
-        "points": {seed: run["points"] for seed, run in runs.items()},
-        "analysis": analysis,
-        "published_multiplier": None if windowed else PUBLISHED_MULTIPLIER,
-        "published_comparable": not windowed,
-    }
 
 
 def spread_text(spread: dict[str, Any] | None) -> str:
@@ -209,19 +275,17 @@ def frontier_figure(runs: dict[int, dict[str, Any]], unigram: float):
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6, 4))
-    colours = {"ar": "tab:blue", "mdm": "tab:orange"}
     for index, run in enumerate(runs.values()):
-        for name, colour in colours.items():
-            points = run["points"][name]
+        for name, points in run["points"].items():
             axis.plot(
                 [p["flops"] for p in points],
                 [p["loss"] for p in points],
                 marker="o",
-                color=colour,
+                color=COLOURS.get(name, "tab:gray"),
                 alpha=0.9 if index == 0 else 0.35,
-                label=f"{name.upper()} (exact NLL)"
-                if name == "ar" and index == 0
-                else ("MDM (NELBO)" if index == 0 else None),
+                label=None
+                if index
+                else f"{name.upper()} " + ("(exact NLL)" if name == "ar" else "(NELBO)"),
             )
     axis.axhline(unigram, color="gray", linestyle="--", label="unigram entropy (plateau)")
     axis.set_xscale("log")
@@ -234,7 +298,7 @@ def frontier_figure(runs: dict[int, dict[str, Any]], unigram: float):
     return figure
 
 
-def multiplier_figure(analysis: dict[str, Any], windowed: bool):
+def multiplier_figure(analysis: dict[str, Any], windowed: bool, family: str = "mdm"):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -252,13 +316,14 @@ def multiplier_figure(analysis: dict[str, Any], windowed: bool):
             )
         if s["multiplier"] is not None:
             axis.plot([s["headline_loss"]], [s["multiplier"]], "k*", markersize=9)
-    if not windowed:
+    if not windowed and family == "mdm":
         axis.axhline(PUBLISHED_MULTIPLIER, color="gray", linestyle="--", label="published (SMDM)")
     axis.set_yscale("log")
     axis.invert_xaxis()
     axis.set_xlabel("validation loss L (nats/token; better to the right)")
-    axis.set_ylabel("C_MDM(L) / C_AR(L)")
+    axis.set_ylabel(f"C_{family.upper()}(L) / C_AR(L)")
     axis.set_title("Compute multiplier vs loss (stars: the headline level)")
     axis.grid(alpha=0.3, which="both")
-    axis.legend(fontsize=8)
+    if axis.get_legend_handles_labels()[0]:  # nothing measured and nothing published: no legend
+        axis.legend(fontsize=8)
     return figure

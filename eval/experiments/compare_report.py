@@ -4,36 +4,42 @@ quality table, the frontier plots and the examples, as ``report.md``/``report.js
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-from eval.experiments.compare_budgets import (
-    attention_pattern,
-    multiplier_analysis,
-    seed_folder,
-)
 from eval.experiments.compare_curves import budgets_section, sampling_checkpoint
+from eval.experiments.compare_sections import (
+    ReportInputs,
+    Section,
+    every,
+    examples_section,
+    frontier_section,
+    generation_section,
+    train_config,
+)
 from eval.experiments.compare_settings import CompareSettings, headline_sets
 from eval.experiments.stages import training_seed
-from eval.report import Report, Table, frontier_figure
+from eval.report import Report, Table
 
 
-def tuning_section(report: Report, tuning: dict[str, Any] | None) -> None:
+def tuning_section(
+    report: Report, tuning: dict[str, Any] | None, objectives: tuple[str, ...] = ("ar", "mdm")
+) -> None:
     """Where each model's learning rate came from, and the sweep's table when there was one."""
     if tuning is None:
         report.text(
-            "**Learning rates.** Not tuned in this run: both models use the preset's learning "
-            "rate (`--tune-lr` sweeps each objective's own)."
+            f"**Learning rates.** Not tuned in this run: {every(objectives)} models use the "
+            "preset's learning rate (`--tune-lr` sweeps each objective's own)."
         )
         return
     budget = ", ".join(f"{name}={value:g}" for name, value in tuning["budget"].items())
     report.text(
         "**Learning rates.** Each objective's own, chosen by a sweep of short runs "
         f"({budget} each) at {len(tuning['ar']['table'])} learning rates around the "
-        f"preset's {tuning['base_lr']:g}, on validation loss: AR {tuning['ar']['chosen']:.3g}, "
-        f"MDM {tuning['mdm']['chosen']:.3g}."
+        f"preset's {tuning['base_lr']:g}, on validation loss: "
+        + ", ".join(f"{name.upper()} {tuning[name]['chosen']:.3g}" for name in objectives)
+        + "."
     )
     rows = [
         [
@@ -42,7 +48,7 @@ def tuning_section(report: Report, tuning: dict[str, Any] | None) -> None:
             "diverged" if row["diverged"] else row["loss"],
             "chosen" if row["lr"] == tuning[name]["chosen"] else "",
         ]
-        for name in ("ar", "mdm")
+        for name in objectives
         for row in tuning[name]["table"]
     ]
     report.table(
@@ -54,20 +60,27 @@ def tuning_section(report: Report, tuning: dict[str, Any] | None) -> None:
     )
 
 
-def model_config(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / "config.json").read_text())["model_config"]
-
-
-def train_config(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / "config.json").read_text())["train_config"]
-
-
-def training_seeds(out: Path) -> dict[str, int]:
-    """{"train": seed} when both runs used one seed (the usual case), else one entry per run."""
-    seeds = {name: training_seed(out / name) for name in ("ar", "mdm")}
-    if seeds["ar"] == seeds["mdm"]:
+def training_seeds(out: Path, objectives: tuple[str, ...] = ("ar", "mdm")) -> dict[str, int]:
+    """{"train": seed} when every run used one seed (the usual case), else one entry per run."""
+    seeds = {name: training_seed(out / name) for name in objectives}
+    if len(set(seeds.values())) == 1:
         return {"train": seeds["ar"]}
     return {f"train_{name}": seed for name, seed in seeds.items()}
+
+
+# report.json's results, in this order (a section may add to an earlier section's entry)
+RESULT_KEYS = (
+    "likelihood_raw",
+    "generation",
+    "quality",
+    "examples",
+    "training",
+    "mdm_ar_perplexity_ratio",
+    "perplexity_ratios",
+    "budgets",
+    "tuning",
+    "wall_seconds",
+)
 
 
 def write_report(
@@ -84,101 +97,201 @@ def write_report(
     unigram: float,
     tuning: dict[str, Any] | None = None,
 ) -> dict[str, Path]:
-    main = seed_folder(out, settings.seeds[0])
-    summaries = runs[settings.seeds[0]]["summaries"]
-    attention = {
-        name: attention_pattern(
-            summary["objective"], model_config(main / name).get("sliding_window", 0)
-        )
-        for name, summary in summaries.items()
-    }
-    windowed = any(model_config(main / name).get("sliding_window", 0) for name in summaries)
-    report = Report(
-        f"AR vs masked diffusion: preset `{preset}`",
+    inputs = ReportInputs(
         out,
+        preset,
+        runs,
+        likelihood,
+        sets,
+        quality,
+        examples,
+        settings,
+        wall_seconds,
+        reused,
+        unigram,
+        tuning,
+    )
+    report = new_report(inputs)
+    kept: dict[str, Any] = {}
+    for section in SECTIONS:
+        for key, value in section(report, inputs).items():
+            if isinstance(value, dict) and isinstance(kept.get(key), dict):
+                kept[key] |= value
+            else:
+                kept[key] = value
+    report.results.update({key: kept[key] for key in RESULT_KEYS})
+    return report.write()
+
+
+def new_report(inputs: ReportInputs) -> Report:
+    """The empty report with its configuration and seeds."""
+    settings, summaries = inputs.settings, inputs.summaries
+    families = inputs.families
+    against = (
+        "masked diffusion"
+        if families == ("mdm",)
+        else "diffusion (" + ", ".join(name.upper() for name in families) + ")"
+    )
+    return Report(
+        f"AR vs {against}: preset `{inputs.preset}`",
+        inputs.out,
         config={
-            "preset": preset,
+            "preset": inputs.preset,
             "settings": dataclasses.asdict(settings),
             "training": {k: v["data"] | {"steps": v["step"]} for k, v in summaries.items()},
         },
-        seeds=training_seeds(main) | {"sampling": 0, "budget_seeds": list(settings.seeds)},
+        seeds=training_seeds(inputs.main, settings.objectives)
+        | {"sampling": 0, "budget_seeds": list(settings.seeds)},
     )
+
+
+def attention_section(report: Report, inputs: ReportInputs) -> dict[str, Any]:
+    """The first line: how each model attends (a window changes the backbone for all)."""
+    attention = inputs.attention
     report.text(
-        f"**Attention.** AR: {attention['ar']}; MDM: {attention['mdm']}."
+        "**Attention.** "
+        + "; ".join(f"{name.upper()}: {pattern}" for name, pattern in attention.items())
+        + "."
         + (
-            " Windowed attention changes the backbone for both objectives: the multiplier is "
-            "not comparable with published full-attention values."
-            if windowed
+            f" Windowed attention changes the backbone for {every(inputs.settings.objectives)} "
+            "objectives: the multiplier is not comparable with published full-attention values."
+            if inputs.windowed
             else ""
         )
     )
-    analysis = multiplier_analysis(runs, unigram, settings)
+    return {}
+
+
+def headline_section(report: Report, inputs: ReportInputs) -> dict[str, Any]:
+    """The likelihood and sample-quality headline paragraphs, and the wall time."""
+    settings, likelihood, quality = inputs.settings, inputs.likelihood, inputs.quality
     ar_l = likelihood["ar"]["estimates"]["nll"]
-    mdm_l = likelihood["mdm"]["estimates"]["nelbo"]
-    ratio = math.exp(mdm_l["nats_per_token"] - ar_l["nats_per_token"])
     exact_bytes = likelihood["ar"]["protocol"]["tokenizer"].get("bytes_exact", True)
     byte_note = "" if exact_bytes else " (approximate: the tokenizer normalizes text)"
-    ar_set, mdm_set = headline_sets(settings)
-    judged = {name: judge_text(quality["sets"][name]) for name in (ar_set, mdm_set)}
-    gap = analysis["final_gap"]
+    ratios, bounds, gaps = {}, [], []
+    for name in inputs.families:
+        nelbo, family = likelihood[name]["estimates"]["nelbo"], name.upper()
+        ratios[name] = math.exp(nelbo["nats_per_token"] - ar_l["nats_per_token"])
+        low, high = nelbo["nats_per_token_ci95"]
+        bounds.append(
+            f"the {family} at most {nelbo['bits_per_byte']:.4f} (NELBO, 95% interval of the "
+            f"per-token value [{low:.4f}, {high:.4f}] nats): {article(family)} {family}/AR "
+            f"perplexity ratio of at most **{ratios[name]:.2f}**"
+        )
+        gap = inputs.analyses[name]["final_gap"]["text"]
+        gaps.append(f"{family} - AR difference at the main budget is {gap} nats/token")
+    ar_set, *family_sets = headline_sets(settings)
+    judged = [
+        f"the {name.upper()}'s ({set_name}) {judge_text(quality['sets'][set_name])}"
+        for name, set_name in zip(inputs.families, family_sets, strict=True)
+    ]
     report.text(
         f"**Likelihood.** On the same {ar_l['tokens']:,} validation tokens the AR model of seed "
         f"{settings.seeds[0]} scores "
-        f"{ar_l['bits_per_byte']:.4f} bits/byte{byte_note} (exact NLL) and the MDM at most "
-        f"{mdm_l['bits_per_byte']:.4f} (NELBO, 95% interval of the per-token value "
-        f"[{mdm_l['nats_per_token_ci95'][0]:.4f}, {mdm_l['nats_per_token_ci95'][1]:.4f}] nats): "
-        f"an MDM/AR perplexity ratio of at most **{ratio:.2f}** after "
-        f"{summaries['ar']['tokens_seen']:,} training tokens each{schedule_note(summaries)} "
-        "(published: about 1.2-1.3 at large compute, larger at small compute). Over "
-        f"{len(settings.seeds)} training seed(s) the paired MDM - AR difference at the main "
-        f"budget is {gap['text']} nats/token (one fixed noise draw per row).\n\n"
+        f"{ar_l['bits_per_byte']:.4f} bits/byte{byte_note} (exact NLL) and "
+        + "; ".join(bounds)
+        + f" after {inputs.summaries['ar']['tokens_seen']:,} training tokens each"
+        f"{schedule_note(inputs.summaries)} "
+        + ("(published" if inputs.families == ("mdm",) else "(published for the MDM")
+        + ": about 1.2-1.3 at large compute, larger at small compute). Over "
+        f"{len(settings.seeds)} training seed(s) the paired "
+        + ", the paired ".join(gaps)
+        + " (one fixed noise draw per row).\n\n"
         f"**Samples.** The judge ({quality['judge']}) gives AR samples at temperature 1 a "
-        f"perplexity of {judged[ar_set]} and the MDM's ({mdm_set}) {judged[mdm_set]} (95% "
-        "intervals over the samples, of the first seed's models); held-out text scores "
+        f"perplexity of {judge_text(quality['sets'][ar_set])} and "
+        + ", ".join(judged)
+        + " (95% intervals over the samples, of the first seed's models); held-out text scores "
         f"{quality['reference']['judge_ppl']:.1f}. The frontier below shows what each diffusion "
-        "sampler buys per network evaluation. Wall time of this invocation: "
-        f"{wall_seconds / 60:.1f} min"
-        + (
-            f" (reused from an earlier run: {', '.join(reused)})."
-            if reused
-            else ", every stage computed."
-        )
+        "sampler buys per network evaluation. " + wall_time_text(inputs)
     )
-    trained = {name: train_config(main / name) for name in summaries}
+    return {"mdm_ar_perplexity_ratio": ratios.get("mdm"), "perplexity_ratios": ratios}
+
+
+def article(initialism: str) -> str:
+    """ "an" before an initialism read with a vowel sound (an MDM), else "a" (a UDM, a BD)."""
+    return "an" if initialism[0] in "AEFHILMNORSX" else "a"
+
+
+def wall_time_text(inputs: ReportInputs) -> str:
+    return f"Wall time of this invocation: {inputs.wall_seconds / 60:.1f} min" + (
+        f" (reused from an earlier run: {', '.join(inputs.reused)})."
+        if inputs.reused
+        else ", every stage computed."
+    )
+
+
+def schedules_text(inputs: ReportInputs) -> str:
+    """Each objective's warmup and peak learning rate, and the budgets' shared cooldown."""
+    trained = {name: train_config(inputs.main / name) for name in inputs.summaries}
     schedules = "; ".join(
         f"{name.upper()} warmup {cfg['warmup_steps']} steps, peak learning rate {cfg['lr']:g}"
         for name, cfg in trained.items()
     )
     cooldown = trained["ar"]["cooldown_fraction"]
-    schedules += (
+    return schedules + (
         f"; each budget cools down over its last {cooldown:.0%} of steps, linearly to "
         f"{trained['ar']['min_lr_ratio']:g}x"
     )
-    curves = budgets_section(report, runs, analysis, unigram, windowed, schedules)
-    curves["attention"] = attention
-    tuning_section(report, tuning)
-    sources = {name: sampling_checkpoint(main / name)[1] for name in ("ar", "mdm")}
+
+
+def compute_section(report: Report, inputs: ReportInputs) -> dict[str, Any]:
+    """The budget frontiers and M(L) (``budgets_section``)."""
+    curves = budgets_section(
+        report,
+        inputs.runs,
+        inputs.analysis,
+        inputs.unigram,
+        inputs.windowed,
+        schedules_text(inputs),
+        inputs.analyses,
+    )
+    return {"budgets": curves | {"attention": inputs.attention}}
+
+
+def learning_rate_section(report: Report, inputs: ReportInputs) -> dict[str, Any]:
+    tuning_section(report, inputs.tuning, inputs.settings.objectives)
+    return {"tuning": inputs.tuning}
+
+
+def sampling_source_section(report: Report, inputs: ReportInputs) -> dict[str, Any]:
+    """Which checkpoint each model's samples come from, said when it is not the final one."""
+    sources = {
+        name: sampling_checkpoint(inputs.main / name)[1] for name in inputs.settings.objectives
+    }
     if any(label != "final checkpoint" for label in sources.values()):
         report.text(
             "**Samples come from:** "
             + "; ".join(f"{name.upper()}: {label}" for name, label in sources.items())
             + "."
         )
-    curves["sampling_checkpoints"] = sources
-    rows = {
-        "AR": ar_l | {"protocol": likelihood["ar"]["protocol"]},
-        "MDM": mdm_l | {"protocol": likelihood["mdm"]["protocol"]},
-    }
-    if "chain_rule_nll" in likelihood["mdm"]["estimates"]:
-        chain = likelihood["mdm"]["estimates"]["chain_rule_nll"]
-        rows[f"MDM left-to-right (first {settings.chain_rule_rows} rows)"] = chain | {
-            "protocol": likelihood["mdm"]["protocol"]
+    return {"budgets": {"sampling_checkpoints": sources}}
+
+
+def likelihood_section(report: Report, inputs: ReportInputs) -> dict[str, Any]:
+    """Every model on the same validation rows (AR: exact NLL; each diffusion family: its NELBO,
+    an upper bound); the MDM's exact left-to-right NLL beside its NELBO on the first rows."""
+    likelihood, chain_rows = inputs.likelihood, inputs.settings.chain_rule_rows
+    rows = {"AR": likelihood["ar"]["estimates"]["nll"] | {"protocol": likelihood["ar"]["protocol"]}}
+    for name in inputs.families:
+        rows[name.upper()] = likelihood[name]["estimates"]["nelbo"] | {
+            "protocol": likelihood[name]["protocol"]
         }
-        rows[f"MDM NELBO (same {settings.chain_rule_rows} rows)"] = likelihood["mdm"]["estimates"][
+    mdm = likelihood.get("mdm", {"estimates": {}})
+    if "chain_rule_nll" in mdm["estimates"]:
+        rows[f"MDM left-to-right (first {chain_rows} rows)"] = mdm["estimates"][
+            "chain_rule_nll"
+        ] | {"protocol": mdm["protocol"]}
+        rows[f"MDM NELBO (same {chain_rows} rows)"] = mdm["estimates"][
             "nelbo_on_chain_rule_rows"
-        ] | {"protocol": likelihood["mdm"]["protocol"]}
+        ] | {"protocol": mdm["protocol"]}
     report.likelihood_table("Validation likelihood (same rows, same protocol)", rows)
-    # One peak for both rows: the start-up matmul measurement is noisy on a shared machine.
+    return {"likelihood_raw": likelihood}
+
+
+def training_section(report: Report, inputs: ReportInputs) -> dict[str, Any]:
+    """Parameters, tokens, throughput and MFU of the first seed's main runs."""
+    summaries = inputs.summaries
+    # One peak for every row: the start-up matmul measurement is noisy on a shared machine.
     peak = max(s["peak_flops"] for s in summaries.values())
     report.table(
         Table(
@@ -196,143 +309,27 @@ def write_report(
                 for k, s in summaries.items()
             ],
             note=f"MFU (a percentage, as the progress bar shows it; metrics.jsonl keeps the "
-            f"fraction) against one peak of {peak / 1e12:.3g} TFLOP/s for both rows "
-            f"({summaries['ar']['peak_flops_source']}); FLOPs by the config count "
-            "(6N + attention), the same formula for both objectives.",
+            f"fraction) against one peak of {peak / 1e12:.3g} TFLOP/s for "
+            f"{every(tuple(summaries))} rows ({summaries['ar']['peak_flops_source']}); FLOPs by "
+            "the config count (6N + attention), the same formula for "
+            f"{every(tuple(summaries))} objectives.",
         )
     )
-    quality_rows = []
-    for name, entry in sets.items():
-        q = quality["sets"][name]
-        quality_rows.append(
-            [
-                name,
-                entry["nfe"],
-                entry["nfe_per_token"],
-                entry["flops_per_token"],
-                entry["tokens_per_s"],
-                entry["seconds"] / entry["samples"],
-                q["judge_ppl"],
-                q["unigram_entropy"],
-                q["distinct_2"],
-                q["repetition_rate_4gram"],
-                q.get("mauve", "-"),
-            ]
-        )
-    quality_rows.append(
-        [
-            "held-out text",
-            "-",
-            "-",
-            "-",
-            "-",
-            "-",
-            quality["reference"]["judge_ppl"],
-            "-",
-            quality["reference"]["distinct_2"],
-            quality["reference"]["repetition_rate_4gram"],
-            "-",
-        ]
-    )
-    report.table(
-        Table(
-            f"Generation: unconditional samples x {settings.gen_length} tokens "
-            f"({settings.samples} per setting, {max(settings.samples, settings.headline_samples)} "
-            "for the headline settings)",
-            [
-                "setting",
-                "NFE",
-                "NFE/token",
-                "FLOPs/token",
-                "tokens/s",
-                "s/sample",
-                "judge ppl",
-                "unigram entropy",
-                "distinct-2",
-                "4-gram repetition",
-                "MAUVE",
-            ],
-            quality_rows,
-            note=f"Judge: {quality['judge']}. Entropy is per sample over model token ids; MAUVE "
-            "against held-out text of the same length (few samples: a noisy number).",
-        )
-    )
-    nfe_curves: dict[str, list[tuple[float, float]]] = {}
-    entropy_curves: dict[str, list[tuple[float, float]]] = {}
-    for name, entry in sets.items():
-        q = quality["sets"][name]
-        if entry["objective"] == "unigram":
-            continue  # a floor, not a sampler: it is in the table
-        if entry["temperature"] == 1.0:
-            label = "AR (KV cache)" if entry["objective"] == "ar" else f"MDM {entry['sampler']}"
-            nfe_curves.setdefault(label, []).append((entry["nfe"], q["judge_ppl"]))
-        if (
-            entry["objective"] == "ar"
-            or entry["sampler"] == "ancestral"
-            and (entry["steps"] == settings.diffusion_steps[len(settings.diffusion_steps) // 2])
-        ):
-            label = "AR" if entry["objective"] == "ar" else "MDM ancestral"
-            entropy_curves.setdefault(label, []).append((q["unigram_entropy"], q["judge_ppl"]))
-    report.plot(
-        "frontier_nfe",
-        frontier_figure(
-            nfe_curves,
-            xlabel="network evaluations per batch (NFE)",
-            ylabel="judge perplexity",
-            title="Quality vs inference compute",
-            logx=True,
-        ),
-        "Judge perplexity vs NFE",
-    )
-    report.plot(
-        "frontier_entropy",
-        frontier_figure(
-            entropy_curves,
-            xlabel="unigram entropy (nats)",
-            ylabel="judge perplexity",
-            title="Quality vs diversity (temperature sweep)",
-        ),
-        "Judge perplexity vs entropy under a temperature sweep",
-    )
-    lines = ["### Same prompts, both models", ""]
-    for item in examples["side_by_side"]:
-        lines += [
-            f"- **prompt**: {item['prompt']!r}",
-            f"  - **AR**: {item['ar']!r}",
-            f"  - **MDM**: {item['mdm']!r}",
-        ]
-    infill = examples["infill"]
-    lines += [
-        "",
-        f"AR: {examples['ar_seconds_per_sample']:.2f} s/sample ({examples['ar_nfe']} forwards "
-        f"per batch); MDM ancestral {examples['mdm_steps']} steps: "
-        f"{examples['mdm_seconds_per_sample']:.2f} s/sample ({examples['mdm_nfe']} NFE).",
-        "",
-        "### Infilling (only the MDM can condition on a suffix)",
-        "",
-        f"- prefix: {infill['prefix']!r}",
-        f"- suffix: {infill['suffix']!r}",
-        f"- original middle: {infill['original_middle']!r}",
-        f"- **MDM middle** (sees prefix and suffix): {infill['mdm_middle']!r}",
-        f"- AR continuation (prefix only): {infill['ar_prefix_only']!r}",
-    ]
-    report.text("\n".join(lines))
-    report.results.update(
-        {
-            "likelihood_raw": likelihood,
-            "generation": {
-                k: {key: v for key, v in e.items() if key not in ("ids",)} for k, e in sets.items()
-            },
-            "quality": quality,
-            "examples": examples,
-            "training": summaries,
-            "mdm_ar_perplexity_ratio": ratio,
-            "budgets": curves,
-            "tuning": tuning,
-            "wall_seconds": wall_seconds,
-        }
-    )
-    return report.write()
+    return {"training": summaries}
+
+
+SECTIONS: tuple[Section, ...] = (
+    attention_section,
+    headline_section,
+    compute_section,
+    learning_rate_section,
+    sampling_source_section,
+    likelihood_section,
+    training_section,
+    generation_section,
+    frontier_section,
+    examples_section,
+)
 
 
 def judge_text(row: dict[str, Any]) -> str:

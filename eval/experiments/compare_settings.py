@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from shared.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class CompareSettings:
@@ -41,6 +43,10 @@ class CompareSettings:
     # each objective's own warmup (0: the preset's), like its own tuned learning rate
     ar_warmup_steps: int = 0
     mdm_warmup_steps: int = 0
+    # the families trained and compared (--objectives): AR first, then the diffusion families,
+    # each measured against it; every diffusion family trains at the MDM's budgets and warmup
+    objectives: tuple[str, ...] = ("ar", "mdm")
+    bd_block_size: int = 16  # block diffusion's block size (it must divide seq_len)
 
 
 COMPARE_PRESETS = {
@@ -88,9 +94,56 @@ COMPARE_PRESETS = {
 }
 
 
-def headline_sets(settings: CompareSettings) -> tuple[str, str]:
-    """The two sample sets the report's headline quality numbers come from."""
-    return "ar T=1", f"mdm ancestral {settings.diffusion_steps[-1]} steps"
+# What --objectives may name: AR and the diffusion families the samplers here support.
+COMPARABLE = ("ar", "mdm", "bd", "udm")
+
+
+def diffusion_families(settings: CompareSettings) -> tuple[str, ...]:
+    """The diffusion families of the comparison, each measured against the AR model."""
+    return tuple(name for name in settings.objectives if name != "ar")
+
+
+def budget_fractions(settings: CompareSettings, objective: str) -> tuple[float, ...]:
+    return settings.ar_budgets if objective == "ar" else settings.mdm_budgets
+
+
+def own_warmup(settings: CompareSettings, objective: str) -> int:
+    """The objective's own warmup steps (0: the preset's)."""
+    return settings.ar_warmup_steps if objective == "ar" else settings.mdm_warmup_steps
+
+
+def objectives_asked(text: str) -> tuple[str, ...]:
+    """The families ``--objectives ar,mdm,udm`` names, AR first; refuses unknown or repeated
+    names, a list without AR (M(L) is each diffusion family against it) or without a diffusion
+    family."""
+    names = [part.strip() for part in text.split(",")]
+    unknown = [name for name in names if name not in COMPARABLE]
+    if unknown:
+        raise ConfigError(
+            f"--objectives {text!r}: unknown objective {unknown[0]!r}; choose from "
+            + ", ".join(COMPARABLE)
+        )
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ConfigError(f"--objectives {text!r} names {', '.join(repeated)} more than once")
+    if "ar" not in names:
+        raise ConfigError(
+            f"--objectives {text!r} has no ar: the compute multiplier M(L) measures each "
+            "diffusion family against the AR model; add ar (--objectives ar," + text + ")"
+        )
+    if len(names) == 1:
+        raise ConfigError(
+            f"--objectives {text!r} names no diffusion family to compare with AR: add mdm, bd "
+            "or udm"
+        )
+    return ("ar", *(name for name in names if name != "ar"))
+
+
+def headline_sets(settings: CompareSettings) -> tuple[str, ...]:
+    """The sample sets the report's headline quality numbers come from: AR at T=1, then each
+    diffusion family's ancestral sampler at the most steps."""
+    steps = settings.diffusion_steps[-1]
+    return ("ar T=1", *(f"{name} ancestral {steps} steps" for name in diffusion_families(settings)))
 
 
 def settings_for(preset: str, max_seq_len: int | None = None) -> CompareSettings:

@@ -243,13 +243,14 @@ def train_both(
     budget: str,
     force: bool,
     own: dict[str, dict[str, Any]] | None = None,
+    objectives: tuple[str, ...] = OBJECTIVES,
 ) -> dict[str, dict[str, Any]]:
-    """The AR and the MDM run of a comparison, under one token budget or, with ``budget ==
-    "flops"``, the MDM under the FLOPs the AR run spent; ``own`` holds settings of one
-    objective only (its tuned learning rate)."""
+    """The AR and the MDM run of a comparison (or every run of ``objectives``, AR first), under
+    one token budget or, with ``budget == "flops"``, each diffusion run under the FLOPs the AR
+    run spent; ``own`` holds settings of one objective only (its tuned learning rate)."""
     summaries = {}
     flops_budget: dict[str, Any] = {}
-    for objective in OBJECTIVES:
+    for objective in objectives:
         summaries[objective] = train_or_reuse(
             objective,
             out / objective,

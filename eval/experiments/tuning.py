@@ -31,6 +31,7 @@ def tune_learning_rates(
     factors: tuple[float, ...],
     fraction: float,
     force: bool,
+    objectives: tuple[str, ...] = OBJECTIVES,
 ) -> dict[str, Any]:
     """{objective: {"chosen": lr, "table": [...]}} over ``factors`` x the preset's learning
     rate; a run that diverges is labelled, never chosen."""
@@ -39,7 +40,7 @@ def tune_learning_rates(
     settings = {k: v for k, v in overrides.items() if k not in (*BUDGET_FIELDS, "lr")}
     settings |= short | {"curve_points": 0}
     results: dict[str, Any] = {"base_lr": cfg.lr, "budget": short}
-    for objective in OBJECTIVES:
+    for objective in objectives:
         losses: dict[float, float] = {}
         for factor in factors:
             lr = cfg.lr * factor

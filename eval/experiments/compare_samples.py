@@ -1,0 +1,343 @@
+"""The comparison's sampling stages: unconditional samples of every model and sampler, the unigram
+floor, their judged quality, and the side-by-side and infilling examples."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from arlm.generate import ARGenerator, GenerationConfig
+from dllm.block_generate import grid_blocks
+from dllm.generate import SamplerConfig
+from dllm.generator import DiffusionGenerator
+from dllm.strategies import Ancestral, FixedCount, Threshold
+from dllm.uniform_generate import UniformSamplerConfig
+from eval.experiments.compare_curves import sampling_checkpoint
+from eval.experiments.compare_settings import CompareSettings, diffusion_families, headline_sets
+from eval.experiments.stages import load, reference_texts, training_rows, validation_rows
+from eval.quality import diversity_report, load_judge, mauve_score
+from shared.checkpoint import load_model_from_checkpoint
+from shared.config import ModelConfig
+from shared.model import flops_per_token
+from shared.sampling import SamplingConfig, sample_categorical
+
+
+def forward_flops_per_token(config: dict[str, Any], context: int) -> float:
+    """Inference FLOPs per token position: a third of the training count (forward only)."""
+    return flops_per_token(ModelConfig.from_dict(config), context) / 3.0
+
+
+def load_for_sampling(out: Path, name: str):
+    """(model, tokenizer, state) of the checkpoint the run's samples come from (its best one if
+    it overfits: see ``sampling_checkpoint``)."""
+    return load_model_from_checkpoint(sampling_checkpoint(out / name)[0])
+
+
+def token_frequencies(tokenizer, state: dict[str, Any]) -> np.ndarray:
+    """Counts of each token id over a run's training loss positions, under its tokenizer: the
+    unigram model both runs must beat."""
+    targets = training_rows(state, tokenizer)[:, 1:]
+    return np.bincount(targets[targets != tokenizer.pad_id].ravel())
+
+
+def unigram_samples(out: Path, settings: CompareSettings) -> dict[str, Any]:
+    """Samples of the unigram model of the training split (float64 draws, seeded), judged like
+    the models' samples: the floor of the quality table."""
+    _, tokenizer, state = load(out, "ar")
+    counts = token_frequencies(tokenizer, state)
+    probs = torch.as_tensor(counts, dtype=torch.float64).expand(settings.samples, -1)
+    generator = torch.Generator().manual_seed(0)
+    start = time.perf_counter()
+    ids = torch.stack(
+        [sample_categorical(probs, generator) for _ in range(settings.gen_length)], dim=1
+    ).tolist()
+    return {
+        "objective": "unigram",
+        "sampler": "unigram (training-split frequencies)",
+        "temperature": 1.0,
+        "steps": None,
+        "nfe": 0,
+        "seconds": time.perf_counter() - start,
+        "texts": [tokenizer.decode(row) for row in ids],
+        "ids": ids,
+        "flops_per_token": 0.0,
+        "approximate": False,
+    }
+
+
+def generation_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
+    """Unconditional samples for every setting; texts, ids, NFE, time and FLOPs per token."""
+    sets = ar_sample_sets(out, settings)
+    for family in diffusion_families(settings):
+        sets |= diffusion_sample_sets(out, settings, family)
+    sets["unigram model"] = unigram_samples(out, settings)
+    for entry in sets.values():
+        entry["samples"] = len(entry["texts"])
+        entry["tokens_per_s"] = entry["samples"] * settings.gen_length / entry["seconds"]
+        entry["nfe_per_token"] = entry["nfe"] / settings.gen_length
+    return sets
+
+
+def ar_sample_sets(out: Path, settings: CompareSettings) -> dict[str, dict[str, Any]]:
+    """KV-cached AR decoding at every temperature of the sweep."""
+    sets: dict[str, dict[str, Any]] = {}
+    length = settings.gen_length
+    ar_model, tokenizer, ar_state = load_for_sampling(out, "ar")
+    engine = ARGenerator(ar_model, tokenizer)
+    ar_flops = forward_flops_per_token(ar_state["model_config"], 1 + length)
+    for temperature in tqdm(settings.temperatures, desc="AR decoding", leave=False):
+        config = GenerationConfig(
+            max_new_tokens=length,
+            stop_on_eos=False,
+            sampling=SamplingConfig(temperature=temperature),
+        )
+        name = f"ar T={temperature:g}"
+        count = sample_count(name, settings)
+        start = time.perf_counter()
+        result = engine.generate([[tokenizer.eos_id]] * count, config, seed=0)
+        elapsed = time.perf_counter() - start
+        sets[name] = {
+            "objective": "ar",
+            "sampler": "kv-cached ancestral",
+            "temperature": temperature,
+            "steps": length,
+            "nfe": result.forward_passes,
+            "seconds": elapsed,
+            "texts": result.texts,
+            "ids": result.tokens,
+            "flops_per_token": ar_flops,
+            "approximate": False,
+        }
+    return sets
+
+
+# (set name, sampler, temperature, sampler label) of one diffusion sample set
+SamplerSetting = tuple[str, "SamplerConfig | UniformSamplerConfig", float, str]
+
+
+def diffusion_sampler_configs(
+    settings: CompareSettings, family: str = "mdm"
+) -> list[SamplerSetting]:
+    """Every sample set of one diffusion family. Masked families (mdm, bd): ancestral and
+    fixed-count low-confidence at each step count, a confidence threshold. Uniform-state (udm):
+    ancestral at each step count and the same with a greedy last step (remasking and thresholds
+    rank [MASK] positions, which a udm canvas does not have). Both: the temperature sweep of the
+    ancestral sampler at the middle step count."""
+    ancestral = uniform_ancestral if family == "udm" else masked_ancestral
+    configs: list[SamplerSetting] = []
+    for steps in settings.diffusion_steps:
+        configs.append((f"{family} ancestral {steps} steps", ancestral(steps, 1.0), 1.0, ""))
+        if family == "udm":
+            greedy_tail = UniformSamplerConfig(steps, greedy_tail=True)
+            configs.append((f"udm greedy-tail {steps} steps", greedy_tail, 1.0, "greedy-tail"))
+        else:
+            fixed = SamplerConfig(FixedCount(steps, "low_confidence"))
+            configs.append((f"{family} fixed low-conf {steps} steps", fixed, 1.0, ""))
+    if family != "udm":
+        threshold = SamplerConfig(Threshold(0.9))
+        configs.append((f"{family} threshold 0.9", threshold, 1.0, ""))
+    middle = settings.diffusion_steps[len(settings.diffusion_steps) // 2]
+    for temperature in settings.temperatures:
+        if temperature != 1.0:
+            name = f"{family} ancestral {middle} steps T={temperature:g}"
+            configs.append((name, ancestral(middle, temperature), temperature, ""))
+    return configs
+
+
+def masked_ancestral(steps: int, temperature: float) -> SamplerConfig:
+    if temperature == 1.0:
+        return SamplerConfig(Ancestral(steps))
+    return SamplerConfig(Ancestral(steps), sampling=SamplingConfig(temperature=temperature))
+
+
+def uniform_ancestral(steps: int, temperature: float) -> UniformSamplerConfig:
+    return UniformSamplerConfig(steps, sampling=SamplingConfig(temperature=temperature))
+
+
+def example_sampler(family: str, steps: int) -> SamplerConfig | UniformSamplerConfig:
+    """The examples' sampler: ancestral at the most steps, temperature 0.8."""
+    if family == "udm":
+        return uniform_ancestral(steps, 0.8)
+    return SamplerConfig(Ancestral(steps), sampling=SamplingConfig(temperature=0.8))
+
+
+def sampler_label(config: SamplerConfig | UniformSamplerConfig, label: str) -> str:
+    """The sampler's name in the report: the masked strategy's, "ancestral" for udm's."""
+    if label:
+        return label
+    return "ancestral" if isinstance(config, UniformSamplerConfig) else config.strategy.name
+
+
+def sampler_steps(config: SamplerConfig | UniformSamplerConfig) -> int | None:
+    if isinstance(config, UniformSamplerConfig):
+        return config.steps
+    return getattr(config.strategy, "steps", None)
+
+
+def fit_to_blocks(
+    config: SamplerConfig | UniformSamplerConfig, engine: DiffusionGenerator, canvas
+) -> SamplerConfig | UniformSamplerConfig:
+    """A block diffusion sampler gives every block of the canvas the same number of steps:
+    round a step count up to a multiple of the blocks (the report's steps column says how many
+    ran). Other families' samplers unchanged."""
+    steps = sampler_steps(config)
+    if engine.block_size is None or steps is None:
+        return config
+    blocks = len(grid_blocks(canvas.region, engine.block_size, canvas.length))
+    if steps % blocks == 0:
+        return config
+    rounded = blocks * math.ceil(steps / blocks)
+    return dataclasses.replace(config, strategy=dataclasses.replace(config.strategy, steps=rounded))
+
+
+def diffusion_sample_sets(
+    out: Path, settings: CompareSettings, family: str = "mdm"
+) -> dict[str, dict[str, Any]]:
+    """One diffusion family's samples under every setting of ``diffusion_sampler_configs``."""
+    sets: dict[str, dict[str, Any]] = {}
+    length = settings.gen_length
+    engine = DiffusionGenerator(*load_for_sampling(out, family))
+    flops = forward_flops_per_token(engine.state["model_config"], 1 + length)
+    configs = diffusion_sampler_configs(settings, family)
+    for name, config, temperature, label in tqdm(configs, desc=f"{family} samplers", leave=False):
+        canvas = engine.prompt_canvas([[]] * sample_count(name, settings), length)
+        config = fit_to_blocks(config, engine, canvas)
+        start = time.perf_counter()
+        result = engine.fill(canvas, config, seed=0, eos="stop")
+        elapsed = time.perf_counter() - start
+        sets[name] = {
+            "objective": family,
+            "sampler": sampler_label(config, label),
+            "temperature": temperature,
+            "steps": sampler_steps(config),
+            "nfe": result.nfe,
+            "seconds": elapsed,
+            "texts": result.texts,
+            "ids": result.tokens,
+            # Every evaluation processes the whole canvas; spread over the generated tokens.
+            "flops_per_token": result.nfe * canvas.length * flops / length,
+            "approximate": result.approximate,
+        }
+    return sets
+
+
+def sample_count(name: str, settings: CompareSettings) -> int:
+    """How many samples a generation setting draws: ``headline_samples`` for the headline sets
+    (enough for a judge-perplexity interval of about +-10%), ``samples`` for the others."""
+    if name in headline_sets(settings):
+        return max(settings.samples, settings.headline_samples)
+    return settings.samples
+
+
+def quality_stage(out: Path, sets: dict[str, Any], settings: CompareSettings) -> dict[str, Any]:
+    judge = load_judge(settings.judge)
+    count = max(settings.samples, settings.headline_samples, 2)
+    references = reference_texts(out, count, settings.gen_length)
+    scores: dict[str, Any] = {"judge": judge.identity, "sets": {}}
+    reference_score = judge.score(references)
+    scores["reference"] = {
+        "judge_ppl": reference_score.perplexity,
+        **diversity_report(references, [[0]] * len(references)),
+    }
+    for name, entry in tqdm(sets.items(), desc="judging samples", leave=False):
+        texts = [t if t.strip() else " " for t in entry["texts"]]
+        judged = judge.score(texts)
+        row = {
+            "judge_ppl": judged.perplexity,
+            "judge_ppl_ci95": judged.perplexity_interval(),
+            "samples": len(texts),
+            **diversity_report(texts, entry["ids"]),
+        }
+        main_set = name in headline_sets(settings)
+        if settings.mauve and main_set:
+            row["mauve"] = mauve_score(texts, references)
+        scores["sets"][name] = row
+    return scores
+
+
+def examples_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
+    """Side-by-side continuations of the same prompts by every model, and one infilling example
+    (a prefix and a suffix kept, the middle generated) for every diffusion family that sees the
+    suffix (mdm, udm)."""
+    ar_model, tokenizer, state = load_for_sampling(out, "ar")
+    families = diffusion_families(settings)
+    engines = {name: DiffusionGenerator(*load_for_sampling(out, name)) for name in families}
+    rows = validation_rows(state, tokenizer)
+    k, length = settings.prompt_tokens, settings.gen_length
+    step = max(1, len(rows) // max(settings.prompts, 1))
+    prompts = [rows[i * step][1 : 1 + k].tolist() for i in range(settings.prompts)]
+    engine = ARGenerator(ar_model, tokenizer)
+    start = time.perf_counter()
+    ar = engine.generate([[tokenizer.eos_id, *p] for p in prompts], ar_sampler(length), seed=0)
+    seconds = {"ar": time.perf_counter() - start}
+    steps = settings.diffusion_steps[-1]
+    continued, used_steps = {}, {}
+    for name, diffusion in engines.items():
+        canvas = diffusion.prompt_canvas(prompts, length)
+        sampler = fit_to_blocks(example_sampler(name, steps), diffusion, canvas)
+        start = time.perf_counter()
+        continued[name] = diffusion.fill(canvas, sampler, seed=0, eos="stop")
+        seconds[name] = time.perf_counter() - start
+        used_steps[name] = sampler_steps(sampler)
+    side_by_side = [
+        {"prompt": tokenizer.decode(p), "ar": ar.texts[i]}
+        | {name: result.texts[i] for name, result in continued.items()}
+        for i, p in enumerate(prompts)
+    ]
+    row = rows[min(len(rows) - 1, step // 2)]
+    return {
+        "side_by_side": side_by_side,
+        **{f"{name}_seconds_per_sample": s / len(prompts) for name, s in seconds.items()},
+        "ar_nfe": ar.forward_passes,
+        **{f"{name}_nfe": result.nfe for name, result in continued.items()},
+        **{f"{name}_steps": used for name, used in used_steps.items()},
+        "infill": infill_example(row, engine, engines, tokenizer, settings),
+    }
+
+
+def ar_sampler(length: int) -> GenerationConfig:
+    """The examples' AR decoding: ``length`` tokens at temperature 0.8."""
+    return GenerationConfig(
+        max_new_tokens=length, stop_on_eos=False, sampling=SamplingConfig(temperature=0.8)
+    )
+
+
+def infill_example(
+    row: np.ndarray,
+    engine: ARGenerator,
+    engines: dict[str, DiffusionGenerator],
+    tokenizer,
+    settings: CompareSettings,
+) -> dict[str, str]:
+    """Keep a prefix and a suffix of a held-out row and generate the middle: with every
+    diffusion family that sees the suffix, and with the AR model from the prefix alone."""
+    k, steps = settings.prompt_tokens, settings.diffusion_steps[-1]
+    middle = min(settings.gen_length, max(4, (len(row) - 1) // 2))
+    prefix, suffix = row[1 : 1 + k].tolist(), row[1 + k + middle : 1 + 2 * k + middle].tolist()
+    fixed = {1 + i: t for i, t in enumerate(prefix)}
+    fixed |= {1 + k + middle + j: t for j, t in enumerate(suffix)}
+    middles = {}
+    for name, diffusion in engines.items():
+        if name == "bd":  # block-causal: a block never sees the blocks after it (the suffix)
+            continue
+        infill = diffusion.infill_canvas(1 + 2 * k + middle if suffix else 1 + k + middle, fixed)
+        sampler = fit_to_blocks(example_sampler(name, steps), diffusion, infill)
+        filled = diffusion.fill(infill, sampler, seed=0, eos="none").raw
+        middles[f"{name}_middle"] = tokenizer.decode(
+            filled.tokens[0, 1 + k : 1 + k + middle].tolist()
+        )
+    ar_prefix_only = engine.generate([[tokenizer.eos_id, *prefix]], ar_sampler(middle), seed=0)
+    return {
+        "prefix": tokenizer.decode(prefix),
+        "suffix": tokenizer.decode(suffix),
+        "original_middle": tokenizer.decode(row[1 + k : 1 + k + middle].tolist()),
+        **middles,
+        "ar_prefix_only": ar_prefix_only.texts[0],
+    }
