@@ -15,7 +15,7 @@ from eval.experiments.compare import token_frequencies
 from eval.experiments.compare_budgets import (
     attention_pattern,
     multiplier_analysis,
-    own_warmups,
+    own_settings,
     seed_folder,
     train_budget_points,
 )
@@ -117,7 +117,7 @@ def runs(settings: GapSettings) -> dict[str, tuple[str, dict[str, Any]]]:
     """Every trunk this finding trains (for the registration; its budget branches are these
     runs cut short at the budgets ``settings.budgets`` declares)."""
     schedule = {"lr_schedule": "wsd", "cooldown_fraction": settings.budgets.cooldown_fraction}
-    warmups = own_warmups(settings.budgets)
+    warmups = own_settings(settings.budgets)
     return {
         f"{size_label(size)}/seed-{seed}/{objective}": (
             settings.preset,
