@@ -105,6 +105,21 @@ class Throughput:
             "notes": list(self.notes),
         }
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Throughput:
+        """The measurement ``as_dict`` wrote (a stored stage read back)."""
+        records = [
+            Record(
+                **{
+                    **r,
+                    "tokens_per_s": Spread(**r["tokens_per_s"]),
+                    "seconds_per_sample": Spread(**r["seconds_per_sample"]),
+                }
+            )
+            for r in data["records"]
+        ]
+        return cls(records, data["machine"], list(data.get("notes", [])))
+
     def record(self, name: str, batch_size: int) -> Record:
         for r in self.records:
             if r.name == name and r.batch_size == batch_size:

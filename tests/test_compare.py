@@ -70,6 +70,28 @@ def test_smoke_report_has_every_section_with_finite_numbers(smoke):
     assert data["provenance"]["versions"]["torch"]
 
 
+def test_smoke_report_has_the_speed_quality_frontier_at_both_batch_sizes(smoke):
+    out, _ = smoke
+    data = json.loads((out / "report.json").read_text())
+    frontier = data["results"]["speed_frontier"]
+    timed = {(r["name"], r["batch_size"]) for r in frontier["throughput"]["records"]}
+    settings = set(data["results"]["generation"]) - {"unigram model"}
+    assert timed == {(name, batch) for name in settings for batch in (1, 4)}
+    for record in frontier["throughput"]["records"]:
+        speed = record["tokens_per_s"]
+        assert speed["low"] <= speed["median"] <= speed["high"] and record["rounds"] == 2
+        assert record["round_tokens"] == [record["batch_size"] * 24] * 2  # every position
+    # held-out text's own entropy, not a placeholder: what low-entropy points are measured by
+    assert data["results"]["quality"]["reference"]["unigram_entropy"] > 1.0
+    markdown = (out / "report.md").read_text()
+    assert "## Speed-quality frontier" in markdown
+    for batch in (1, 4):
+        entry = frontier[f"batch {batch}"]
+        assert entry["front"] and set(entry["front"]) <= settings
+        assert f"**Batch {batch}.**" in markdown and f"frontier_batch{batch}.png" in markdown
+        assert (out / f"frontier_batch{batch}.png").stat().st_size > 1000
+
+
 def test_smoke_report_has_budget_points_the_attention_line_and_the_floors(smoke):
     out, _ = smoke
     data = json.loads((out / "report.json").read_text())

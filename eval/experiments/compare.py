@@ -45,6 +45,7 @@ from eval.experiments.compare_settings import (
     objectives_asked,
     settings_for,
 )
+from eval.experiments.compare_speed import throughput_stage
 from eval.experiments.stages import (
     Stages,
     load,
@@ -112,6 +113,7 @@ def run_comparison(
     }
     likelihood = stages.run("likelihood", key, lambda: likelihood_stage(main, settings))
     sets = stages.run("generate", key, lambda: generation_stage(main, settings))
+    throughput = stages.run("throughput", key, lambda: throughput_stage(main, settings))
     quality = stages.run("quality", key, lambda: quality_stage(main, sets, settings))
     examples = stages.run("examples", key, lambda: examples_stage(main, settings))
     reused = earlier_work(runs)
@@ -128,6 +130,7 @@ def run_comparison(
         reused + stages.reused,
         entropy_of_counts(token_frequencies(*load(main, "ar")[1:])),
         tuning,
+        throughput,
     )
     return likelihood, paths
 

@@ -19,6 +19,7 @@ from eval.experiments.compare_sections import (
     train_config,
 )
 from eval.experiments.compare_settings import CompareSettings, headline_sets
+from eval.experiments.compare_speed import speed_frontier_section
 from eval.experiments.stages import training_seed
 from eval.report import Report, Table
 
@@ -79,6 +80,7 @@ RESULT_KEYS = (
     "perplexity_ratios",
     "budgets",
     "tuning",
+    "speed_frontier",
     "wall_seconds",
 )
 
@@ -96,6 +98,7 @@ def write_report(
     reused: list[str],
     unigram: float,
     tuning: dict[str, Any] | None = None,
+    throughput: dict[str, Any] | None = None,
 ) -> dict[str, Path]:
     inputs = ReportInputs(
         out,
@@ -110,6 +113,7 @@ def write_report(
         reused,
         unigram,
         tuning,
+        throughput,
     )
     report = new_report(inputs)
     kept: dict[str, Any] = {}
@@ -119,7 +123,7 @@ def write_report(
                 kept[key] |= value
             else:
                 kept[key] = value
-    report.results.update({key: kept[key] for key in RESULT_KEYS})
+    report.results.update({key: kept[key] for key in RESULT_KEYS if key in kept})
     return report.write()
 
 
@@ -328,6 +332,7 @@ SECTIONS: tuple[Section, ...] = (
     training_section,
     generation_section,
     frontier_section,
+    speed_frontier_section,
     examples_section,
 )
 

@@ -21,7 +21,13 @@ from dllm.strategies import Ancestral, FixedCount, Threshold
 from dllm.uniform_generate import UniformSamplerConfig
 from eval.experiments.compare_curves import sampling_checkpoint
 from eval.experiments.compare_settings import CompareSettings, diffusion_families, headline_sets
-from eval.experiments.stages import load, reference_texts, training_rows, validation_rows
+from eval.experiments.stages import (
+    load,
+    reference_ids,
+    reference_texts,
+    training_rows,
+    validation_rows,
+)
 from eval.quality import diversity_report, load_judge, mauve_score
 from shared.checkpoint import load_model_from_checkpoint
 from shared.config import ModelConfig
@@ -242,9 +248,10 @@ def quality_stage(out: Path, sets: dict[str, Any], settings: CompareSettings) ->
     references = reference_texts(out, count, settings.gen_length)
     scores: dict[str, Any] = {"judge": judge.identity, "sets": {}}
     reference_score = judge.score(references)
+    # held-out text's own token ids: its entropy is what the frontier marks low-entropy sets by
     scores["reference"] = {
         "judge_ppl": reference_score.perplexity,
-        **diversity_report(references, [[0]] * len(references)),
+        **diversity_report(references, reference_ids(out, count, settings.gen_length)),
     }
     for name, entry in tqdm(sets.items(), desc="judging samples", leave=False):
         texts = [t if t.strip() else " " for t in entry["texts"]]

@@ -39,6 +39,7 @@ class ReportInputs:
     reused: list[str]
     unigram: float
     tuning: dict[str, Any] | None
+    throughput: dict[str, Any] | None = None  # the fair timing of every setting (compare_speed)
     main: Path = field(init=False)
     summaries: dict[str, dict[str, Any]] = field(init=False)
     analysis: dict[str, Any] = field(init=False)

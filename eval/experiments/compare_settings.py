@@ -47,6 +47,11 @@ class CompareSettings:
     # each measured against it; every diffusion family trains at the MDM's budgets and warmup
     objectives: tuple[str, ...] = ("ar", "mdm")
     bd_block_size: int = 16  # block diffusion's block size (it must divide seq_len)
+    # the speed-quality frontier: every sampler setting timed at these batch sizes, after
+    # frontier_warmup untimed rounds, over frontier_rounds alternating rounds (eval.throughput)
+    frontier_batches: tuple[int, ...] = (1, 32)
+    frontier_rounds: int = 3
+    frontier_warmup: int = 1
 
 
 COMPARE_PRESETS = {
@@ -63,6 +68,8 @@ COMPARE_PRESETS = {
         prompt_tokens=8,
         ar_budgets=(1 / 4, 1 / 2),
         mdm_budgets=(1 / 4, 1 / 2),
+        frontier_batches=(1, 4),
+        frontier_rounds=2,
     ),
     # One seed fits the demo's 15 minutes on a 2-core CPU; --seeds 0,1,2 gives intervals over
     # seeds (docs/studies/demo-budgets.md). The budgets (of the 320-step main budget): AR 12, 18,

@@ -301,6 +301,12 @@ def split_rows(state: dict[str, Any], tokenizer: Tokenizer, split: str) -> np.nd
 
 def reference_texts(out: Path, count: int, length: int) -> list[str]:
     """Held-out text cut to the samples' length in tokens, for MAUVE and the judge."""
+    _, tokenizer, _ = load(out, "ar")
+    return [tokenizer.decode(ids) for ids in reference_ids(out, count, length)]
+
+
+def reference_ids(out: Path, count: int, length: int) -> list[list[int]]:
+    """The token ids of ``reference_texts`` (the held-out rows after BOS, cut to ``length``)."""
     _, tokenizer, state = load(out, "ar")
     rows = validation_rows(state, tokenizer)
-    return [tokenizer.decode(row[1 : 1 + length]) for row in rows[:count]]
+    return [row[1 : 1 + length].tolist() for row in rows[:count]]

@@ -1,0 +1,100 @@
+"""The comparison's speed-quality frontier: every sample set's setting timed by the one fair
+measurement (``eval.throughput``: warm-up, alternating rounds, median with min/max, generated
+tokens only) at each of ``CompareSettings.frontier_batches``, then joined with the set's judge
+perplexity and entropy into the frontier section (``eval.frontier``).
+
+The samples themselves come from the generation stage (one seeded run per setting, which stops at
+EOS); the timing generates every position (``eos="none"`` for diffusion, no EOS stop for AR), so
+every family's tokens/s counts the same positions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from arlm.generate import ARGenerator, GenerationConfig
+from dllm.generator import DiffusionGenerator
+from eval.experiments.compare_samples import (
+    diffusion_sampler_configs,
+    fit_to_blocks,
+    load_for_sampling,
+)
+from eval.experiments.compare_sections import ReportInputs
+from eval.experiments.compare_settings import CompareSettings, diffusion_families
+from eval.frontier import points_from_stages, report_frontier
+from eval.report import Report
+from eval.throughput import Throughput, measure_batches
+from shared.sampling import SamplingConfig
+
+
+def timed_settings(
+    out: Path, settings: CompareSettings
+) -> dict[str, Callable[[int], Callable[[], int]]]:
+    """For every sample set but the unigram floor: a builder that, given a batch size, returns
+    the callable generating one batch and returning its generated-token count."""
+    length = settings.gen_length
+    model, tokenizer, _ = load_for_sampling(out, "ar")
+    ar = ARGenerator(model, tokenizer)
+    builders: dict[str, Callable[[int], Callable[[], int]]] = {}
+
+    def ar_builder(config: GenerationConfig) -> Callable[[int], Callable[[], int]]:
+        def build(batch: int) -> Callable[[], int]:
+            prompts = [[tokenizer.eos_id]] * batch
+            return lambda: ar.generate(prompts, config, seed=0).new_tokens
+
+        return build
+
+    for temperature in settings.temperatures:
+        sampling = SamplingConfig(temperature=temperature)
+        config = GenerationConfig(max_new_tokens=length, stop_on_eos=False, sampling=sampling)
+        builders[f"ar T={temperature:g}"] = ar_builder(config)
+    for family in diffusion_families(settings):
+        engine = DiffusionGenerator(*load_for_sampling(out, family))
+        for name, config, _, _ in diffusion_sampler_configs(settings, family):
+            builders[name] = diffusion_builder(engine, config, length)
+    return builders
+
+
+def diffusion_builder(engine: DiffusionGenerator, config, length: int):
+    def build(batch: int) -> Callable[[], int]:
+        canvas = engine.prompt_canvas([[]] * batch, length)
+        fitted = fit_to_blocks(config, engine, canvas)
+
+        def run() -> int:
+            return sum(len(row) for row in engine.fill(canvas, fitted, seed=0, eos="none").tokens)
+
+        return run
+
+    return build
+
+
+def throughput_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
+    """Every setting timed at every frontier batch size (``eval.throughput.measure_batches``)."""
+    builders = timed_settings(out, settings)
+    result = measure_batches(
+        lambda name, batch: builders[name](batch),
+        list(builders),
+        settings.frontier_batches,
+        rounds=settings.frontier_rounds,
+        warmup=settings.frontier_warmup,
+    )
+    return result.as_dict()
+
+
+def speed_frontier_section(report: Report, inputs: ReportInputs) -> dict[str, Any]:
+    """Judge perplexity against fairly measured tokens/s, per batch size (``report_frontier``),
+    with the headline its rule generates."""
+    if inputs.throughput is None:
+        return {}
+    throughput = Throughput.from_dict(inputs.throughput)
+    scores = inputs.quality["sets"]
+    batches = sorted({record.batch_size for record in throughput.records})
+    points = [
+        point
+        for batch in batches
+        for point in points_from_stages(inputs.sets, scores, throughput, batch)
+    ]
+    reference = inputs.quality["reference"].get("unigram_entropy")
+    report_frontier(report, {inputs.settings.seeds[0]: points}, reference, throughput)
+    return {"speed_frontier": report.results.pop("frontier")}
