@@ -207,28 +207,44 @@ def frontier_figure(front: Frontier, title: str | None = None):
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6.5, 4.5))
-    families = sorted({p.family for p in front.points})
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for index, family in enumerate(families):
-        colour = colours[index % len(colours)]
-        for hollow in (False, True):
-            group = [p for p in front.points if p.family == family and front.is_marked(p) == hollow]
-            if not group:
-                continue
-            low = [p.judge_ppl - (p.judge_ppl_ci95 or (p.judge_ppl,))[0] for p in group]
-            high = [(p.judge_ppl_ci95 or (0, p.judge_ppl))[1] - p.judge_ppl for p in group]
-            axis.errorbar(
-                [p.tokens_per_s for p in group],
-                [p.judge_ppl for p in group],
-                yerr=[low, high],
-                fmt="o",
-                color=colour,
-                markerfacecolor="none" if hollow else colour,
-                label=family + (" (low-entropy)" if hollow else ""),
-                capsize=2,
-            )
-    # The staircase: between two front points the best perplexity reachable at that speed or
-    # faster is the faster point's, hence where="pre".
+    for index, family in enumerate(sorted({p.family for p in front.points})):
+        draw_family(axis, front, family, colours[index % len(colours)])
+    draw_fronts(axis, front)
+    axis.set_xscale("log")
+    values = [p.judge_ppl for p in front.points]
+    if max(values) / min(values) > 20:
+        axis.set_yscale("log")
+    axis.set_xlabel("generated tokens/s (median of alternating rounds)")
+    axis.set_ylabel("judge perplexity (lower is better)")
+    axis.set_title(title or f"speed-quality frontier, batch {front.points[0].batch_size}")
+    axis.legend(fontsize=7)
+    return figure
+
+
+def draw_family(axis, front: Frontier, family: str, colour: str) -> None:
+    """One family's points with their perplexity intervals, marked points hollow."""
+    for hollow in (False, True):
+        group = [p for p in front.points if p.family == family and front.is_marked(p) == hollow]
+        if not group:
+            continue
+        low = [p.judge_ppl - (p.judge_ppl_ci95 or (p.judge_ppl,))[0] for p in group]
+        high = [(p.judge_ppl_ci95 or (0, p.judge_ppl))[1] - p.judge_ppl for p in group]
+        axis.errorbar(
+            [p.tokens_per_s for p in group],
+            [p.judge_ppl for p in group],
+            yerr=[low, high],
+            fmt="o",
+            color=colour,
+            markerfacecolor="none" if hollow else colour,
+            label=family + (" (low-entropy)" if hollow else ""),
+            capsize=2,
+        )
+
+
+def draw_fronts(axis, front: Frontier) -> None:
+    """Both fronts as staircases (between two front points the best perplexity reachable at
+    that speed or faster is the faster point's, hence where="pre"), the unmarked one labelled."""
     for line, style, width, label in (
         (front.front, "--", 1.0, "front incl. low-entropy"),
         (front.front_unmarked, "-", 1.5, "front"),
@@ -246,21 +262,9 @@ def frontier_figure(front: Frontier, title: str | None = None):
             )
     for p in front.front_unmarked:
         axis.annotate(
-            p.setting,
-            (p.tokens_per_s, p.judge_ppl),
-            fontsize=6,
-            xytext=(3, 3),
+            p.setting, (p.tokens_per_s, p.judge_ppl), fontsize=6, xytext=(3, 3),
             textcoords="offset points",
-        )
-    axis.set_xscale("log")
-    values = [p.judge_ppl for p in front.points]
-    if max(values) / min(values) > 20:
-        axis.set_yscale("log")
-    axis.set_xlabel("generated tokens/s (median of alternating rounds)")
-    axis.set_ylabel("judge perplexity (lower is better)")
-    axis.set_title(title or f"speed-quality frontier, batch {front.points[0].batch_size}")
-    axis.legend(fontsize=7)
-    return figure
+        )  # fmt: skip
 
 
 def points_from_stages(

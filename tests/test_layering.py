@@ -142,6 +142,20 @@ def test_no_module_is_over_500_lines(path):
     assert len(path.read_text().splitlines()) <= 500, f"{path.relative_to(ROOT)} is too long"
 
 
+def test_no_function_in_eval_is_over_60_lines():
+    """Reports and verdicts in sections: each section, verdict half or stage step is a named
+    function of its own, where the next family, figure or rule can enter."""
+    long = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)"
+        for path in project_files()
+        if path.relative_to(ROOT).parts[0] == "eval"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and (length := node.end_lineno - node.lineno + 1) > 60
+    ]
+    assert not long, "\n".join(long)
+
+
 def test_commands_start_without_the_slow_imports_they_do_not_need():
     """Every process pays for its imports before it can say anything, even a one-line error:
     sampling, evaluation and the training entry start without datasets, pandas and
