@@ -50,7 +50,7 @@ class CompareSettings:
     # the speed-quality frontier: every sampler setting timed at these batch sizes, after
     # frontier_warmup untimed rounds, over frontier_rounds alternating rounds (eval.throughput)
     frontier_batches: tuple[int, ...] = (1, 32)
-    frontier_rounds: int = 3
+    frontier_rounds: int = 5
     frontier_warmup: int = 1
 
 
