@@ -125,20 +125,29 @@ def tiny_causal_lm():
     return tokenizer, transformers.LlamaForCausalLM(config).eval()
 
 
-def test_the_converted_judge_is_converted_once_and_reads_back_identically(tmp_path, monkeypatch):
+def counted_conversions(monkeypatch, tokenizer, model) -> list[str]:
+    """Stands the tiny model in for the slow GGUF conversion and records each conversion;
+    loading a converted folder goes through transformers as usual."""
     from shared.formats import gguf_cache
 
-    tokenizer, model = tiny_causal_lm()
     conversions = []
+    real_load = gguf_cache.load_pretrained
 
     def load(source, **kwargs):
-        if "gguf_file" in kwargs:  # the slow conversion, counted
+        if "gguf_file" in kwargs:
             conversions.append(source)
             return tokenizer, model
         return real_load(source, **kwargs)
 
-    real_load = gguf_cache.load_pretrained
     monkeypatch.setattr(gguf_cache, "load_pretrained", load)
+    return conversions
+
+
+def test_the_converted_judge_is_converted_once_and_reads_back_identically(tmp_path, monkeypatch):
+    from shared.formats import gguf_cache
+
+    tokenizer, model = tiny_causal_lm()
+    conversions = counted_conversions(monkeypatch, tokenizer, model)
     monkeypatch.setenv("DUOLM_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / "wheel" / "judge.gguf"
     gguf.parent.mkdir()
@@ -188,16 +197,7 @@ def test_a_process_that_finds_a_conversion_under_way_waits_for_it(tmp_path, monk
     from shared.formats import gguf_cache
 
     tokenizer, model = tiny_causal_lm()
-    conversions = []
-    real_load = gguf_cache.load_pretrained
-
-    def load(source, **kwargs):
-        if "gguf_file" in kwargs:
-            conversions.append(source)
-            return tokenizer, model
-        return real_load(source, **kwargs)
-
-    monkeypatch.setattr(gguf_cache, "load_pretrained", load)
+    conversions = counted_conversions(monkeypatch, tokenizer, model)
     monkeypatch.setenv("DUOLM_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / "judge.gguf"
     gguf.write_bytes(b"GGUF stand-in")
@@ -221,16 +221,7 @@ def test_importing_the_wheel_shares_the_judge_conversion_and_a_user_file_does_no
     from shared.formats import gguf_cache, reader
 
     tokenizer, model = tiny_causal_lm()
-    conversions = []
-    real_load = gguf_cache.load_pretrained
-
-    def load(source, **kwargs):
-        if "gguf_file" in kwargs:
-            conversions.append(source)
-            return tokenizer, model
-        return real_load(source, **kwargs)
-
-    monkeypatch.setattr(gguf_cache, "load_pretrained", load)
+    conversions = counted_conversions(monkeypatch, tokenizer, model)
     monkeypatch.setattr(reader, "gguf_weight_types", lambda path: {"Q4_1"})
     monkeypatch.setenv("DUOLM_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / "wheel" / "judge.gguf"
