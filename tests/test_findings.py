@@ -607,6 +607,7 @@ def test_findings_table_quotes_the_index_and_says_why_a_finding_is_long(tmp_path
             "verdict": REPRODUCED,
             "wall_seconds": 1500,
             "registration": "pre-registered",
+            "provenance": {"git_commit": "0123456789abcdef", "git_dirty": False},
         },
         {
             "name": "b",
@@ -620,9 +621,9 @@ def test_findings_table_quotes_the_index_and_says_why_a_finding_is_long(tmp_path
     text = findings_table({"findings": rows}, "docs/x", {"a": "9 runs", "b": "1 run"})
     assert (
         "| [T](docs/x/a/report.md) | S. (X 2024) | 1 [0, 2] | **reproduced** | "
-        "25.0 min (over 20: 9 runs) |" in text
+        "25.0 min (over 20: 9 runs) | `0123456` |" in text
     )
-    assert "| **inconclusive (not trained)** (exploratory) | 1.0 min |" in text
+    assert "| **inconclusive (not trained)** (exploratory) | 1.0 min | not recorded |" in text
     index = tmp_path / "index.json"
     index.write_text(json.dumps({"findings": rows}))
     assert main(["--table", str(index), "docs/x"]) == 0

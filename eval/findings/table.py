@@ -15,6 +15,7 @@ COLUMNS = [
     "measured here (95% intervals)",
     "verdict",
     "wall",
+    "report's commit",
 ]
 
 
@@ -31,6 +32,15 @@ def wall_cell(row: dict[str, Any], costs: dict[str, str]) -> str:
     return minutes
 
 
+def commit_cell(row: dict[str, Any]) -> str:
+    """The commit the finding's report was written at (its own, not the index's)."""
+    provenance = row.get("provenance") or {}
+    commit = provenance.get("git_commit")
+    if not commit:
+        return "not recorded"
+    return f"`{commit[:7]}`" + (" (dirty tree)" if provenance.get("git_dirty") else "")
+
+
 def findings_table(index: dict[str, Any], reports: str, costs: dict[str, str]) -> str:
     """The markdown table of an index's findings; ``reports`` is the folder (relative to where
     the table is shown) holding each finding's report."""
@@ -44,6 +54,7 @@ def findings_table(index: dict[str, Any], reports: str, costs: dict[str, str]) -
             row["measured"],
             verdict_cell(row),
             wall_cell(row, costs),
+            commit_cell(row),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
