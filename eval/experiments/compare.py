@@ -39,6 +39,7 @@ from eval.experiments.compare_samples import (
     quality_stage,
     token_frequencies,
 )
+from eval.experiments.compare_sections import ReportInputs
 from eval.experiments.compare_settings import (
     CompareSettings,
     diffusion_families,
@@ -118,19 +119,21 @@ def run_comparison(
     examples = stages.run("examples", key, lambda: examples_stage(main, settings))
     reused = earlier_work(runs)
     paths = write_report(
-        out,
-        preset,
-        runs,
-        likelihood,
-        sets,
-        quality,
-        examples,
-        settings,
-        time.perf_counter() - started,
-        reused + stages.reused,
-        entropy_of_counts(token_frequencies(*load(main, "ar")[1:])),
-        tuning,
-        throughput,
+        ReportInputs(
+            out,
+            preset,
+            runs,
+            likelihood,
+            sets,
+            quality,
+            examples,
+            settings,
+            time.perf_counter() - started,
+            reused + stages.reused,
+            entropy_of_counts(token_frequencies(*load(main, "ar")[1:])),
+            tuning,
+            throughput,
+        )
     )
     return likelihood, paths
 

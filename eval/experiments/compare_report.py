@@ -18,7 +18,7 @@ from eval.experiments.compare_sections import (
     generation_section,
     train_config,
 )
-from eval.experiments.compare_settings import CompareSettings, headline_sets
+from eval.experiments.compare_settings import headline_sets
 from eval.experiments.compare_speed import speed_frontier_section
 from eval.experiments.stages import training_seed
 from eval.report import Report, Table
@@ -85,36 +85,8 @@ RESULT_KEYS = (
 )
 
 
-def write_report(
-    out: Path,
-    preset: str,
-    runs: dict[int, dict[str, Any]],
-    likelihood: dict[str, Any],
-    sets: dict[str, Any],
-    quality: dict[str, Any],
-    examples: dict[str, Any],
-    settings: CompareSettings,
-    wall_seconds: float,
-    reused: list[str],
-    unigram: float,
-    tuning: dict[str, Any] | None = None,
-    throughput: dict[str, Any] | None = None,
-) -> dict[str, Path]:
-    inputs = ReportInputs(
-        out,
-        preset,
-        runs,
-        likelihood,
-        sets,
-        quality,
-        examples,
-        settings,
-        wall_seconds,
-        reused,
-        unigram,
-        tuning,
-        throughput,
-    )
+def write_report(inputs: ReportInputs) -> dict[str, Path]:
+    """Write report.md, report.json and the plots, one section after another (``SECTIONS``)."""
     report = new_report(inputs)
     kept: dict[str, Any] = {}
     for section in SECTIONS:
