@@ -37,8 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from scipy import stats
-
+from eval.budgets import seed_spread
 from eval.report import Report
 from eval.throughput import Throughput
 
@@ -307,12 +306,10 @@ def points_from_stages(
 
 
 def t_interval(values: Sequence[float]) -> tuple[float, float] | None:
-    """95% Student-t interval of the mean (n - 1 degrees of freedom); None below two values."""
-    if len(values) < 2:
-        return None
-    mean = statistics.fmean(values)
-    half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-    return mean - half, mean + half
+    """95% Student-t interval of the mean (``eval.budgets.seed_spread``); None below two
+    values."""
+    spread = seed_spread(list(values))
+    return None if spread is None or spread.low is None else (spread.low, spread.high)
 
 
 def seed_means(runs: Mapping[int, Sequence[Point]], batch_size: int) -> list[Point]:

@@ -7,17 +7,16 @@ commit); PLAIN_RUNS holds the time-conditioning study's udm-tcfalse-s{0,1,2}.
 """
 
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 
+from eval.budgets import seed_spread  # noqa: E402
 from eval.curves import unigram_entropy  # noqa: E402
 from eval.experiments.stages import load, validation_rows  # noqa: E402
 from shared.hardware import cpu_name  # noqa: E402
@@ -49,8 +48,8 @@ def main(curriculum_runs: Path, plain_runs: Path) -> None:
     floor = unigram_entropy(validation_rows(state, tokenizer), tokenizer.pad_id)
     learned = all(v < floor for v in [*plain.values(), *curriculum.values()])
     differences = np.array([curriculum[s] - plain[s] for s in SEEDS])
-    mean = float(differences.mean())
-    half = float(stats.t.ppf(0.975, len(SEEDS) - 1) * differences.std(ddof=1) / math.sqrt(3))
+    spread = seed_spread(differences.tolist())
+    mean, low, high = spread.mean, spread.low, spread.high
     report = {
         "unigram_entropy": floor,
         "plain": plain,
@@ -58,9 +57,9 @@ def main(curriculum_runs: Path, plain_runs: Path) -> None:
         "curriculum": curriculum,
         "differences_curriculum_minus_plain": differences.tolist(),
         "mean_difference": mean,
-        "interval_95": [mean - half, mean + half],
+        "interval_95": [low, high],
         "learned": learned,
-        "verdict": verdict_of(learned, mean - half, mean + half),
+        "verdict": verdict_of(learned, low, high),
         "commit_of_analysis": subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE
         ).stdout.strip(),

@@ -4,17 +4,16 @@ python docs/studies/udm-time-conditioning/analyze.py RUNS_FOLDER
 """
 
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 
+from eval.budgets import seed_spread  # noqa: E402
 from eval.curves import unigram_entropy  # noqa: E402
 from eval.experiments.stages import load, validation_rows  # noqa: E402
 from shared.hardware import cpu_name  # noqa: E402
@@ -40,9 +39,8 @@ def main(runs: Path) -> None:
     nelbo = {key: record["val_nats_per_token"] for key, record in final.items()}
     learned = all(value < floor for value in nelbo.values())
     differences = np.array([nelbo["true", s] - nelbo["false", s] for s in SEEDS])
-    mean = float(differences.mean())
-    half = float(stats.t.ppf(0.975, len(SEEDS) - 1) * differences.std(ddof=1) / math.sqrt(3))
-    low, high = mean - half, mean + half
+    spread = seed_spread(differences.tolist())
+    mean, low, high = spread.mean, spread.low, spread.high
     if not learned:
         verdict = "inconclusive: a run did not end below the unigram entropy"
     elif high < 0:
