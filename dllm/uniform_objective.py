@@ -151,7 +151,8 @@ class UniformDiffusionObjective:
         self.pad_id = pad_id
         self.t_eps = t_eps
         self.n_support: int | None = None  # set by model_vocab_size
-        # the Gaussian curriculum (training steps 0..curriculum_steps-1; 0 = off)
+        # the Gaussian curriculum (training steps 0..curriculum_steps-1; 0 = off; -1 = the first
+        # half of the run, set by ``set_run_length`` once the run's length is known)
         self.curriculum_steps, self.curriculum_tau = curriculum_steps, curriculum_tau
         self.curriculum_gamma = tuple(curriculum_gamma)
         self._alpha_map: AlphaMap | None = None
@@ -215,10 +216,25 @@ class UniformDiffusionObjective:
         draw = torch.rand((n_rows, seq_len), generator=generator, dtype=torch.float64)
         return {"t": t, "uniforms": keep, "draws": draw}
 
+    def set_run_length(self, total_steps: int) -> list[str]:
+        """Resolve a curriculum of "the first half of the run" (-1) into steps; returns the line
+        a run logs about it. A WSD branch resolves its own half, which lies before its branch
+        point, so its cooldown trains the exact loss."""
+        if self.curriculum_steps < 0:
+            self.curriculum_steps = total_steps // 2
+        if not self.curriculum_steps:
+            return []
+        return [
+            f"curriculum: Gaussian-relaxed inputs for the first {self.curriculum_steps} of "
+            f"{total_steps} steps"
+        ]
+
     def step_noise(self, step: int, n_rows: int, generator: torch.Generator) -> dict:
         """Extra noise of training step ``step`` (drawn after the rest, so the exact steps draw
         what a run without the curriculum draws): during the curriculum, one seed per row of the
         global batch for its Gaussian latents, so any split of the batch sees the same latents."""
+        if self.curriculum_steps < 0:
+            raise RuntimeError("set_run_length first: the curriculum's length is not resolved")
         if step >= self.curriculum_steps:
             return {}
         return {"latent_seed": torch.randint(0, 2**62, (n_rows,), generator=generator)}

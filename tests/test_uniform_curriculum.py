@@ -274,10 +274,23 @@ def test_a_curriculum_run_resumes_bit_exactly_across_the_switch_and_differs_from
             finished = cli.train_from_argv(resume)["finished"]
         resumed = weights(run)
         assert all(torch.equal(resumed[key], value) for key, value in weights(whole).items())
-    plain = weights(train(tmp_path, "plain", "--max-steps", "4"))
+    plain = weights(train(tmp_path, "plain", "--max-steps", "4", "--curriculum-steps", "0"))
     assert any(not torch.equal(plain[key], value) for key, value in weights(whole).items())
     config = json.loads((whole / "config.json").read_text())["train_config"]
     assert config["curriculum_steps"] == 2 and config["curriculum_tau"] == 0.01
+
+
+def test_the_default_curriculum_is_the_first_half_of_the_runs_steps(tmp_path):
+    """udm's default (-1) trains the first half of the steps with the curriculum: the run is
+    the run given that count explicitly, and not the plain one; other objectives ignore it."""
+    default = weights(train(tmp_path, "default", "--max-steps", "4"))
+    half = weights(train(tmp_path, "half", "--max-steps", "4", "--curriculum-steps", "2"))
+    plain = weights(train(tmp_path, "plain", "--max-steps", "4", "--curriculum-steps", "0"))
+    assert all(torch.equal(default[key], value) for key, value in half.items())
+    assert any(not torch.equal(plain[key], value) for key, value in half.items())
+    objective = build_objective("udm", pad_id=0, curriculum_steps=-1)
+    objective.set_run_length(7)
+    assert objective.curriculum_steps == 3
 
 
 @pytest.mark.parametrize(
@@ -286,7 +299,7 @@ def test_a_curriculum_run_resumes_bit_exactly_across_the_switch_and_differs_from
         (["--objective", "mdm"], "curriculum_steps=2 is uniform-state diffusion's Gaussian"),
         (["--curriculum-gamma-min", "-1"], "curriculum_gamma_min=-1.0 must be below"),
         (["--curriculum-tau", "0"], "curriculum_tau=0.0 must be > 0"),
-        (["--curriculum-steps", "-1"], "curriculum_steps=-1 must be >= 0"),
+        (["--curriculum-steps", "-2"], "curriculum_steps=-2 must be >= 0"),
     ],
 )
 def test_bad_curriculum_settings_are_refused(tmp_path, flags, message):

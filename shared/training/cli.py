@@ -69,7 +69,8 @@ FLAG_GROUPS: dict[str, dict[str, str]] = {
         "attention_anneal_steps": "mdm: first steps whose attention rises from causal to full "
         "(a random, linearly growing share of future positions); 0 = off",
         "curriculum_steps": "udm: first steps trained with Duo's Gaussian relaxation (soft "
-        "inputs, the NELBO at the latent's argmax); 0 = off",
+        "inputs, the NELBO at the latent's argmax); 0 = off; -1 (default) = the first half of "
+        "the run's steps",
         "curriculum_tau": "udm curriculum: softmax temperature of the soft inputs (> 0)",
         "curriculum_gamma_min": "udm curriculum: gamma at t = 0 (log-SNR of the latent, negated)",
         "curriculum_gamma_max": "udm curriculum: gamma at t = 1",

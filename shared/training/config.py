@@ -17,6 +17,11 @@ from shared.objective import objective_class, objective_names
 DEFAULT_CACHE = cache_root()
 
 
+# curriculum_steps' default: the first half of the run's steps, resolved once the run's length
+# is known (a budget in tokens, FLOPs or epochs becomes steps only then).
+CURRICULUM_HALF = -1
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     objective: str = "ar"
@@ -79,9 +84,11 @@ class TrainConfig:
     # validation and sampling. 0 = off. See shared.objective.annealing_noise.
     attention_anneal_steps: int = 0
     # uniform-state diffusion ("udm"): Duo's Gaussian-relaxation curriculum for the first K steps
-    # (soft inputs softmax(w / tau) @ E, the NELBO at argmax(w)), the exact loss after; 0 = off.
-    # gamma spans [min, max] as t spans [0, 1] (Duo's defaults). See dllm.uniform_curriculum.
-    curriculum_steps: int = 0
+    # (soft inputs softmax(w / tau) @ E, the NELBO at argmax(w)), the exact loss after; 0 = off,
+    # -1 = the first half of the run's steps (Duo's share; the default, measured in
+    # docs/studies/udm-curriculum). gamma spans [min, max] as t spans [0, 1] (Duo's defaults).
+    # See dllm.uniform_curriculum.
+    curriculum_steps: int = CURRICULUM_HALF
     curriculum_tau: float = 1e-3
     curriculum_gamma_min: float = -3.5
     curriculum_gamma_max: float = -1.75
@@ -148,7 +155,6 @@ class TrainConfig:
             "keep_checkpoints",
             "block_size",
             "attention_anneal_steps",
-            "curriculum_steps",
             "num_threads",
             "peak_tflops",
             "weight_decay",
@@ -210,7 +216,12 @@ class TrainConfig:
                 f"bidirectional attention; objective={self.objective!r} trains with "
                 f"{objective.attention!r} attention (use it with mdm)"
             )
-        if self.curriculum_steps and self.objective != "udm":
+        if self.curriculum_steps < CURRICULUM_HALF:
+            raise ConfigError(
+                f"curriculum_steps={self.curriculum_steps} must be >= 0 (the steps trained with "
+                f"the curriculum) or {CURRICULUM_HALF} (the first half of the run's steps)"
+            )
+        if self.curriculum_steps > 0 and self.objective != "udm":
             raise ConfigError(
                 f"curriculum_steps={self.curriculum_steps} is uniform-state diffusion's Gaussian "
                 f"curriculum (objective udm); objective={self.objective!r} does not use it"

@@ -134,6 +134,15 @@ def batch_generator(seed: int, step: int) -> torch.Generator:
     return noise_generator(seed, step)
 
 
+def fit_to_run(objective, total_steps: int, log) -> None:
+    """Tell an objective whose training depends on the run's length (``set_run_length``, e.g.
+    the uniform curriculum's default share of the steps) how many steps the run has, and
+    ``log`` what it says about it."""
+    set_run_length = getattr(objective, "set_run_length", None)
+    for line in [] if set_run_length is None else set_run_length(total_steps):
+        log(line)
+
+
 def objective_step_noise(objective, step: int, n_rows: int, generator: torch.Generator) -> dict:
     """Noise an objective draws only at some training steps (``step_noise``, e.g. the uniform
     objective's curriculum), after every other draw of the step so the remaining steps draw

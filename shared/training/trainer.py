@@ -43,6 +43,7 @@ from shared.training.schedule import (
     branch_points,
     check_cooldown,
     curve_steps,
+    fit_to_run,
     objective_step_noise,
     schedules_agree,
     total_steps_for,
@@ -139,6 +140,7 @@ class Trainer:
         step_flops = self.flops_token * self.tokens_per_step
         self.total_steps = total_steps_for(cfg, step_flops, len(self.train_rows))
         check_cooldown(cfg, self.total_steps)
+        fit_to_run(self.objective, self.total_steps, self.log)
         self.branch_points = frozenset(branch_points(cfg, self.total_steps))
         memory = total_memory(self.device)
         check_step_memory(self.micro_batch, cfg.seq_len, self.model_cfg.vocab_size, *memory)
@@ -199,9 +201,7 @@ class Trainer:
             and schedules_agree(cfg, self.saved["total_steps"], self.total_steps, self.start_step),
         )
         # a run resumed in its own folder inherits branched_from but is no new branch
-        branch_of = None
-        if self.spec.is_branch:
-            branch_of = str(self.spec.resume_from)
+        branch_of = str(self.spec.resume_from) if self.spec.is_branch else None
         for line in schedule_notes(self.schedules, self.start_step, self.total_steps, branch_of):
             self.log(line)
 
