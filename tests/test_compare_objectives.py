@@ -68,9 +68,19 @@ def test_udm_gets_ancestral_and_greedy_tail_only_and_masked_families_keep_theirs
     assert [config.greedy_tail for _, config, *_ in udm] == [False, True] * 3 + [False]
     assert udm[-1][1].sampling.temperature == 0.7 and udm[-1][2] == 0.7
     bd = diffusion_sampler_configs(settings, "bd")
+    mdm = diffusion_sampler_configs(settings, "mdm")
+    # the MDM alone adds Fast-dLLM's cached recipes (block diffusion has its own block cache)
+    cached = [entry for entry in mdm if entry[1].cache != "none"]
     assert [name for name, *_ in bd] == [
-        name.replace("mdm", "bd") for name, *_ in diffusion_sampler_configs(settings, "mdm")
+        name.replace("mdm", "bd") for name, *_ in mdm if "cache" not in name
     ]
+    assert [(config.cache, config.block_length) for _, config, *_ in cached] == [
+        ("approx_prefix", settings.gen_length // 4),
+        ("approx_dual", settings.gen_length // 4),
+        ("approx_dual", settings.gen_length // 4),
+    ]
+    assert all("(approx.)" in name and "approx." in label for name, _, _, label in cached)
+    assert cached[-1][1].strategy.steps == settings.gen_length
     assert "bd threshold 0.9" in [name for name, *_ in bd]
     assert all(isinstance(config, SamplerConfig) for _, config, *_ in bd)
 

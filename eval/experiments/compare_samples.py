@@ -149,11 +149,38 @@ def diffusion_sampler_configs(
     if family != "udm":
         threshold = SamplerConfig(Threshold(0.9))
         configs.append((f"{family} threshold 0.9", threshold, 1.0, ""))
+    if family == "mdm":
+        configs += cached_settings(settings)
     middle = settings.diffusion_steps[len(settings.diffusion_steps) // 2]
     for temperature in settings.temperatures:
         if temperature != 1.0:
             name = f"{family} ancestral {middle} steps T={temperature:g}"
             configs.append((name, ancestral(middle, temperature), temperature, ""))
+    return configs
+
+
+# Fast-dLLM's caches refresh once per block of semi-autoregressive decoding: the canvas is
+# decoded in this many blocks when a cache is on.
+CACHE_BLOCKS = 4
+
+
+def cached_settings(settings: CompareSettings) -> list[SamplerSetting]:
+    """The masked model's Fast-dLLM recipes, with its APPROXIMATE caches (named so in the set's
+    name and sampler): the confidence threshold with the prefix and the dual cache, and
+    low-confidence decoding at one token per step with the dual cache, each over
+    ``CACHE_BLOCKS`` blocks."""
+    block = max(1, settings.gen_length // CACHE_BLOCKS)
+    configs: list[SamplerSetting] = []
+    for cache, label in (("approx_prefix", "prefix"), ("approx_dual", "dual")):
+        config = SamplerConfig(Threshold(0.9), block_length=block, cache=cache)
+        name = f"mdm threshold 0.9 {label} cache (approx.)"
+        configs.append((name, config, 1.0, f"threshold + approx. {label} cache"))
+    steps = settings.gen_length
+    config = SamplerConfig(
+        FixedCount(steps, "low_confidence"), block_length=block, cache="approx_dual"
+    )
+    name = f"mdm fixed low-conf {steps} steps dual cache (approx.)"
+    configs.append((name, config, 1.0, "low_confidence + approx. dual cache"))
     return configs
 
 
