@@ -371,6 +371,21 @@ def test_sample_quality_ordering_needs_comparable_entropy():
     assert quality.ordered(mdm, ar) == NOT_REPRODUCED
     repetitive = judged_set("AR", 5, 0.1, 3.0)  # lower perplexity bought with 25% less entropy
     assert quality.ordered(repetitive, bd) == INCONCLUSIVE
+    # the check reads whichever side wins: a reversal won by repetition is no refutation
+    assert quality.ordered(bd, repetitive) == INCONCLUSIVE
+    assert quality.ordered(mdm, judged_set("AR", 5, 0.1, 3.9)) == NOT_REPRODUCED
+    # ... and it applies to the steps half too: fewer steps winning only by repetition
+    sets = {
+        "MDM 16 steps": judged_set("MDM", 7, 0.1, 4.0, 16, 1),
+        "MDM 4 steps": judged_set("MDM", 6, 0.1, 3.0, 4, 4),
+        "BD 16 steps": judged_set("BD", 6, 0.1, 3.0, 16, 1),
+        "BD 4 steps": judged_set("BD", 7, 0.1, 4.0, 4, 4),
+    }
+    assert quality.steps_half(sets, "BD") == {"BD": INCONCLUSIVE, "MDM": INCONCLUSIVE}
+    sets["MDM 4 steps"]["unigram_entropy"] = 4.0
+    sets["BD 16 steps"]["unigram_entropy"] = 4.0
+    assert quality.steps_half(sets, "BD") == {"BD": REPRODUCED, "MDM": NOT_REPRODUCED}
+    assert quality.before_eos([5, 6, 2, 7], 2) == [5, 6] and quality.before_eos([5, 6], 2) == [5, 6]
     assert quality.combine([REPRODUCED, REPRODUCED]) == REPRODUCED
     assert quality.combine([REPRODUCED, INCONCLUSIVE]) == INCONCLUSIVE
     assert quality.combine([INCONCLUSIVE, NOT_REPRODUCED]) == NOT_REPRODUCED

@@ -18,6 +18,7 @@ from dllm.strategies import Ancestral
 from eval.curves import entropy_of_counts
 from eval.experiments.block_sweep import run_names, train_all
 from eval.experiments.compare import token_frequencies
+from eval.experiments.compare_samples import fit_to_blocks
 from eval.experiments.stages import Stages, load
 from eval.findings.common import (
     Claim,
@@ -147,45 +148,56 @@ def merge_seeds(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
             "samples": sum(len(e["per_sample_nats"]) for e in entries),
             "unigram_entropy": statistics.fmean(e["unigram_entropy"] for e in entries),
             "repetition_rate_4gram": statistics.fmean(e["repetition_rate_4gram"] for e in entries),
+            "mean_length": statistics.fmean(e.get("mean_length", math.nan) for e in entries),
         }
     return merged
 
 
 def sample_all(out: Path, settings: QualitySettings, seed: int = 0) -> dict[str, Any]:
     """Unconditional samples at T=1 (float64 noise): AR, and every diffusion model at each step
-    count (full = one step per decoded position)."""
+    count (full = one step per generated token, rounded up to whole blocks for block diffusion;
+    every model's samples end at their first EOS)."""
     sets: dict[str, Any] = {}
     for name in run_names((settings.block_size,)):
         model, tokenizer, state = load(out, name)
         if state["objective"] == "ar":
             config = GenerationConfig(
                 max_new_tokens=settings.gen_length,
-                stop_on_eos=False,
+                stop_on_eos=True,  # as the diffusion samples end at their first EOS
                 sampling=SamplingConfig(temperature=1.0),
             )
             result = ARGenerator(model, tokenizer).generate(
                 [[tokenizer.eos_id]] * settings.samples, config, seed=seed
             )
-            sets["AR"] = {"model": "AR", "steps": settings.gen_length, "texts": result.texts}
-            sets["AR"]["ids"] = [list(row) for row in result.tokens]
+            ids = [before_eos(row, tokenizer.eos_id) for row in result.tokens]
+            sets["AR"] = {"model": "AR", "steps": settings.gen_length, "nfe": settings.gen_length}
+            sets["AR"] |= {"texts": result.texts, "ids": ids}
             continue
         generator = DiffusionGenerator(model, tokenizer, state)
         canvas = generator.prompt_canvas([[]] * settings.samples, settings.gen_length)
-        full = generator.steps_per_position(canvas)
         label = "MDM" if state["objective"] == "mdm" else f"BD-{settings.block_size}"
         for divisor in settings.step_divisors:
-            steps = max(1, full // divisor)
-            result = generator.fill(
-                canvas, SamplerConfig(Ancestral(steps)), seed=seed, eos="stop", early_stop=False
+            sampler = fit_to_blocks(
+                SamplerConfig(Ancestral(max(1, settings.gen_length // divisor))), generator, canvas
             )
+            steps = sampler.strategy.steps
+            result = generator.fill(canvas, sampler, seed=seed, eos="stop", early_stop=False)
             sets[f"{label} {steps} steps"] = {
                 "model": label,
                 "steps": steps,
+                "nfe": result.nfe,
                 "divisor": divisor,
                 "texts": result.texts,
-                "ids": result.tokens,
+                "ids": [before_eos(row, tokenizer.eos_id) for row in result.tokens],
             }
     return sets
+
+
+def before_eos(ids, eos_id: int | None) -> list[int]:
+    """A sample's token ids before its first EOS (the AR's ids include the EOS that ended it,
+    the diffusion samplers' do not): what the judge, the lengths and the entropy see alike."""
+    ids = list(ids)
+    return ids[: ids.index(eos_id)] if eos_id in ids else ids
 
 
 def judge_all(sets: dict[str, Any], settings: QualitySettings) -> dict[str, Any]:
@@ -196,6 +208,7 @@ def judge_all(sets: dict[str, Any], settings: QualitySettings) -> dict[str, Any]
         per_sample = judge_model.score(texts).per_sample_nats_per_token
         judged[name] = {k: v for k, v in entry.items() if k not in ("texts", "ids")} | {
             "per_sample_nats": per_sample,
+            "mean_length": statistics.fmean(len(ids) for ids in entry["ids"]),
             "log_ppl": log_ppl_interval(per_sample).as_dict(),
             **diversity_report(texts, entry["ids"]),
             "example": texts[0][:200],
@@ -212,11 +225,15 @@ def log_ppl_interval(per_sample: list[float]) -> Interval:
 
 
 def ordered(better: dict[str, Any], worse: dict[str, Any]) -> str:
-    """'better has the lower judge perplexity' by the direction rule, unless better's samples
-    have more than ENTROPY_TOLERANCE lower entropy (then its lead may be bought: inconclusive)."""
+    """'better has the lower judge perplexity' by the direction rule, unless the side whose
+    perplexity is lower (better when reproduced, worse when reversed) has samples of more than
+    ENTROPY_TOLERANCE lower entropy: its lead may be bought with repetition (inconclusive)."""
     verdict = direction_verdict(Interval(**better["log_ppl"]), Interval(**worse["log_ppl"]))
-    cheap = better["unigram_entropy"] < (1 - ENTROPY_TOLERANCE) * worse["unigram_entropy"]
-    return INCONCLUSIVE if verdict == REPRODUCED and cheap else verdict
+    if verdict == INCONCLUSIVE:
+        return verdict
+    winner, loser = (better, worse) if verdict == REPRODUCED else (worse, better)
+    cheap = winner["unigram_entropy"] < (1 - ENTROPY_TOLERANCE) * loser["unigram_entropy"]
+    return INCONCLUSIVE if cheap else verdict
 
 
 def rules() -> list[str]:
@@ -227,10 +244,14 @@ def rules() -> list[str]:
         "over samples and the t interval over the seeds' means; perplexity = exp). The "
         "claim has two halves and both enter the verdict. Ordering: AR below BD and BD "
         "below MDM, each pair by the direction rule at full step counts (one step per "
-        "decoded position), T=1, float64 noise; a pair whose lower-perplexity side has more "
+        "generated token: 64 for 64 tokens, rounded up to whole blocks for block diffusion, "
+        "so BD-16 takes 65; the NFE column says how many evaluations ran), T=1, float64 "
+        "noise. Every model's samples end at their first EOS (AR included) and are judged, "
+        "measured (mean length) and scored for entropy on the tokens before it. Any "
+        "comparison whose lower-perplexity side, whichever side that is, has more "
         f"than {ENTROPY_TOLERANCE:.0%} lower mean sample entropy is *inconclusive* "
         "(perplexity bought by repetition). Steps: for each diffusion model, full steps "
-        "below the fewest steps, by the direction rule. Reproduced only if all four parts "
+        "below the fewest steps, by the same rule. Reproduced only if all four parts "
         "are; not reproduced if any part is reversed with separated intervals. Learned "
         "checks: each model's final validation loss more than "
         f"{RULE['plateau_margin']} nats below the unigram entropy, in every seed."
@@ -250,16 +271,16 @@ def steps_half(sets: dict[str, Any], bd: str) -> dict[str, str]:
     verdicts = {}
     for model in (bd, "MDM"):
         runs = sorted((e for e in sets.values() if e["model"] == model), key=lambda e: e["steps"])
-        verdicts[model] = direction_verdict(
-            Interval(**runs[-1]["log_ppl"]), Interval(**runs[0]["log_ppl"])
-        )
+        verdicts[model] = ordered(runs[-1], runs[0])
     return verdicts
 
 
 PERPLEXITY_COLUMNS = [
     "set",
     "steps",
+    "NFE",
     "samples",
+    "mean length",
     "judge ppl",
     "95% interval",
     "sample entropy",
@@ -275,7 +296,9 @@ def perplexity_table(settings: QualitySettings, judged: dict) -> Table:
             [
                 name,
                 entry["steps"],
+                entry.get("nfe", "-"),
                 entry.get("samples", settings.samples),
+                f"{entry.get('mean_length', math.nan):.1f}",
                 f"{math.exp(interval.value):.1f}",
                 f"[{math.exp(interval.low):.1f}, {math.exp(interval.high):.1f}]",
                 entry["unigram_entropy"],
