@@ -9,6 +9,7 @@ from eval.findings import (
     pathstar,
     reversal,
     sample_quality,
+    uniform_masked,
 )
 from eval.findings.common import Finding
 
@@ -21,5 +22,6 @@ FINDINGS: dict[str, Finding] = {
         pathstar.FINDING,
         adaptation.FINDING,
         sample_quality.FINDING,
+        uniform_masked.FINDING,
     )
 }
