@@ -38,3 +38,68 @@ def test_user_errors_exit_2(runs, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert side_by_side.main([str(runs / "mdm"), str(runs / "ar")]) == 2  # swapped objectives
     assert side_by_side.main([str(runs / "ar"), str(runs / "mdm"), "--gen-length", "500"]) == 2
+
+
+@pytest.fixture(scope="module")
+def udm_run(tmp_path_factory):
+    from shared.training import cli
+
+    folder = tmp_path_factory.mktemp("udm")
+    cli.train_from_argv(
+        ["--preset", "tiny", "--objective", "udm", "--out", str(folder / "udm")]
+        + ["--max-steps", "3", "--eval-every", "100", "--cache-dir", str(folder / "cache")]
+    )
+    return folder / "udm"
+
+
+def test_a_udm_model_continues_and_infills_beside_the_ar(runs, udm_run, capsys):
+    argv = [str(runs / "ar"), str(udm_run), "--prompt", "And God", "--gen-length", "8"]
+    code = side_by_side.main([*argv, "--infill", "In the", " earth.", "--steps", "4"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "UDM (ancestral, 4 steps)" in out and "infill: 'In the' ... ' earth.'" in out
+    assert out.count("[4 NFE") == 2  # one evaluation per udm step, both requests
+    assert side_by_side.main([*argv, "--greedy-tail"]) == 0
+    assert "UDM (ancestral + greedy tail" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--sampler", "fixed"], "--sampler fixed ranks [MASK] positions, which a udm"),
+        (["--sampler", "threshold"], "--sampler threshold ranks [MASK] positions"),
+    ],
+)
+def test_masked_samplers_are_refused_for_udm_in_one_line(runs, udm_run, capsys, flags, message):
+    assert side_by_side.main([str(runs / "ar"), str(udm_run), *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_greedy_tail_is_refused_for_a_masked_model(runs, capsys):
+    assert side_by_side.main([str(runs / "ar"), str(runs / "mdm"), "--greedy-tail"]) == 2
+    err = capsys.readouterr().err
+    assert "--greedy-tail is a udm sampler option; the checkpoint's objective is 'mdm'" in err
+
+
+def test_a_block_diffusion_model_continues_but_refuses_to_infill(runs, tmp_path, capsys):
+    from shared.training import cli
+
+    cli.train_from_argv(
+        [
+            "--preset",
+            "tiny",
+            "--objective",
+            "bd",
+            "--block-size",
+            "4",
+            "--out",
+            str(tmp_path / "bd"),
+        ]
+        + ["--max-steps", "2", "--eval-every", "100", "--cache-dir", str(tmp_path / "cache")]
+    )
+    argv = [str(runs / "ar"), str(tmp_path / "bd"), "--gen-length", "8", "--steps", "8"]
+    assert side_by_side.main([*argv, "--prompt", "And God"]) == 0
+    assert "BD (ancestral, 8 steps)" in capsys.readouterr().out
+    assert side_by_side.main([*argv, "--infill", "In the", " earth."]) == 2
+    assert "cannot infill" in capsys.readouterr().err

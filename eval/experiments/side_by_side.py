@@ -1,4 +1,5 @@
-"""The same prompts through an AR and an MDM checkpoint, printed in aligned columns.
+"""The same prompts through an AR and a diffusion checkpoint (mdm, bd or udm), printed in aligned
+columns.
 
     python -m eval.experiments.side_by_side runs/demo/ar runs/demo/mdm --prompt "And God said" \\
         --prompt "In the beginning" --gen-length 48 --steps 48 --temperature 0.8
@@ -6,7 +7,10 @@
         --infill "And God said" " and it was so."
 
 A prompt is continued by both models. An infilling request (prefix, suffix) shows what each can
-do: the MDM fills the middle seeing both sides; the AR model can only continue the prefix.
+do: a masked (mdm) or uniform-state (udm) model fills the middle seeing both sides; the AR model
+can only continue the prefix (and a bd block never sees the blocks after it, so bd refuses it).
+A udm model samples ancestrally through its posterior (``--sampler ancestral``, optionally
+``--greedy-tail``); the fixed and threshold samplers rank [MASK] positions it does not have.
 Each cell reports its NFE (network evaluations) and seconds per sample.
 """
 
@@ -25,6 +29,7 @@ from arlm.generate import ARGenerator, GenerationConfig
 from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.strategies import Ancestral, FixedCount, Threshold
+from dllm.uniform_generate import UniformSamplerConfig
 from shared.cli_args import CommandParser, set_threads, utf8_argument
 from shared.errors import CheckpointError, result_or_status
 from shared.sampling import SamplingConfig
@@ -59,28 +64,51 @@ SAMPLERS = {
 }
 
 
-def mdm_fill(
+def diffusion_config(
+    objective: str, sampler: str, steps: int, temperature: float, greedy_tail: bool
+) -> SamplerConfig | UniformSamplerConfig:
+    """The sampler ``--sampler`` names, in the form the checkpoint's family takes."""
+    sampling = SamplingConfig(temperature=temperature)
+    if objective == "udm":
+        if sampler != "ancestral":
+            raise ValueError(
+                f"--sampler {sampler} ranks [MASK] positions, which a udm (uniform-state) model "
+                "does not have: use --sampler ancestral (optionally --greedy-tail)"
+            )
+        return UniformSamplerConfig(steps, greedy_tail=greedy_tail, sampling=sampling)
+    if greedy_tail:
+        raise ValueError(
+            f"--greedy-tail is a udm sampler option; the checkpoint's objective is {objective!r}"
+        )
+    return SamplerConfig(SAMPLERS[sampler](steps), sampling=sampling)
+
+
+def diffusion_fill(
     path: str,
     prompts: list[str],
     suffixes: list[str | None],
-    gen_length: int,
-    steps: int,
-    sampler: str,
-    temperature: float,
-    seed: int,
-) -> list[Cell]:
+    args: argparse.Namespace,
+) -> tuple[list[Cell], str]:
+    """Every request through the diffusion checkpoint; its cells and its family."""
     generator = DiffusionGenerator.from_checkpoint(path)
-    if generator.objective != "mdm":
-        raise ValueError(f"{path} holds a {generator.objective!r} model, not an 'mdm' one")
-    config = SamplerConfig(
-        SAMPLERS[sampler](steps), sampling=SamplingConfig(temperature=temperature)
+    if generator.objective == "ar":
+        raise ValueError(f"{path} holds an 'ar' model, not a diffusion one (mdm, bd or udm)")
+    if generator.objective == "bd" and any(suffixes):
+        raise ValueError(
+            f"{path} is a block diffusion (bd) model: a block never sees the blocks after it, "
+            "so it cannot infill; use --prompt, or an mdm or udm checkpoint"
+        )
+    config = diffusion_config(
+        generator.objective, args.sampler, args.steps, args.temperature, args.greedy_tail
     )
     cells = []
     for prompt, suffix in zip(prompts, suffixes):  # one at a time: per-sample time and NFE
         start = time.perf_counter()
-        result = generator.generate([prompt], gen_length, config, seed=seed, suffix=suffix)
+        result = generator.generate(
+            [prompt], args.gen_length, config, seed=args.seed, suffix=suffix
+        )
         cells.append(Cell(result.texts[0], result.nfe, time.perf_counter() - start))
-    return cells
+    return cells, generator.objective
 
 
 def columns(left: str, right: str, width: int) -> str:
@@ -100,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     outputs, status = result_or_status(lambda: generate_both(args, prompts, suffixes))
     if status:
         return status
-    ar, mdm = outputs
-    print_columns(args, prompts, suffixes, ar, mdm)
+    ar, (diffusion, family) = outputs
+    print_columns(args, prompts, suffixes, ar, diffusion, family)
     return 0
 
 
@@ -110,7 +138,7 @@ def build_parser() -> CommandParser:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("ar_checkpoint")
-    parser.add_argument("mdm_checkpoint")
+    parser.add_argument("diffusion_checkpoint", help="an mdm, bd or udm run or checkpoint")
     parser.add_argument("--prompt", action="append", default=[], help="repeatable")
     parser.add_argument(
         "--infill",
@@ -125,6 +153,9 @@ def build_parser() -> CommandParser:
     parser.add_argument(
         "--sampler", choices=["ancestral", "fixed", "threshold"], default="ancestral"
     )
+    parser.add_argument(
+        "--greedy-tail", action="store_true", help="udm: the last step takes the argmax"
+    )
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--width", type=int, default=48, help="column width")
@@ -134,27 +165,19 @@ def build_parser() -> CommandParser:
 
 def generate_both(
     args: argparse.Namespace, prompts: list[str], suffixes: list[str | None]
-) -> tuple[list[Cell], list[Cell]]:
-    """Every request through both checkpoints, after checking the text and the paths."""
+) -> tuple[list[Cell], tuple[list[Cell], str]]:
+    """Every request through both checkpoints, after checking the text and the paths; the
+    diffusion checkpoint's family comes beside its cells."""
     set_threads(args.threads)
     for prompt in prompts + [suffix for suffix in suffixes if suffix]:
         utf8_argument(prompt, "--prompt/--infill")
-    for path in (args.ar_checkpoint, args.mdm_checkpoint):
+    for path in (args.ar_checkpoint, args.diffusion_checkpoint):
         if not Path(path).exists():
             raise CheckpointError(f"checkpoint path {path} does not exist")
     with torch.no_grad():  # a context, not a global switch: callers may train afterwards
         ar = ar_continue(args.ar_checkpoint, prompts, args.gen_length, args.temperature, args.seed)
-        mdm = mdm_fill(
-            args.mdm_checkpoint,
-            prompts,
-            suffixes,
-            args.gen_length,
-            args.steps,
-            args.sampler,
-            args.temperature,
-            args.seed,
-        )
-    return ar, mdm
+        diffusion = diffusion_fill(args.diffusion_checkpoint, prompts, suffixes, args)
+    return ar, diffusion
 
 
 def print_columns(
@@ -162,13 +185,15 @@ def print_columns(
     prompts: list[str],
     suffixes: list[str | None],
     ar: list[Cell],
-    mdm: list[Cell],
+    diffusion: list[Cell],
+    family: str,
 ) -> None:
     """A header, then per request its task line, both texts and both costs in two columns."""
     width = args.width
-    header = columns("AR (KV cache)", f"MDM ({args.sampler}, {args.steps} steps)", width)
+    sampler = args.sampler + (" + greedy tail" if args.greedy_tail else "")
+    header = columns("AR (KV cache)", f"{family.upper()} ({sampler}, {args.steps} steps)", width)
     print(header + "\n" + "-" * (2 * width + 3))
-    for prompt, suffix, a, m in zip(prompts, suffixes, ar, mdm):
+    for prompt, suffix, a, m in zip(prompts, suffixes, ar, diffusion):
         task = (
             f"prompt: {prompt!r}"
             if suffix is None
