@@ -1,0 +1,175 @@
+"""bench/peer_samplers.py: its pure helpers, and (given a Fast-dLLM folder) token identity of our
+masked-diffusion samplers with Fast-dLLM's generate functions on the same weights."""
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+import peer_samplers  # noqa: E402
+
+from dllm.strategies import FixedCount, Threshold  # noqa: E402
+from eval.throughput import Record, Spread  # noqa: E402
+from shared.config import ModelConfig  # noqa: E402
+from shared.formats.diffusion import llada_config_fields  # noqa: E402
+from shared.model import Transformer  # noqa: E402
+
+FAST_DLLM = os.environ.get("DUOLM_FAST_DLLM")
+NEEDS_FAST_DLLM = pytest.mark.skipif(
+    not FAST_DLLM,
+    reason="set DUOLM_FAST_DLLM to a folder holding Fast-dLLM's llada/ (NVlabs/Fast-dLLM: "
+    "llada/generate.py and llada/model/) to compare its samplers with ours token for token",
+)
+
+
+def record(name: str, tokens: list[int], seconds: list[float]) -> Record:
+    rates = [n / t for n, t in zip(tokens, seconds)]
+    return Record(name, 1, len(tokens), 0, Spread.of(rates), Spread.of(seconds), seconds, tokens,
+                  list(range(len(tokens))))  # fmt: skip
+
+
+def test_paired_ratio_divides_round_by_round():
+    ours = record("ours", [64, 64, 64], [1.0, 2.0, 4.0])
+    theirs = record("theirs", [64, 64, 64], [2.0, 2.0, 2.0])
+    ratio = peer_samplers.paired_ratio(ours, theirs)
+    assert (ratio.median, ratio.low, ratio.high) == (1.0, 0.5, 2.0)
+    with pytest.raises(ValueError, match="ran 3 rounds"):
+        peer_samplers.paired_ratio(ours, record("short", [64], [1.0]))
+
+
+def test_first_difference():
+    a = torch.tensor([[1, 2, 3, 4]])
+    assert peer_samplers.first_difference(a, a.clone()) is None
+    assert peer_samplers.first_difference(a, torch.tensor([[1, 2, 9, 9]])) == 2
+    with pytest.raises(ValueError, match="shapes differ"):
+        peer_samplers.first_difference(a, a[:, :3])
+
+
+def test_cases_map_onto_the_same_rule_and_cache_on_both_sides():
+    for case in peer_samplers.CASES:
+        ours = peer_samplers.our_sampler(case, steps=8, block_length=4, threshold=0.5)
+        theirs = peer_samplers.fast_dllm_kwargs(case, 8, 16, 4, 0.5, mask_id=99)
+        assert ours.cache == case.cache and ours.sampling.temperature == 0.0
+        assert theirs["temperature"] == 0.0 and theirs["mask_id"] == 99
+        if case.rule == "fixed":  # LLaDA's split, float64 confidence: Fast-dLLM's
+            assert ours.strategy == FixedCount(8, split="front", confidence="float64")
+            assert theirs["threshold"] is None
+        else:
+            assert ours.strategy == Threshold(0.5) and theirs["threshold"] == 0.5
+    assert {c.cache for c in peer_samplers.CASES} == set(peer_samplers.FAST_DLLM_FUNCTIONS)
+
+
+def test_shapes_are_valid_and_export_to_llada():
+    for name, shape in peer_samplers.SHAPES.items():
+        config = ModelConfig(**shape).validate()
+        fields = llada_config_fields(config, config.vocab_size, 0, 0)  # raises if not LLaDA's
+        assert fields["n_layers"] == config.n_layers, name
+    small = ModelConfig(**peer_samplers.SHAPES["135m"])
+    assert (small.dim, small.n_layers, small.n_kv_heads, small.tie_embeddings) == (576, 30, 3, True)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--batch", "2"], "only --batch 1"),
+        (["--gen-length", "20", "--block-length", "16"], "must divide --gen-length 20"),
+        (["--steps", "6"], "multiple of the number of blocks (4)"),
+        (["--threshold", "0"], "must be in (0, 1]"),
+        (["--gen-length", "128"], "more than the demo shape's max_seq_len=128"),
+        (["--rounds", "0"], "--rounds 0 must be >= 1"),
+    ],
+)
+def test_bad_settings_exit_2_with_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        peer_samplers.main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_a_missing_fast_dllm_folder_is_named(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        peer_samplers.main(["--fast-dllm", str(tmp_path), "--check-only"])
+    assert exit_.value.code == 2
+    assert "llada/generate.py" in capsys.readouterr().err
+
+
+def test_absent_peers_are_skipped_with_the_reason(tmp_path, capsys):
+    out = tmp_path / "report.json"
+    assert peer_samplers.main(["--duo", str(tmp_path), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "fast-dllm: skipped: no --fast-dllm PATH given" in text
+    assert "duo: skipped: not built" in text and "bd3lms: skipped: no --bd3lms PATH" in text
+
+
+def confident_mdm() -> Transformer:
+    """A small random MDM with large weights (N(0, 0.5) matrices): its predictions are peaked, so
+    several positions pass a 0.5 threshold in one step and the approximate caches change tokens
+    (checked below), which a default-initialised model, predicting almost uniformly, never does."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=33, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                         hidden_dim=64, max_seq_len=64)  # fmt: skip
+    model = Transformer(config).eval()
+    with torch.no_grad():
+        for weight in model.parameters():
+            if weight.ndim == 2:
+                weight.normal_(0.0, 0.5)
+    return model
+
+
+SETTINGS = ["--gen-length", "18", "--block-length", "6", "--steps", "12", "--threshold", "0.5"]
+
+
+def fast_dllm_rows(argv: list[str]) -> list[dict]:
+    theirs = peer_samplers.load_fast_dllm(FAST_DLLM)
+    args = peer_samplers.parse_args(["--fast-dllm", FAST_DLLM, "--prompt-length", "5", *argv])
+    pairs = peer_samplers.fast_dllm_pairs(args, confident_mdm(), theirs)
+    return [peer_samplers.check_identity(case, ours, peer) for case, ours, peer in pairs]
+
+
+def test_the_identity_settings_exercise_parallel_reveals_and_stale_caches():
+    model = confident_mdm()
+    generator = peer_samplers.DiffusionGenerator(model, eos_id=0)
+    prompt = torch.randint(1, 32, (5,), generator=torch.Generator().manual_seed(0)).tolist()
+    canvas = generator.prompt_canvas([prompt], 18)
+    results = {
+        case: generator.fill(canvas, peer_samplers.our_sampler(case, 12, 6, 0.5), eos="none").raw
+        for case in peer_samplers.CASES
+    }
+    exact = {
+        rule: results[peer_samplers.Case(rule, "none")].generated for rule in ("fixed", "threshold")
+    }
+    assert any(r.revealed.max() >= 3 for c, r in results.items() if c.rule == "threshold")
+    assert any(not torch.equal(r.generated, exact[c.rule]) for c, r in results.items())
+
+
+@NEEDS_FAST_DLLM
+@pytest.mark.numerics
+def test_fast_dllm_gives_our_tokens_in_every_case():
+    """Blocks of 6 in 4 steps (LLaDA's 2, 2, 1, 1 split), a threshold several positions pass at
+    once, with and without the approximate caches (whose tokens differ from the exact ones)."""
+    rows = fast_dllm_rows(SETTINGS)
+    assert len(rows) == 6
+    assert all(row["identical"] for row in rows), rows
+
+
+@NEEDS_FAST_DLLM
+@pytest.mark.numerics
+def test_the_identity_check_sees_a_different_split(monkeypatch):
+    """Our rounded split (2, 1, 2, 1) instead of LLaDA's: the fixed cases no longer match."""
+    build = peer_samplers.our_sampler
+
+    def rounded(*args):
+        config = build(*args)
+        if isinstance(config.strategy, FixedCount):
+            return dataclasses.replace(config, strategy=FixedCount(config.strategy.steps))
+        return config
+
+    monkeypatch.setattr(peer_samplers, "our_sampler", rounded)
+    rows = fast_dllm_rows(SETTINGS)
+    assert not any(row["identical"] for row in rows if row["case"].startswith("fixed"))
