@@ -1,41 +1,46 @@
 """Our diffusion samplers side by side with their public implementations, on the same weights.
 
-    python bench/peer_samplers.py --fast-dllm PATH --shape demo --batch 1 --rounds 5
+    python bench/peer_samplers.py --fast-dllm PATH --duo PATH --shape demo --batch 1 --rounds 5
     python bench/peer_samplers.py --fast-dllm PATH --shape 135m --json out.json
-    python bench/peer_samplers.py --fast-dllm PATH --check-only      # token identity, no timing
+    python bench/peer_samplers.py --fast-dllm PATH --duo PATH --check-only   # checks, no timing
 
-``--fast-dllm PATH``: a folder holding Fast-dLLM's ``llada/`` folder (NVlabs/Fast-dLLM: its
-``llada/generate.py`` and ``llada/model/``), for example from
-``git show HEAD:llada/generate.py > PATH/llada/generate.py`` and the same for ``llada/model/*``.
-Nothing of it is copied into this project: the script imports it from PATH. It needs
-``transformers`` and ``einops`` (the ``hf`` extra).
+Each peer runs from a folder the user gives; nothing of it is copied into this project, the
+adapters in ``bench/peer_adapters.py`` import it from there (``transformers`` and ``einops``, the
+``hf`` extra, are needed for Fast-dLLM's model code). A peer without a path is skipped with the
+reason. For every case the script first checks the two implementations against each other, then
+times both with ``eval.throughput.measure`` (warm-up, alternating rounds, median with min and
+max) and reports the paired ratio ours / theirs of tokens/s, round by round. The models are
+randomly initialised at the chosen shape (speed does not depend on what the weights say).
 
-What runs: one randomly initialised MDM of the chosen shape (speed does not depend on what the
-weights say), and the same weights loaded into Fast-dLLM's ``LLaDAModelLM`` under LLaDA's names
-and config (``shared.formats.diffusion``, the mapping ``duolm export`` writes). For each case,
-Fast-dLLM's ``generate``, ``generate_with_prefix_cache`` or ``generate_with_dual_cache`` (fixed
-low-confidence, or ``threshold=``) and our ``DiffusionGenerator.fill`` with the same rule,
-blocks and cache fill the same canvas (BOS + a random prompt + ``--gen-length`` masks) greedily.
-The script first checks that both produce the same tokens, then times both with
-``eval.throughput.measure`` (warm-up, alternating rounds, median with min and max) and reports
-the paired ratio ours / theirs of tokens/s, round by round.
-
-Where the algorithms are the same, and the one adapter: our models never predict [MASK] (SUBS;
-its column is dropped before the argmax and the softmax), while Fast-dLLM's argmax and softmax
-run over the whole vocabulary, [MASK] included. ``MaskColumnDropped`` wraps their model so that
-the [MASK] logit is -inf in what ``model(x).logits`` returns; their sampler runs unchanged on it.
-Our side uses LLaDA's split of a block's tokens over its steps (``FixedCount(split="front")``)
-and float64 confidences, as Fast-dLLM does. Their ``generate`` functions build a batch of one
-row (``torch.full((1, ...))``), so only ``--batch 1`` compares with Fast-dLLM.
-
-Duo (``--duo``) and bd3lms (``--bd3lms``): not built; each prints why (``PEER_GAPS``).
+- ``--fast-dllm PATH``: a folder holding Fast-dLLM's ``llada/`` (NVlabs/Fast-dLLM:
+  ``llada/generate.py``, ``llada/model/``). An MDM, and the same weights in Fast-dLLM's
+  ``LLaDAModelLM`` under LLaDA's names and config (the mapping ``duolm export`` writes). Cases:
+  fixed low-confidence and threshold decoding, each without a cache and with the approximate
+  prefix and dual caches: Fast-dLLM's ``generate``, ``generate_with_prefix_cache``,
+  ``generate_with_dual_cache`` against our ``DiffusionGenerator.fill`` with the same rule, blocks
+  and cache, greedy, on BOS + a random prompt + ``--gen-length`` masks. Check: identical tokens.
+  The same algorithm on both sides, with one adapter: our models never predict [MASK] (SUBS),
+  while Fast-dLLM's argmax and softmax include its column, so its logit is set to -inf in what
+  their ``model(x).logits`` returns. Our side uses LLaDA's split of a block's tokens over its
+  steps (``FixedCount(split="front")``) and float64 confidences, as Fast-dLLM does. Their
+  functions build one row (``torch.full((1, ...))``): Fast-dLLM needs ``--batch 1``.
+- ``--duo PATH``: a Duo clone (s-sahoo/duo). A udm model (time-conditioned), and Duo's
+  ``generate_samples`` (ancestral steps, float64 posterior ``DUO_BASE._posterior_from_x0``,
+  greedy noise removal) bound unchanged to a stand-in of its Lightning module whose forward is
+  our model, against our ``sample_uniform`` with ``--steps`` steps and the greedy tail. Tokens
+  cannot be identical (Duo draws from the global RNG by Gumbel-max, we draw per row by inverse
+  CDF), so the check is the step itself: on one trajectory, Duo's posterior and ours from the
+  same x_theta, z_t, alpha_t, alpha_s, at every step (max absolute difference). Both use the
+  same number of network evaluations: Duo's ``--steps - 1`` ancestral steps (its grid runs from
+  1 to 1e-5) plus its greedy step, our ``--steps`` steps (grid 1 to 0, the last one greedy).
+  Duo has no prompt: it generates every position (BOS + ``--gen-length``), ours keeps BOS.
+- ``--bd3lms PATH``: not built; prints why (``PEER_GAPS``).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import json
 import platform
 import sys
@@ -47,21 +52,24 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import peer_adapters
 
 from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.strategies import FixedCount, Threshold
+from dllm.uniform_generate import UniformSamplerConfig, posterior
+from dllm.uniform_objective import alpha
 from eval.throughput import Record, Setting, Spread, measure
-from shared.checkpoint import full_model_state
 from shared.config import ModelConfig
-from shared.formats.diffusion import llada_config_fields, llada_weight_name
 from shared.model import Transformer
-from shared.sampling import SamplingConfig
+from shared.sampling import SamplingConfig, sample_categorical
 from shared.training.presets import get_preset
 
 BOS = 0
 
-# Model shapes, before the [MASK] row the diffusion objective adds. The demo preset's shape
+# Model shapes, before the [MASK] row the masked objectives add. The demo preset's shape
 # without its sliding window (LLaDA's format has none), and SmolLM2-135M's config.
 SHAPES: dict[str, dict[str, Any]] = {
     "demo": {**get_preset("demo")["model"], "vocab_size": 512, "sliding_window": 0},
@@ -79,29 +87,31 @@ SHAPES: dict[str, dict[str, Any]] = {
     ),
 }
 
-# What blocks a comparison with the other two public samplers (printed when their path is given).
+# What blocks a comparison with bd3lms (printed when its path is given).
 PEER_GAPS = {
-    "duo": (
-        "not built. Duo's sampler (s-sahoo/duo: trainer_base.Diffusion.generate_samples, "
-        "_ancestral_update, algo.DUO_BASE._posterior_from_x0) is a set of methods of its "
-        "Lightning module: trainer_base.py imports hydra, lightning, transformers and Duo's "
-        "dataloader, metrics and models at import time, and the methods read self.config "
-        "(Hydra), self.noise and self.backbone. An adapter would bind those methods to a "
-        "stand-in object; not written yet. Tokens cannot be identical in any case: its draws "
-        "come from the global RNG (Gumbel-max with torch.rand_like), its time grid ends at "
-        "eps=1e-5 rather than 0, and its greedy tail is an extra evaluation after the last step"
-    ),
     "bd3lms": (
         "not built. bd3lms's sampler (kuleshov-group/bd3lms: diffusion.Diffusion._semi_ar_sampler "
-        "and _ddpm_caching_update) is a set of methods of its Lightning module: diffusion.py "
-        "imports hydra, lightning, transformers and bd3lms's dataloader, metrics, models and "
-        "noise_schedule at import time; the methods call self.forward(x, sigma, sample_mode, "
-        "store_kv) on its DiT backbone's own KV cache (reset_kv_cache) and read self.config "
-        "(Hydra). An adapter is not written yet. Tokens cannot be identical in any case: its "
-        "draws come from the global RNG (Gumbel-max), and it stops on its _check_stop_conds "
-        "past 256 tokens"
+        "and _ddpm_caching_update) is a set of methods of its Lightning module, like Duo's, and "
+        "could be bound to a stand-in the same way (with kv_cache off: its cached path calls "
+        "the DiT backbone's own store_kv/reset_kv_cache); that adapter is not written yet. "
+        "Tokens could not be identical: its draws come from the global RNG (Gumbel-max), its "
+        "time grid is linspace(1, 0, steps) with dt = 1/steps (ours: 1 - k/steps), and it "
+        "checks its stop conditions past 256 tokens"
     ),
 }
+
+
+@dataclass
+class Pair:
+    """One case run by both implementations: ``ours`` and ``theirs`` generate once and return
+    how many tokens they generated; ``check`` compares the two and returns {"identical": bool,
+    "what": one line}."""
+
+    peer: str
+    case: str
+    ours: Callable[[], int]
+    theirs: Callable[[], int]
+    check: Callable[[], dict[str, Any]]
 
 
 # ---------------------------------------------------------------- the cases
@@ -185,81 +195,27 @@ def fail(why: str) -> None:
 # ---------------------------------------------------------------- Fast-dLLM
 
 
-def load_fast_dllm(path: str) -> Any:
-    """Fast-dLLM's ``llada/generate.py`` as a module (its ``model`` package importable), or
-    SystemExit(2) with one line saying what is missing."""
-    folder = Path(path) / "llada"
-    if not (folder / "generate.py").is_file() or not (folder / "model").is_dir():
-        fail(
-            f"--fast-dllm {path}: expected {folder}/generate.py and {folder}/model/ (a folder "
-            "with Fast-dLLM's llada/ directory)"
-        )
-    sys.path.insert(0, str(folder))  # its generate.py imports "model.modeling_llada"
-    spec = importlib.util.spec_from_file_location("fast_dllm_generate", folder / "generate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def llada_peer(model: Transformer) -> torch.nn.Module:
-    """Fast-dLLM's ``LLaDAModelLM`` with ``model``'s config and weights."""
-    from model.configuration_llada import LLaDAConfig
-    from model.modeling_llada import LLaDAModelLM
-
-    mask_id = model.config.vocab_size - 1
-    fields = llada_config_fields(model.config, mask_id, BOS, BOS)
-    peer = LLaDAModelLM(LLaDAConfig(**fields), init_params=False)
-    # Their forward reads config.use_cache, which transformers 5 no longer keeps on a config
-    # (LLaDA's config.json says false, as does LLaDAConfig's default).
-    peer.config.use_cache = False
-    weights = {llada_weight_name(n): t for n, t in full_model_state(model).items()}
-    if model.config.tie_embeddings:  # LLaDA's tied head is its embedding
-        weights.pop("model.transformer.ff_out.weight", None)
-        weights.setdefault("model.transformer.wte.weight", model.tok_embeddings.weight)
-    missing, unexpected = peer.load_state_dict(weights, strict=False)
-    if missing or unexpected:
-        raise RuntimeError(f"LLaDA weights: missing {missing}, unexpected {unexpected}")
-    return peer.to(next(model.parameters()).device).eval()
-
-
-class MaskColumnDropped:
-    """Fast-dLLM's model with the [MASK] logit at -inf: SUBS, as our models are used. Everything
-    else (the call, ``past_key_values``, ``replace_position``) passes through unchanged."""
-
-    def __init__(self, model: torch.nn.Module, mask_id: int):
-        self.model = model
-        self.mask_id = mask_id
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
-
-    def __call__(self, *args, **kwargs):
-        output = self.model(*args, **kwargs)
-        output.logits[..., self.mask_id] = float("-inf")
-        return output
-
-
-# ---------------------------------------------------------------- running both
-
-
-def build_model(shape: str, device: str) -> Transformer:
-    config = ModelConfig(**SHAPES[shape])
+def build_model(shape: str, device: str, *, extra_rows: int, time: bool = False) -> Transformer:
+    """A random model of ``shape`` with ``extra_rows`` vocabulary rows added ([MASK]: 1)."""
+    config = ModelConfig(**{**SHAPES[shape], "time_conditioning": time})
     torch.manual_seed(0)
-    model = Transformer(config.with_vocab(config.vocab_size + 1))  # + the [MASK] row
+    model = Transformer(config.with_vocab(config.vocab_size + extra_rows))
     return model.to(device).eval()
 
 
-def run_pair(
-    case: Case, args: argparse.Namespace, ours: DiffusionGenerator, theirs: Any, peer, prompt
-) -> tuple[Callable[[], torch.Tensor], Callable[[], torch.Tensor]]:
-    """Two zero-argument callables, ours and Fast-dLLM's, each returning the generated [1, G]."""
+def random_prompt(length: int, high: int) -> list[int]:
+    draws = torch.Generator().manual_seed(0)
+    return torch.randint(1, high, (length,), generator=draws).tolist()
+
+
+def fast_dllm_pair(case: Case, args, ours: DiffusionGenerator, fast_dllm, peer, prompt) -> Pair:
+    """Ours and Fast-dLLM's ``case`` on the same canvas; the check compares their tokens."""
     config = our_sampler(case, args.steps, args.block_length, args.threshold)
     canvas = ours.prompt_canvas([prompt], args.gen_length)
     kwargs = fast_dllm_kwargs(
         case, args.steps, args.gen_length, args.block_length, args.threshold, ours.mask_id
     )
-    function = getattr(theirs, FAST_DLLM_FUNCTIONS[case.cache])
+    function = getattr(fast_dllm.generate, FAST_DLLM_FUNCTIONS[case.cache])
     start = canvas.region[0]
     prefix = canvas.tokens[:, :start].to(peer.device)  # BOS + prompt
 
@@ -270,13 +226,21 @@ def run_pair(
         tokens, _ = function(peer, prefix, **kwargs)
         return tokens[:, start:]
 
-    return run_ours, run_theirs
+    def check() -> dict[str, Any]:
+        at = first_difference(run_ours().cpu(), run_theirs().cpu())
+        what = "identical tokens" if at is None else f"tokens differ from position {at}"
+        return {"identical": at is None, "what": what, "first_difference": at}
+
+    return Pair("fast-dllm", case.name, counted(run_ours), counted(run_theirs), check)
 
 
-def check_identity(case: Case, run_ours, run_theirs) -> dict[str, Any]:
-    ours, theirs = run_ours(), run_theirs()
-    at = first_difference(ours.cpu(), theirs.cpu())
-    return {"case": case.name, "identical": at is None, "first_difference": at}
+def fast_dllm_pairs(args: argparse.Namespace, model: Transformer, fast_dllm) -> list[Pair]:
+    """Every case on ``model`` and the same weights in Fast-dLLM's model."""
+    mask_id = model.config.vocab_size - 1
+    peer = peer_adapters.MaskColumnDropped(peer_adapters.llada_peer(fast_dllm, model, BOS), mask_id)
+    ours = DiffusionGenerator(model, eos_id=BOS)
+    prompt = random_prompt(args.prompt_length, mask_id)
+    return [fast_dllm_pair(case, args, ours, fast_dllm, peer, prompt) for case in CASES]
 
 
 def counted(run: Callable[[], torch.Tensor]) -> Callable[[], int]:
@@ -284,11 +248,73 @@ def counted(run: Callable[[], torch.Tensor]) -> Callable[[], int]:
     return lambda: int(run().numel())
 
 
-def time_pair(case: Case, run_ours, run_theirs, args, sync) -> dict[str, Any]:
+# ---------------------------------------------------------------- Duo
+
+POSTERIOR_TOLERANCE = 1e-12  # float64 rounding of one formula written two ways
+
+
+@torch.no_grad()
+def posterior_gap(duo_sampler, network, length: int, batch: int, steps: int) -> float:
+    """Largest |Duo's posterior - ours| over one trajectory of ``steps`` steps from Duo's prior:
+    both from the same x_theta (our model's), z_t, alpha_t and alpha_s, at every step (the last
+    one to s = 0); z_s is drawn from ours to go on. x_theta is renormalised in float64 first:
+    Duo's formula divides by a normaliser that assumes x_theta sums to 1 (ours normalises
+    explicitly), and exp(float32 log-softmax) sums to 1 only to float32 rounding, which would
+    show as differences of about 1e-8 that are not the step's."""
+    torch.manual_seed(0)
+    z = duo_sampler.prior_sample(batch, length)
+    draws = torch.Generator().manual_seed(0)
+    gap = 0.0
+    for k in range(steps, 0, -1):
+        t, s = k / steps, (k - 1) / steps
+        alpha_t, alpha_s = (alpha(torch.full((batch, 1), v, dtype=torch.float64)) for v in (t, s))
+        sigma = duo_sampler._sigma_from_alphat(alpha_t.float())
+        x_theta = network(z, sigma).to(torch.float64).exp()
+        x_theta = x_theta / x_theta.sum(-1, keepdim=True)
+        theirs = duo_sampler._posterior_from_x0(x0=x_theta, xt=z, alpha_s=alpha_s, alpha_t=alpha_t)
+        ours = posterior(x_theta.flatten(0, 1), z.flatten(), t, s)
+        gap = max(gap, float((theirs.flatten(0, 1) - ours).abs().max()))
+        z = sample_categorical(ours.cpu(), draws).view(batch, length).to(z.device)
+    return gap
+
+
+def duo_pair(args: argparse.Namespace, duo) -> Pair:
+    """Ours and Duo's ancestral sampler with a greedy last step, the same NFE (``--steps``)."""
+    pad = SHAPES[args.shape]["vocab_size"] - 1  # the support is every id but padding
+    model = build_model(args.shape, args.device, extra_rows=0, time=True)
+    ours = DiffusionGenerator(model, state={"objective": "udm"}, eos_id=BOS, pad_id=pad)
+    canvas = ours.prompt_canvas([[]] * args.batch, args.gen_length)
+    config = UniformSamplerConfig(steps=args.steps, greedy_tail=True)
+    network = peer_adapters.DuoNetwork(model, pad)
+    sampler = peer_adapters.duo_sampler(duo, network, canvas.length)
+
+    def run_ours() -> torch.Tensor:
+        return ours.fill(canvas, config, seed=0, eos="none").raw.generated
+
+    def run_theirs() -> torch.Tensor:
+        return sampler.generate_samples(args.batch, num_steps=args.steps - 1)
+
+    def check() -> dict[str, Any]:
+        gap = posterior_gap(sampler, network, canvas.length, args.batch, args.steps)
+        same = "equal" if gap < POSTERIOR_TOLERANCE else "DIFFER"
+        what = (
+            f"step distributions {same} (largest difference {gap:.1e}); tokens not "
+            "comparable (different random streams)"
+        )
+        return {"identical": gap < POSTERIOR_TOLERANCE, "what": what, "posterior_gap": gap}
+
+    name = f"ancestral {args.steps} NFE, greedy tail"
+    return Pair("duo", name, counted(run_ours), counted(run_theirs), check)
+
+
+# ---------------------------------------------------------------- measuring
+
+
+def time_pair(pair: Pair, args: argparse.Namespace, sync) -> dict[str, Any]:
     """Both timed by ``eval.throughput.measure`` (alternating rounds), with the paired ratio."""
     settings = [
-        Setting(f"ours {case.name}", 1, counted(run_ours)),
-        Setting(f"fast-dllm {case.name}", 1, counted(run_theirs)),
+        Setting(f"ours {pair.case}", args.batch, pair.ours),
+        Setting(f"{pair.peer} {pair.case}", args.batch, pair.theirs),
     ]
     result = measure(settings, rounds=args.rounds, warmup=args.warmup, sync=sync)
     ours, theirs = result.records
@@ -300,49 +326,40 @@ def time_pair(case: Case, run_ours, run_theirs, args, sync) -> dict[str, Any]:
     }
 
 
-def fast_dllm_pairs(args: argparse.Namespace, model: Transformer, theirs: Any) -> list[tuple]:
-    """(case, ours, theirs) for every case: the two callables of ``run_pair`` on ``model`` and
-    the same weights in Fast-dLLM's model, one random prompt of ``--prompt-length`` tokens."""
-    mask_id = model.config.vocab_size - 1
-    peer = MaskColumnDropped(llada_peer(model), mask_id)
-    ours = DiffusionGenerator(model, eos_id=BOS)
-    draws = torch.Generator().manual_seed(0)
-    prompt = torch.randint(1, mask_id, (args.prompt_length,), generator=draws).tolist()
-    return [(case, *run_pair(case, args, ours, theirs, peer, prompt)) for case in CASES]
-
-
-def compare_fast_dllm(args: argparse.Namespace) -> dict[str, Any]:
-    theirs = load_fast_dllm(args.fast_dllm)
-    model = build_model(args.shape, args.device)
+def compare(pairs: list[Pair], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Check every pair, then (unless ``--check-only``) time it."""
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else None
     rows = []
-    for case, run_ours, run_theirs in fast_dllm_pairs(args, model, theirs):
-        row = check_identity(case, run_ours, run_theirs)
-        at = row["first_difference"]
-        same = "identical tokens" if at is None else f"tokens DIFFER from position {at}"
-        print(f"fast-dllm {case.name}: {same}", flush=True)
+    for pair in pairs:
+        row = {"peer": pair.peer, "case": pair.case, **pair.check()}
+        print(f"{pair.peer} {pair.case}: {row['what']}", flush=True)
         if not args.check_only:
-            row |= time_pair(case, run_ours, run_theirs, args, sync)
+            row |= time_pair(pair, args, sync)
         rows.append(row)
-    return {"peer": "fast-dllm", "source": source_of(args.fast_dllm), "cases": rows}
+    return rows
 
 
 def check_args(args: argparse.Namespace) -> None:
     """One line (SystemExit 2) naming the first setting that does not fit."""
     blocks, left = divmod(args.gen_length, args.block_length) if args.block_length > 0 else (0, 1)
     length = 1 + args.prompt_length + args.gen_length
+    max_len = SHAPES[args.shape]["max_seq_len"]
     problems = [
-        (args.batch != 1, f"--batch {args.batch}: Fast-dLLM's generate functions build one row "
+        (args.fast_dllm is not None and args.batch != 1,
+         f"--batch {args.batch}: Fast-dLLM's generate functions build one row "
          "(torch.full((1, ...))); only --batch 1 compares with them"),
+        (args.batch < 1, f"--batch {args.batch} must be >= 1"),
         (args.gen_length < 1 or left != 0 or blocks < 1,
          f"--block-length {args.block_length} must divide --gen-length {args.gen_length}"),
         (blocks >= 1 and (args.steps < 1 or args.steps % blocks != 0),
          f"--steps {args.steps} must be a positive multiple of the number of blocks ({blocks})"),
+        (args.duo is not None and args.steps < 2,
+         f"--steps {args.steps}: Duo's comparison needs at least 2 (its greedy step is one)"),
         (not 0 < args.threshold <= 1, f"--threshold {args.threshold} must be in (0, 1]"),
         (args.prompt_length < 0, f"--prompt-length {args.prompt_length} must be >= 0"),
-        (length > SHAPES[args.shape]["max_seq_len"],
+        (length > max_len,
          f"BOS + --prompt-length + --gen-length = {length} positions, more than the "
-         f"{args.shape} shape's max_seq_len={SHAPES[args.shape]['max_seq_len']}"),
+         f"{args.shape} shape's max_seq_len={max_len}"),
         (args.rounds < 1 or args.warmup < 0, f"--rounds {args.rounds} must be >= 1 and "
          f"--warmup {args.warmup} >= 0"),
     ]  # fmt: skip
@@ -370,14 +387,14 @@ def versions() -> dict[str, str | None]:
     return found
 
 
-def markdown(report: dict[str, Any]) -> str:
-    """One table row per case: identity, both medians, the paired ratio."""
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """One table row per case: the check, both medians, the paired ratio."""
     lines = [
-        "| case (rule / cache) | same tokens | ours tokens/s median [min, max] "
+        "| peer | case | check | ours tokens/s median [min, max] "
         "| theirs tokens/s median [min, max] | ours / theirs (paired) median [min, max] |",
-        "| --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
-    for row in report["cases"]:
+    for row in rows:
         cells = ["-", "-", "-"]
         if "ratio" in row:
             o, t = row["ours"]["tokens_per_s"], row["theirs"]["tokens_per_s"]
@@ -387,30 +404,59 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{t['median']:,.0f} [{t['low']:,.0f}, {t['high']:,.0f}]",
                 f"{r['median']:.2f} [{r['low']:.2f}, {r['high']:.2f}]",
             ]
-        same = "yes" if row["identical"] else f"no (from position {row['first_difference']})"
-        lines.append(f"| {row['case']} | {same} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {row['peer']} | {row['case']} | {row['what']} | " + " | ".join(cells) + " |"
+        )
     return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fast-dllm", default=None, help="folder with Fast-dLLM's llada/")
-    parser.add_argument("--duo", default=None, help="a clone of s-sahoo/duo (not built yet)")
+    parser.add_argument("--duo", default=None, help="a clone of s-sahoo/duo")
     parser.add_argument("--bd3lms", default=None, help="a clone of bd3lms (not built yet)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="demo")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--gen-length", type=int, default=64)
-    parser.add_argument("--block-length", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=64, help="fixed rule: steps in all")
+    parser.add_argument("--block-length", type=int, default=16, help="Fast-dLLM cases")
+    parser.add_argument("--steps", type=int, default=64, help="steps (fixed rule) / NFE (Duo)")
     parser.add_argument("--threshold", type=float, default=0.9)
-    parser.add_argument("--prompt-length", type=int, default=16)
+    parser.add_argument("--prompt-length", type=int, default=16, help="Fast-dLLM cases")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--check-only", action="store_true", help="token identity, no timing")
+    parser.add_argument("--check-only", action="store_true", help="checks only, no timing")
     parser.add_argument("--json", default=None, help="also write the report here")
     return parser.parse_args(argv)
+
+
+def peer_pairs(args: argparse.Namespace) -> tuple[list[Pair], dict[str, str], dict[str, str]]:
+    """(pairs to compare, the sources of the peers used, the reasons the others are skipped)."""
+    pairs: list[Pair] = []
+    sources: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+    if args.fast_dllm is None:
+        skipped["fast-dllm"] = "no --fast-dllm PATH given (a folder with Fast-dLLM's llada/)"
+    else:
+        fail_if(peer_adapters.fast_dllm_missing(args.fast_dllm))
+        fast_dllm = peer_adapters.load_fast_dllm(args.fast_dllm)
+        model = build_model(args.shape, args.device, extra_rows=1)
+        pairs += fast_dllm_pairs(args, model, fast_dllm)
+        sources["fast-dllm"] = source_of(args.fast_dllm)
+    if args.duo is None:
+        skipped["duo"] = "no --duo PATH given (a clone of s-sahoo/duo)"
+    else:
+        fail_if(peer_adapters.duo_missing(args.duo))
+        pairs.append(duo_pair(args, peer_adapters.load_duo(args.duo)))
+        sources["duo"] = source_of(args.duo)
+    skipped["bd3lms"] = "no --bd3lms PATH given" if args.bd3lms is None else PEER_GAPS["bd3lms"]
+    return pairs, sources, skipped
+
+
+def fail_if(why: str | None) -> None:
+    if why is not None:
+        fail(why)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -420,20 +466,22 @@ def main(argv: list[str] | None = None) -> int:
     # Identical tokens need the same float32 arithmetic on both sides: no TF32 matmuls.
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    report: dict[str, Any] = {"shape": args.shape, "settings": vars(args), "versions": versions()}
-    skipped = {}
-    if args.fast_dllm is None:
-        skipped["fast-dllm"] = "no --fast-dllm PATH given (a folder with Fast-dLLM's llada/)"
-    else:
-        report["fast-dllm"] = compare_fast_dllm(args)
+    pairs, sources, skipped = peer_pairs(args)
+    rows = compare(pairs, args)
+    if rows:
         print()
-        print(markdown(report["fast-dllm"]))
-    for name, path in (("duo", args.duo), ("bd3lms", args.bd3lms)):
-        skipped[name] = f"no --{name} PATH given" if path is None else PEER_GAPS[name]
-    report["skipped"] = skipped
+        print(markdown(rows))
     for name, why in skipped.items():
         print(f"- {name}: skipped: {why}")
     if args.json:
+        report = {
+            "shape": args.shape,
+            "settings": vars(args),
+            "versions": versions(),
+            "sources": sources,
+            "rows": rows,
+            "skipped": skipped,
+        }
         Path(args.json).write_text(json.dumps(report, indent=2, default=str))
     return 0
 

@@ -1,7 +1,9 @@
-"""bench/peer_samplers.py: its pure helpers, and (given a Fast-dLLM folder) token identity of our
-masked-diffusion samplers with Fast-dLLM's generate functions on the same weights."""
+"""bench/peer_samplers.py and bench/peer_adapters.py: the pure helpers; given a Fast-dLLM folder
+(DUOLM_FAST_DLLM), token identity of our masked-diffusion samplers with Fast-dLLM's generate
+functions on the same weights; given a Duo clone (DUOLM_DUO), Duo's step against ours."""
 
 import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
@@ -11,6 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
+import peer_adapters  # noqa: E402
 import peer_samplers  # noqa: E402
 
 from dllm.strategies import FixedCount, Threshold  # noqa: E402
@@ -24,6 +27,12 @@ NEEDS_FAST_DLLM = pytest.mark.skipif(
     not FAST_DLLM,
     reason="set DUOLM_FAST_DLLM to a folder holding Fast-dLLM's llada/ (NVlabs/Fast-dLLM: "
     "llada/generate.py and llada/model/) to compare its samplers with ours token for token",
+)
+DUO = os.environ.get("DUOLM_DUO")
+NEEDS_DUO = pytest.mark.skipif(
+    not DUO,
+    reason="set DUOLM_DUO to a clone of s-sahoo/duo (trainer_base.py, algo.py) to compare its "
+    "sampling step with ours",
 )
 
 
@@ -76,7 +85,9 @@ def test_shapes_are_valid_and_export_to_llada():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--batch", "2"], "only --batch 1"),
+        (["--batch", "2", "--fast-dllm", "x"], "only --batch 1"),
+        (["--batch", "0"], "--batch 0 must be >= 1"),
+        (["--duo", "x", "--steps", "1", "--block-length", "64"], "needs at least 2"),
         (["--gen-length", "20", "--block-length", "16"], "must divide --gen-length 20"),
         (["--steps", "6"], "multiple of the number of blocks (4)"),
         (["--threshold", "0"], "must be in (0, 1]"),
@@ -101,19 +112,30 @@ def test_a_missing_fast_dllm_folder_is_named(tmp_path, capsys):
 
 def test_absent_peers_are_skipped_with_the_reason(tmp_path, capsys):
     out = tmp_path / "report.json"
-    assert peer_samplers.main(["--duo", str(tmp_path), "--json", str(out)]) == 0
+    assert peer_samplers.main(["--bd3lms", str(tmp_path), "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "fast-dllm: skipped: no --fast-dllm PATH given" in text
-    assert "duo: skipped: not built" in text and "bd3lms: skipped: no --bd3lms PATH" in text
+    assert "duo: skipped: no --duo PATH" in text and "bd3lms: skipped: not built" in text
 
 
-def confident_mdm() -> Transformer:
+def test_peer_imports_leave_no_generic_module_names(tmp_path):
+    (tmp_path / "utils.py").write_text("import dataloader\nVALUE = dataloader.__name__\n")
+    stand_in = peer_adapters.stand_in("dataloader")
+    with peer_adapters.peer_imports(tmp_path, {"dataloader": stand_in}):
+        import utils
+
+    assert utils.VALUE == "dataloader"
+    assert "utils" not in sys.modules and "dataloader" not in sys.modules
+    assert str(tmp_path) not in sys.path
+
+
+def confident_mdm(tied: bool = False) -> Transformer:
     """A small random MDM with large weights (N(0, 0.5) matrices): its predictions are peaked, so
     several positions pass a 0.5 threshold in one step and the approximate caches change tokens
     (checked below), which a default-initialised model, predicting almost uniformly, never does."""
     torch.manual_seed(0)
     config = ModelConfig(vocab_size=33, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                         hidden_dim=64, max_seq_len=64)  # fmt: skip
+                         hidden_dim=64, max_seq_len=64, tie_embeddings=tied)  # fmt: skip
     model = Transformer(config).eval()
     with torch.no_grad():
         for weight in model.parameters():
@@ -125,25 +147,23 @@ def confident_mdm() -> Transformer:
 SETTINGS = ["--gen-length", "18", "--block-length", "6", "--steps", "12", "--threshold", "0.5"]
 
 
-def fast_dllm_rows(argv: list[str]) -> list[dict]:
-    theirs = peer_samplers.load_fast_dllm(FAST_DLLM)
+def fast_dllm_checks(argv: list[str]) -> list[dict]:
+    fast_dllm = peer_adapters.load_fast_dllm(FAST_DLLM)
     args = peer_samplers.parse_args(["--fast-dllm", FAST_DLLM, "--prompt-length", "5", *argv])
-    pairs = peer_samplers.fast_dllm_pairs(args, confident_mdm(), theirs)
-    return [peer_samplers.check_identity(case, ours, peer) for case, ours, peer in pairs]
+    pairs = peer_samplers.fast_dllm_pairs(args, confident_mdm(), fast_dllm)
+    return [{"case": pair.case, **pair.check()} for pair in pairs]
 
 
 def test_the_identity_settings_exercise_parallel_reveals_and_stale_caches():
     model = confident_mdm()
     generator = peer_samplers.DiffusionGenerator(model, eos_id=0)
-    prompt = torch.randint(1, 32, (5,), generator=torch.Generator().manual_seed(0)).tolist()
+    prompt = peer_samplers.random_prompt(5, 32)
     canvas = generator.prompt_canvas([prompt], 18)
     results = {
         case: generator.fill(canvas, peer_samplers.our_sampler(case, 12, 6, 0.5), eos="none").raw
         for case in peer_samplers.CASES
     }
-    exact = {
-        rule: results[peer_samplers.Case(rule, "none")].generated for rule in ("fixed", "threshold")
-    }
+    exact = {c.rule: r.generated for c, r in results.items() if c.cache == "none"}
     assert any(r.revealed.max() >= 3 for c, r in results.items() if c.rule == "threshold")
     assert any(not torch.equal(r.generated, exact[c.rule]) for c, r in results.items())
 
@@ -153,7 +173,7 @@ def test_the_identity_settings_exercise_parallel_reveals_and_stale_caches():
 def test_fast_dllm_gives_our_tokens_in_every_case():
     """Blocks of 6 in 4 steps (LLaDA's 2, 2, 1, 1 split), a threshold several positions pass at
     once, with and without the approximate caches (whose tokens differ from the exact ones)."""
-    rows = fast_dllm_rows(SETTINGS)
+    rows = fast_dllm_checks(SETTINGS)
     assert len(rows) == 6
     assert all(row["identical"] for row in rows), rows
 
@@ -171,5 +191,64 @@ def test_the_identity_check_sees_a_different_split(monkeypatch):
         return config
 
     monkeypatch.setattr(peer_samplers, "our_sampler", rounded)
-    rows = fast_dllm_rows(SETTINGS)
+    rows = fast_dllm_checks(SETTINGS)
     assert not any(row["identical"] for row in rows if row["case"].startswith("fixed"))
+
+
+@NEEDS_FAST_DLLM
+@pytest.mark.numerics
+def test_a_tied_model_loads_into_llada_with_our_logits():
+    """The 135m shape ties its embeddings: LLaDA's tied head is its embedding."""
+    model = confident_mdm(tied=True)
+    fast_dllm = peer_adapters.load_fast_dllm(FAST_DLLM)
+    peer = peer_adapters.llada_peer(fast_dllm, model, eos_id=0)
+    tokens = torch.randint(0, 33, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours = model(tokens, attention="bidirectional")
+        theirs = peer(tokens).logits
+    assert (ours - theirs).abs().max() < 1e-4
+
+
+def tiny_udm() -> Transformer:
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=17, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                         hidden_dim=64, max_seq_len=64, time_conditioning=True)  # fmt: skip
+    return Transformer(config).eval()
+
+
+@NEEDS_DUO
+@pytest.mark.numerics
+def test_duo_step_is_ours_and_the_check_sees_a_wrong_time(monkeypatch):
+    model = tiny_udm()
+    network = peer_adapters.DuoNetwork(model, pad_id=16)
+    sampler = peer_adapters.duo_sampler(peer_adapters.load_duo(DUO), network, length=10)
+    assert peer_samplers.posterior_gap(sampler, network, 10, batch=2, steps=6) < 1e-12
+    ours = peer_samplers.posterior
+    monkeypatch.setattr(peer_samplers, "posterior", lambda x, z, t, s: ours(x, z, t, s / 2))
+    assert peer_samplers.posterior_gap(sampler, network, 10, batch=2, steps=6) > 1e-3
+
+
+@NEEDS_DUO
+def test_duo_sampler_runs_unchanged_on_our_model():
+    """Its whole loop: the prior over the support, its ancestral steps, the greedy last step."""
+    model = tiny_udm()
+    network = peer_adapters.DuoNetwork(model, pad_id=16)
+    sampler = peer_adapters.duo_sampler(peer_adapters.load_duo(DUO), network, length=10)
+    tokens = sampler.generate_samples(3, num_steps=4)
+    assert tokens.shape == (3, 10) and 0 <= int(tokens.min()) and int(tokens.max()) < 16
+
+
+@NEEDS_FAST_DLLM
+@NEEDS_DUO
+def test_one_short_run_writes_every_peer_with_its_ratio(tmp_path, capsys):
+    out = tmp_path / "report.json"
+    argv = ["--fast-dllm", FAST_DLLM, "--duo", DUO, "--gen-length", "8", "--block-length", "8",
+            "--steps", "4", "--prompt-length", "2", "--rounds", "1", "--warmup", "0",
+            "--device", "cpu", "--json", str(out)]  # fmt: skip
+    assert peer_samplers.main(argv) == 0
+    report = json.loads(out.read_text())
+    assert [row["peer"] for row in report["rows"]] == ["fast-dllm"] * 6 + ["duo"]
+    assert all(row["identical"] and row["ratio"]["median"] > 0 for row in report["rows"])
+    assert report["rows"][0]["ours"]["round_tokens"] == [8]
+    assert report["rows"][-1]["theirs"]["round_tokens"] == [9]  # Duo generates BOS's slot too
+    assert "| duo | ancestral 4 NFE, greedy tail |" in capsys.readouterr().out
