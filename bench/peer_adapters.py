@@ -238,3 +238,96 @@ def duo_sampler(duo: types.SimpleNamespace, network: DuoNetwork, length: int) ->
     sampler = stand_in_class()
     sampler.__dict__.update(attributes)
     return sampler
+
+
+# ---------------------------------------------------------------- bd3lms
+
+
+def bd3lms_stand_ins() -> dict[str, types.ModuleType]:
+    """bd3lms's imports that its sampling methods never use (as for Duo); ``noise_schedule`` is
+    its own and is loaded for real."""
+    lightning = stand_in("lightning", LightningModule=torch.nn.Module)
+    hydra = stand_in("hydra", utils=stand_in("hydra.utils"))
+    models = stand_in("models", dit=stand_in("models.dit"), ema=stand_in("models.ema"))
+    return {
+        "lightning": lightning,
+        "hydra": hydra,
+        "hydra.utils": hydra.utils,
+        "dataloader": stand_in("dataloader"),
+        "metrics": stand_in("metrics"),
+        "models": models,
+        "models.dit": models.dit,
+        "models.ema": models.ema,
+        "utils": stand_in("utils"),
+    }
+
+
+def bd3lms_missing(path: str) -> str | None:
+    folder = Path(path)
+    if (folder / "diffusion.py").is_file() and (folder / "noise_schedule.py").is_file():
+        return None
+    return (
+        f"--bd3lms {path}: expected {folder}/diffusion.py and {folder}/noise_schedule.py "
+        "(a bd3lms clone)"
+    )
+
+
+def load_bd3lms(path: str) -> types.SimpleNamespace:
+    """bd3lms's ``diffusion`` and ``noise_schedule`` modules."""
+    folder = Path(path)
+    with peer_imports(folder, bd3lms_stand_ins()):
+        diffusion = importlib.import_module("diffusion")
+        noise_schedule = importlib.import_module("noise_schedule")
+    return types.SimpleNamespace(diffusion=diffusion, noise_schedule=noise_schedule)
+
+
+# The methods of bd3lms's block sampler (all on its ``Diffusion`` module).
+BD3LMS_METHODS = (
+    "_semi_ar_sampler",
+    "_ddpm_caching_update",
+    "_sample_prior",
+    "_nucleus_sample",
+    "_sigma_from_p",
+    "_subs_parameterization",
+    "_check_stop_conds",
+    "_compute_entropy",
+)
+
+
+def bd3lms_sampler(bd3lms: types.SimpleNamespace, model: Transformer, block_size: int) -> Any:
+    """An object on which bd3lms's ``_semi_ar_sampler(n_samples, num_steps, num_strides,
+    seqlen)`` runs as in bd3lms with its default sampling settings (first hitting, no nucleus,
+    no KV cache, fixed length): block by block, one uniformly chosen masked position per step,
+    its token drawn from p(x0). Its forward is our block-diffusion model over the blocks so far
+    under the block-causal mask, through bd3lms's own ``_subs_parameterization``."""
+    from dllm.block_objective import block_causal_mask
+
+    methods = {name: getattr(bd3lms.diffusion.Diffusion, name) for name in BD3LMS_METHODS}
+    stand_in_class = type("Bd3lmsModuleStandIn", (), methods)
+    sampler = stand_in_class()
+    device = next(model.parameters()).device
+
+    def forward(x, sigma, sample_mode=False, store_kv=False):
+        mask = block_causal_mask(x.shape[1], block_size, x.device)
+        logits = model(x, attention=mask).view(*x.shape, -1).float()
+        return sampler._subs_parameterization(logits=logits, xt=x)
+
+    config = types.SimpleNamespace(
+        algo=types.SimpleNamespace(name="bd3lm"),
+        model=types.SimpleNamespace(length=None),
+        sampling=types.SimpleNamespace(
+            kv_cache=False, first_hitting=True, nucleus_p=1.0, var_length=False
+        ),
+    )
+    sampler.__dict__.update(
+        config=config,
+        block_size=block_size,
+        mask_index=model.config.vocab_size - 1,
+        neg_infinity=-1000000.0,
+        noise=bd3lms.noise_schedule.LogLinearNoise(),
+        tokenizer=types.SimpleNamespace(bos_token_id=0, eos_token_id=None),
+        device=device,
+        dtype=torch.float32,
+        forward=forward,
+    )
+    return sampler

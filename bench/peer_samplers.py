@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import platform
 import sys
 from collections.abc import Callable
@@ -56,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import peer_adapters
 
+from dllm.block_objective import block_causal_mask
 from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.strategies import FixedCount, Threshold
@@ -84,19 +86,6 @@ SHAPES: dict[str, dict[str, Any]] = {
         rope_theta=100000.0,
         max_seq_len=2048,
         tie_embeddings=True,
-    ),
-}
-
-# What blocks a comparison with bd3lms (printed when its path is given).
-PEER_GAPS = {
-    "bd3lms": (
-        "not built. bd3lms's sampler (kuleshov-group/bd3lms: diffusion.Diffusion._semi_ar_sampler "
-        "and _ddpm_caching_update) is a set of methods of its Lightning module, like Duo's, and "
-        "could be bound to a stand-in the same way (with kv_cache off: its cached path calls "
-        "the DiT backbone's own store_kv/reset_kv_cache); that adapter is not written yet. "
-        "Tokens could not be identical: its draws come from the global RNG (Gumbel-max), its "
-        "time grid is linspace(1, 0, steps) with dt = 1/steps (ours: 1 - k/steps), and it "
-        "checks its stop conditions past 256 tokens"
     ),
 }
 
@@ -307,6 +296,159 @@ def duo_pair(args: argparse.Namespace, duo) -> Pair:
     return Pair("duo", name, counted(run_ours), counted(run_theirs), check)
 
 
+# ---------------------------------------------------------------- bd3lms
+
+FIRST_HITTING_SAMPLES = 2000  # draws per sampler for the distribution check
+CHECK_P_VALUE = 1e-3  # below this the sampler does not draw the first-hitting distribution
+
+
+def block_probabilities(model: Transformer, tokens: torch.Tensor, block_size: int) -> torch.Tensor:
+    """p(x0) [L, V] (float64, [MASK] excluded) of one canvas row under the block-causal mask."""
+    mask = block_causal_mask(len(tokens), block_size, tokens.device)
+    logits = model(tokens[None], attention=mask).view(len(tokens), -1)
+    return torch.softmax(logits[:, :-1].double(), dim=-1)
+
+
+@torch.no_grad()
+def first_hitting_distribution(model: Transformer, row: list[int], block_size: int) -> dict:
+    """The exact distribution of one block's completions under first-hitting sampling (one
+    uniformly chosen masked position per step, its token drawn from p(x0) given the canvas so
+    far), by enumerating every order and every token: {completed row (tuple): probability}.
+    Only for tiny vocabularies and blocks."""
+    mask_id = model.config.vocab_size - 1
+    memo: dict[tuple[int, ...], dict] = {}
+
+    def complete(canvas: tuple[int, ...]) -> dict:
+        if canvas in memo:
+            return memo[canvas]
+        masked = [i for i, token in enumerate(canvas) if token == mask_id]
+        if not masked:
+            return {canvas: 1.0}
+        probs = block_probabilities(model, torch.tensor(canvas), block_size)
+        result: dict = {}
+        for i in masked:
+            for token, p in enumerate(probs[i].tolist()):
+                filled = canvas[:i] + (token,) + canvas[i + 1 :]
+                for final, q in complete(filled).items():
+                    result[final] = result.get(final, 0.0) + q * p / len(masked)
+        memo[canvas] = result
+        return result
+
+    return complete(tuple(row))
+
+
+def chi_square_p(counts: dict, exact: dict) -> float:
+    """p-value of observed ``counts`` against ``exact`` probabilities (cells with fewer than 5
+    expected draws pooled into one)."""
+    from scipy.stats import chisquare
+
+    total = sum(counts.values())
+    observed, expected, pooled = [], [], [0.0, 0.0]
+    for cell, p in exact.items():
+        if p * total >= 5:
+            observed.append(counts.get(cell, 0))
+            expected.append(p * total)
+        else:
+            pooled[0] += counts.get(cell, 0)
+            pooled[1] += p * total
+    if pooled[1] > 0:
+        observed.append(pooled[0])
+        expected.append(pooled[1])
+    if set(counts) - set(exact):
+        return 0.0  # a completion the exact distribution gives no mass
+    return float(chisquare(observed, expected).pvalue)
+
+
+def tiny_bd_model() -> Transformer:
+    """Four tokens + [MASK], peaked predictions (N(0, 0.5) weights): the order matters."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=5, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                         hidden_dim=64, max_seq_len=16)  # fmt: skip
+    model = Transformer(config).eval()
+    with torch.no_grad():
+        for weight in model.parameters():
+            if weight.ndim == 2:
+                weight.normal_(0.0, 0.5)
+    return model
+
+
+@torch.no_grad()
+def first_hitting_check(bd3lms, samples: int | None = None) -> dict[str, Any]:
+    """Both samplers against the exact first-hitting distribution of one block [BOS, M, M, M]
+    of a tiny model: ``samples`` draws from each (default ``FIRST_HITTING_SAMPLES``),
+    chi-square p-values."""
+    samples = samples or FIRST_HITTING_SAMPLES
+    model, block = tiny_bd_model(), 4
+    mask_id = model.config.vocab_size - 1
+    exact = first_hitting_distribution(model, [BOS] + [mask_id] * (block - 1), block)
+    theirs_sampler = peer_adapters.bd3lms_sampler(bd3lms, model, block)
+    torch.manual_seed(0)
+    np_seed(0)
+    theirs: dict = {}
+    for _ in range(samples):
+        tokens, _ = theirs_sampler._semi_ar_sampler(1, block, 1, block)
+        cell = tuple(tokens[0].tolist())
+        theirs[cell] = theirs.get(cell, 0) + 1
+    state = {"objective": "bd", "train_config": {"block_size": block}}
+    ours_generator = DiffusionGenerator(model, state=state, eos_id=BOS)
+    canvas = ours_generator.prompt_canvas([[]] * samples, block - 1)
+    config = SamplerConfig(FixedCount(block, remasking="random"))
+    rows = ours_generator.fill(canvas, config, seed=0, eos="none").raw.tokens.tolist()
+    ours: dict = {}
+    for row in rows:
+        ours[tuple(row)] = ours.get(tuple(row), 0) + 1
+    return {"p_theirs": chi_square_p(theirs, exact), "p_ours": chi_square_p(ours, exact)}
+
+
+def np_seed(seed: int) -> None:
+    """bd3lms's first-hitting times come from numpy's global generator."""
+    import numpy
+
+    numpy.random.seed(seed)
+
+
+def bd3lms_pairs(args: argparse.Namespace, bd3lms) -> list[Pair]:
+    """Our block sampler (exact KV cache, and without it) and bd3lms's, one token per step in a
+    uniformly random order, temperature 1, on BOS + ``--gen-length - 1`` tokens (bd3lms puts BOS
+    in the first block)."""
+    block = args.block_length
+    model = build_model(args.shape, args.device, extra_rows=1)
+    state = {"objective": "bd", "train_config": {"block_size": block}}
+    ours = DiffusionGenerator(model, state=state, eos_id=BOS)
+    canvas = ours.prompt_canvas([[]], args.gen_length - 1)
+    blocks = args.gen_length // block
+    config = SamplerConfig(FixedCount(blocks * block, remasking="random"))
+    sampler = peer_adapters.bd3lms_sampler(bd3lms, model, block)
+    check_result: dict[str, Any] = {}
+
+    def run_ours(kv_cache: bool) -> Callable[[], torch.Tensor]:
+        return lambda: ours.fill(canvas, config, eos="none", kv_cache=kv_cache).raw.generated
+
+    @torch.no_grad()
+    def run_theirs() -> torch.Tensor:
+        tokens, _ = sampler._semi_ar_sampler(1, block, blocks, args.gen_length)
+        return tokens[:, 1:]
+
+    def check() -> dict[str, Any]:
+        if not check_result:
+            check_result.update(first_hitting_check(bd3lms))
+        p_theirs, p_ours = check_result["p_theirs"], check_result["p_ours"]
+        fits = min(p_theirs, p_ours) >= CHECK_P_VALUE
+        what = (
+            f"first-hitting distribution {'matched' if fits else 'NOT matched'} on a tiny "
+            f"model (chi-square p: theirs {p_theirs:.2g}, ours {p_ours:.2g}); tokens not "
+            "comparable (different random streams)"
+        )
+        return {"identical": fits, "what": what, **check_result}
+
+    name = f"first hitting, block {block}"
+    theirs = counted(run_theirs)
+    return [
+        Pair("bd3lms", f"{name}, ours KV-cached", counted(run_ours(True)), theirs, check),
+        Pair("bd3lms", f"{name}, ours uncached", counted(run_ours(False)), theirs, check),
+    ]
+
+
 # ---------------------------------------------------------------- measuring
 
 
@@ -450,7 +592,12 @@ def peer_pairs(args: argparse.Namespace) -> tuple[list[Pair], dict[str, str], di
         fail_if(peer_adapters.duo_missing(args.duo))
         pairs.append(duo_pair(args, peer_adapters.load_duo(args.duo)))
         sources["duo"] = source_of(args.duo)
-    skipped["bd3lms"] = "no --bd3lms PATH given" if args.bd3lms is None else PEER_GAPS["bd3lms"]
+    if args.bd3lms is None:
+        skipped["bd3lms"] = "no --bd3lms PATH given (a clone of kuleshov-group/bd3lms)"
+    else:
+        fail_if(peer_adapters.bd3lms_missing(args.bd3lms))
+        pairs += bd3lms_pairs(args, peer_adapters.load_bd3lms(args.bd3lms))
+        sources["bd3lms"] = source_of(args.bd3lms)
     return pairs, sources, skipped
 
 
@@ -487,4 +634,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("TQDM_DISABLE", "1")  # bd3lms's sampler draws a progress bar per call
     sys.exit(main())

@@ -28,6 +28,12 @@ NEEDS_FAST_DLLM = pytest.mark.skipif(
     reason="set DUOLM_FAST_DLLM to a folder holding Fast-dLLM's llada/ (NVlabs/Fast-dLLM: "
     "llada/generate.py and llada/model/) to compare its samplers with ours token for token",
 )
+BD3LMS = os.environ.get("DUOLM_BD3LMS")
+NEEDS_BD3LMS = pytest.mark.skipif(
+    not BD3LMS,
+    reason="set DUOLM_BD3LMS to a clone of kuleshov-group/bd3lms (diffusion.py, "
+    "noise_schedule.py) to compare its block sampler with ours",
+)
 DUO = os.environ.get("DUOLM_DUO")
 NEEDS_DUO = pytest.mark.skipif(
     not DUO,
@@ -103,19 +109,21 @@ def test_bad_settings_exit_2_with_one_line(argv, message, capsys):
     assert message in err and err.count("\n") == 1
 
 
-def test_a_missing_fast_dllm_folder_is_named(tmp_path, capsys):
-    with pytest.raises(SystemExit) as exit_:
-        peer_samplers.main(["--fast-dllm", str(tmp_path), "--check-only"])
-    assert exit_.value.code == 2
-    assert "llada/generate.py" in capsys.readouterr().err
-
-
 def test_absent_peers_are_skipped_with_the_reason(tmp_path, capsys):
     out = tmp_path / "report.json"
-    assert peer_samplers.main(["--bd3lms", str(tmp_path), "--json", str(out)]) == 0
+    assert peer_samplers.main(["--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "fast-dllm: skipped: no --fast-dllm PATH given" in text
-    assert "duo: skipped: no --duo PATH" in text and "bd3lms: skipped: not built" in text
+    for peer in ("fast-dllm", "duo", "bd3lms"):
+        assert f"- {peer}: skipped: no --{peer} PATH given" in text
+    assert json.loads(out.read_text())["rows"] == []
+
+
+@pytest.mark.parametrize("flag", ["--fast-dllm", "--duo", "--bd3lms"])
+def test_a_peer_folder_without_its_files_is_named(flag, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        peer_samplers.main([flag, str(tmp_path), "--check-only"])
+    assert exit_.value.code == 2
+    assert f"{flag} {tmp_path}: expected" in capsys.readouterr().err
 
 
 def test_peer_imports_leave_no_generic_module_names(tmp_path):
@@ -240,15 +248,90 @@ def test_duo_sampler_runs_unchanged_on_our_model():
 
 @NEEDS_FAST_DLLM
 @NEEDS_DUO
-def test_one_short_run_writes_every_peer_with_its_ratio(tmp_path, capsys):
+@NEEDS_BD3LMS
+def test_one_short_run_writes_every_peer_with_its_ratio(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(peer_samplers, "FIRST_HITTING_SAMPLES", 200)
     out = tmp_path / "report.json"
-    argv = ["--fast-dllm", FAST_DLLM, "--duo", DUO, "--gen-length", "8", "--block-length", "8",
-            "--steps", "4", "--prompt-length", "2", "--rounds", "1", "--warmup", "0",
-            "--device", "cpu", "--json", str(out)]  # fmt: skip
+    argv = ["--fast-dllm", FAST_DLLM, "--duo", DUO, "--bd3lms", BD3LMS, "--gen-length", "8",
+            "--block-length", "8", "--steps", "4", "--prompt-length", "2", "--rounds", "1",
+            "--warmup", "0", "--device", "cpu", "--json", str(out)]  # fmt: skip
     assert peer_samplers.main(argv) == 0
     report = json.loads(out.read_text())
-    assert [row["peer"] for row in report["rows"]] == ["fast-dllm"] * 6 + ["duo"]
+    assert [row["peer"] for row in report["rows"]] == ["fast-dllm"] * 6 + ["duo"] + ["bd3lms"] * 2
     assert all(row["identical"] and row["ratio"]["median"] > 0 for row in report["rows"])
     assert report["rows"][0]["ours"]["round_tokens"] == [8]
-    assert report["rows"][-1]["theirs"]["round_tokens"] == [9]  # Duo generates BOS's slot too
+    assert report["rows"][6]["theirs"]["round_tokens"] == [9]  # Duo generates BOS's slot too
+    assert report["rows"][-1]["ours"]["round_tokens"] == [7]  # bd3lms's BOS is in block 0
+    assert report["rows"][-1]["theirs"]["round_tokens"] == [7]
+    assert set(report["sources"]) == {"fast-dllm", "duo", "bd3lms"}
     assert "| duo | ancestral 4 NFE, greedy tail |" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- bd3lms
+
+
+def left_to_right_distribution(model, row, block_size):
+    """The distribution if positions were revealed left to right (not first hitting's order)."""
+    mask_id = model.config.vocab_size - 1
+    if mask_id not in row:
+        return {tuple(row): 1.0}
+    i = row.index(mask_id)
+    with torch.no_grad():
+        probs = peer_samplers.block_probabilities(model, torch.tensor(row), block_size)[i]
+    result = {}
+    for token, p in enumerate(probs.tolist()):
+        filled = row[:i] + [token] + row[i + 1 :]
+        for final, q in left_to_right_distribution(model, filled, block_size).items():
+            result[final] = result.get(final, 0.0) + p * q
+    return result
+
+
+def test_first_hitting_distribution_by_hand():
+    model = peer_samplers.tiny_bd_model()
+    exact = peer_samplers.first_hitting_distribution(model, [0, 4, 4, 4], 4)
+    assert len(exact) == 4**3 and abs(sum(exact.values()) - 1) < 1e-12
+    # one masked position: its p(x0)
+    with torch.no_grad():
+        p = peer_samplers.block_probabilities(model, torch.tensor([0, 2, 4, 1]), 4)[2]
+    one = peer_samplers.first_hitting_distribution(model, [0, 2, 4, 1], 4)
+    assert all(abs(one[(0, 2, t, 1)] - float(p[t])) < 1e-15 for t in range(4))
+    # two masked positions: half each order
+    with torch.no_grad():
+        p1 = peer_samplers.block_probabilities(model, torch.tensor([0, 4, 4, 1]), 4)
+        p1_after = peer_samplers.block_probabilities(model, torch.tensor([0, 3, 4, 1]), 4)[2]
+        p2_after = peer_samplers.block_probabilities(model, torch.tensor([0, 4, 0, 1]), 4)[1]
+    want = 0.5 * p1[1, 3] * p1_after[0] + 0.5 * p1[2, 0] * p2_after[3]
+    two = peer_samplers.first_hitting_distribution(model, [0, 4, 4, 1], 4)
+    assert abs(two[(0, 3, 0, 1)] - float(want)) < 1e-15
+    # the order matters on this model, so the check can tell the orders apart
+    wrong = left_to_right_distribution(model, [0, 4, 4, 4], 4)
+    assert sum(abs(exact[k] - wrong[k]) for k in exact) / 2 > 0.3
+
+
+def test_chi_square_p():
+    exact = {("a",): 0.5, ("b",): 0.3, ("c",): 0.199, ("d",): 0.001}
+    assert peer_samplers.chi_square_p({("a",): 500, ("b",): 300, ("c",): 200}, exact) > 0.5
+    assert peer_samplers.chi_square_p({("a",): 1000}, exact) < 1e-9
+    assert peer_samplers.chi_square_p({("a",): 999, ("z",): 1}, exact) == 0.0
+
+
+@NEEDS_BD3LMS
+@pytest.mark.numerics
+def test_bd3lms_sampler_runs_unchanged_and_fills_every_block():
+    model = peer_samplers.tiny_bd_model()
+    sampler = peer_adapters.bd3lms_sampler(peer_adapters.load_bd3lms(BD3LMS), model, 4)
+    with torch.no_grad():
+        tokens, nfe = sampler._semi_ar_sampler(1, 4, 3, 12)
+    assert tokens.shape == (1, 12) and tokens[0, 0] == 0 and not (tokens == 4).any()
+    assert nfe == 11  # one network evaluation per token (first hitting)
+
+
+@NEEDS_BD3LMS
+@pytest.mark.numerics
+def test_bd3lms_and_ours_draw_first_hitting_and_the_check_sees_another_order(monkeypatch):
+    bd3lms = peer_adapters.load_bd3lms(BD3LMS)
+    result = peer_samplers.first_hitting_check(bd3lms)
+    assert min(result["p_theirs"], result["p_ours"]) >= peer_samplers.CHECK_P_VALUE
+    monkeypatch.setattr(peer_samplers, "first_hitting_distribution", left_to_right_distribution)
+    result = peer_samplers.first_hitting_check(bd3lms, samples=500)
+    assert max(result["p_theirs"], result["p_ours"]) < 1e-6
