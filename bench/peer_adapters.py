@@ -11,11 +11,15 @@ the folder the user gives.
   network (``DuoNetwork``). Its modules import data, metric and backbone code (and hydra,
   lightning, flash-attn, timm, torchvision through them) that the sampler never calls; those
   imports are given empty stand-in modules while Duo's files load.
+- bd3lms (kuleshov-group/bd3lms): the same for its block sampler (``bd3lms_sampler``): its
+  ``Diffusion`` methods bound to a stand-in whose forward is our block-diffusion model under the
+  block-causal mask, passed through bd3lms's own ``_subs_parameterization``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import sys
@@ -278,6 +282,8 @@ def load_bd3lms(path: str) -> types.SimpleNamespace:
     with peer_imports(folder, bd3lms_stand_ins()):
         diffusion = importlib.import_module("diffusion")
         noise_schedule = importlib.import_module("noise_schedule")
+    # Its sampler draws a progress bar over the blocks at every call: the same tqdm, silenced.
+    diffusion.tqdm = functools.partial(diffusion.tqdm, disable=True)
     return types.SimpleNamespace(diffusion=diffusion, noise_schedule=noise_schedule)
 
 

@@ -1,8 +1,8 @@
 """Our diffusion samplers side by side with their public implementations, on the same weights.
 
-    python bench/peer_samplers.py --fast-dllm PATH --duo PATH --shape demo --batch 1 --rounds 5
-    python bench/peer_samplers.py --fast-dllm PATH --shape 135m --json out.json
-    python bench/peer_samplers.py --fast-dllm PATH --duo PATH --check-only   # checks, no timing
+    python bench/peer_samplers.py --fast-dllm PATH --duo PATH --bd3lms PATH --shape demo \
+        --batch 1 --rounds 5 --json out.json
+    python bench/peer_samplers.py --fast-dllm PATH --duo PATH --bd3lms PATH --check-only
 
 Each peer runs from a folder the user gives; nothing of it is copied into this project, the
 adapters in ``bench/peer_adapters.py`` import it from there (``transformers`` and ``einops``, the
@@ -34,7 +34,18 @@ randomly initialised at the chosen shape (speed does not depend on what the weig
   same number of network evaluations: Duo's ``--steps - 1`` ancestral steps (its grid runs from
   1 to 1e-5) plus its greedy step, our ``--steps`` steps (grid 1 to 0, the last one greedy).
   Duo has no prompt: it generates every position (BOS + ``--gen-length``), ours keeps BOS.
-- ``--bd3lms PATH``: not built; prints why (``PEER_GAPS``).
+- ``--bd3lms PATH``: a bd3lms clone (kuleshov-group/bd3lms). A block-diffusion model with
+  ``--block-length`` blocks, and bd3lms's ``_semi_ar_sampler`` with its default settings (first
+  hitting: one uniformly chosen masked position per step, its token drawn from p(x0); no
+  nucleus; ``kv_cache`` off, because its cached path calls its DiT backbone's own cache) bound
+  unchanged to a stand-in whose forward is our model under the block-causal mask through
+  bd3lms's own ``_subs_parameterization``, against our ``FixedCount(random)`` with one token
+  per step, the same rule. Tokens cannot be identical (different random streams), so the check
+  is the distribution: on a tiny model (4 tokens, one block [BOS, M, M, M]), 2,000 draws from
+  each sampler against the exact first-hitting distribution by enumeration (chi-square; on that
+  model the left-to-right order is 0.58 away in total variation, and fails). Both generate
+  ``--gen-length - 1`` tokens (bd3lms puts BOS in the first block); ours is timed with its
+  exact KV cache of finished blocks and without it (bd3lms recomputes the prefix).
 """
 
 from __future__ import annotations
@@ -42,7 +53,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import platform
 import sys
 from collections.abc import Callable
@@ -490,6 +500,9 @@ def check_args(args: argparse.Namespace) -> None:
         (args.fast_dllm is not None and args.batch != 1,
          f"--batch {args.batch}: Fast-dLLM's generate functions build one row "
          "(torch.full((1, ...))); only --batch 1 compares with them"),
+        (args.bd3lms is not None and args.batch != 1,
+         f"--batch {args.batch}: bd3lms's first-hitting sampler takes one row (its "
+         "validation asserts eval_batch_size == 1); only --batch 1 compares with it"),
         (args.batch < 1, f"--batch {args.batch} must be >= 1"),
         (args.gen_length < 1 or left != 0 or blocks < 1,
          f"--block-length {args.block_length} must divide --gen-length {args.gen_length}"),
@@ -634,5 +647,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TQDM_DISABLE", "1")  # bd3lms's sampler draws a progress bar per call
     sys.exit(main())

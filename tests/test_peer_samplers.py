@@ -92,6 +92,7 @@ def test_shapes_are_valid_and_export_to_llada():
     "argv, message",
     [
         (["--batch", "2", "--fast-dllm", "x"], "only --batch 1"),
+        (["--batch", "2", "--bd3lms", "x"], "only --batch 1 compares with it"),
         (["--batch", "0"], "--batch 0 must be >= 1"),
         (["--duo", "x", "--steps", "1", "--block-length", "64"], "needs at least 2"),
         (["--gen-length", "20", "--block-length", "16"], "must divide --gen-length 20"),
