@@ -30,10 +30,13 @@ from typing import Any
 
 import torch
 
+from dllm.block_objective import block_causal_mask
 from dllm.uniform_objective import DELTA, support_ids
 from shared.checkpoint import full_model_state
 from shared.formats.diffusion import llada_config_fields, llada_weight_name
 from shared.model import Transformer
+
+BOS = 0  # the id the bench's canvases start with
 
 
 @contextlib.contextmanager
@@ -58,6 +61,12 @@ def peer_imports(folder: Path, stand_ins: dict[str, types.ModuleType]) -> Iterat
         for name in stand_ins:
             sys.modules.pop(name, None)
         sys.modules.update(saved)
+
+
+def source_of(path: str) -> str:
+    """What the peer folder says it is (a SOURCE file with repository and commit), or its path."""
+    source = Path(path) / "SOURCE"
+    return source.read_text().strip() if source.is_file() else str(Path(path).resolve())
 
 
 def load_file(path: Path, name: str) -> types.ModuleType:
@@ -306,8 +315,6 @@ def bd3lms_sampler(bd3lms: types.SimpleNamespace, model: Transformer, block_size
     no KV cache, fixed length): block by block, one uniformly chosen masked position per step,
     its token drawn from p(x0). Its forward is our block-diffusion model over the blocks so far
     under the block-causal mask, through bd3lms's own ``_subs_parameterization``."""
-    from dllm.block_objective import block_causal_mask
-
     methods = {name: getattr(bd3lms.diffusion.Diffusion, name) for name in BD3LMS_METHODS}
     stand_in_class = type("Bd3lmsModuleStandIn", (), methods)
     sampler = stand_in_class()
@@ -331,7 +338,7 @@ def bd3lms_sampler(bd3lms: types.SimpleNamespace, model: Transformer, block_size
         mask_index=model.config.vocab_size - 1,
         neg_infinity=-1000000.0,
         noise=bd3lms.noise_schedule.LogLinearNoise(),
-        tokenizer=types.SimpleNamespace(bos_token_id=0, eos_token_id=None),
+        tokenizer=types.SimpleNamespace(bos_token_id=BOS, eos_token_id=None),
         device=device,
         dtype=torch.float32,
         forward=forward,

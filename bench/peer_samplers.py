@@ -24,28 +24,22 @@ randomly initialised at the chosen shape (speed does not depend on what the weig
   their ``model(x).logits`` returns. Our side uses LLaDA's split of a block's tokens over its
   steps (``FixedCount(split="front")``) and float64 confidences, as Fast-dLLM does. Their
   functions build one row (``torch.full((1, ...))``): Fast-dLLM needs ``--batch 1``.
-- ``--duo PATH``: a Duo clone (s-sahoo/duo). A udm model (time-conditioned), and Duo's
-  ``generate_samples`` (ancestral steps, float64 posterior ``DUO_BASE._posterior_from_x0``,
-  greedy noise removal) bound unchanged to a stand-in of its Lightning module whose forward is
-  our model, against our ``sample_uniform`` with ``--steps`` steps and the greedy tail. Tokens
-  cannot be identical (Duo draws from the global RNG by Gumbel-max, we draw per row by inverse
-  CDF), so the check is the step itself: on one trajectory, Duo's posterior and ours from the
-  same x_theta, z_t, alpha_t, alpha_s, at every step (max absolute difference). Both use the
-  same number of network evaluations: Duo's ``--steps - 1`` ancestral steps (its grid runs from
-  1 to 1e-5) plus its greedy step, our ``--steps`` steps (grid 1 to 0, the last one greedy).
-  Duo has no prompt: it generates every position (BOS + ``--gen-length``), ours keeps BOS.
+- ``--duo PATH``: a Duo clone (s-sahoo/duo). A time-conditioned udm model, and Duo's
+  ``generate_samples`` (ancestral steps, float64 posteriors, greedy noise removal) bound
+  unchanged to a stand-in of its Lightning module whose forward is our model, against our
+  ``sample_uniform`` with the greedy tail, at the same NFE: Duo's ``--steps - 1`` ancestral
+  steps (grid 1 to 1e-5) plus its greedy step, our ``--steps`` steps (grid 1 to 0, the last
+  greedy). Duo has no prompt: it generates every position (BOS's slot too), ours keeps BOS.
 - ``--bd3lms PATH``: a bd3lms clone (kuleshov-group/bd3lms). A block-diffusion model with
-  ``--block-length`` blocks, and bd3lms's ``_semi_ar_sampler`` with its default settings (first
-  hitting: one uniformly chosen masked position per step, its token drawn from p(x0); no
-  nucleus; ``kv_cache`` off, because its cached path calls its DiT backbone's own cache) bound
-  unchanged to a stand-in whose forward is our model under the block-causal mask through
-  bd3lms's own ``_subs_parameterization``, against our ``FixedCount(random)`` with one token
-  per step, the same rule. Tokens cannot be identical (different random streams), so the check
-  is the distribution: on a tiny model (4 tokens, one block [BOS, M, M, M]), 2,000 draws from
-  each sampler against the exact first-hitting distribution by enumeration (chi-square; on that
-  model the left-to-right order is 0.58 away in total variation, and fails). Both generate
-  ``--gen-length - 1`` tokens (bd3lms puts BOS in the first block); ours is timed with its
-  exact KV cache of finished blocks and without it (bd3lms recomputes the prefix).
+  ``--block-length`` blocks, and bd3lms's ``_semi_ar_sampler`` at its default settings (first
+  hitting: one uniformly chosen masked position per step; no nucleus; ``kv_cache`` off, as its
+  cached path calls its DiT backbone's own cache) bound unchanged to a stand-in whose forward is
+  our model through bd3lms's own ``_subs_parameterization``, against our ``FixedCount(random)``
+  at one token per step (the same rule), with our exact KV cache of finished blocks and
+  without it. Both generate ``--gen-length - 1`` tokens (bd3lms puts BOS in the first block).
+
+Duo's and bd3lms's tokens cannot equal ours (their draws come from the global RNG by
+Gumbel-max); what is checked instead is in ``bench/peer_checks.py``.
 """
 
 from __future__ import annotations
@@ -66,20 +60,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import peer_adapters
+import peer_checks
+from peer_adapters import BOS
 
-from dllm.block_objective import block_causal_mask
 from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.strategies import FixedCount, Threshold
-from dllm.uniform_generate import UniformSamplerConfig, posterior
-from dllm.uniform_objective import alpha
+from dllm.uniform_generate import UniformSamplerConfig
 from eval.throughput import Record, Setting, Spread, measure
 from shared.config import ModelConfig
 from shared.model import Transformer
-from shared.sampling import SamplingConfig, sample_categorical
+from shared.sampling import SamplingConfig
 from shared.training.presets import get_preset
-
-BOS = 0
 
 # Model shapes, before the [MASK] row the masked objectives add. The demo preset's shape
 # without its sliding window (LLaDA's format has none), and SmolLM2-135M's config.
@@ -177,14 +169,6 @@ def paired_ratio(ours: Record, theirs: Record) -> Spread:
     return Spread.of(ratios)
 
 
-def first_difference(ours: torch.Tensor, theirs: torch.Tensor) -> int | None:
-    """Index of the first generated position where two [1, G] token rows differ (None: equal)."""
-    if ours.shape != theirs.shape:
-        raise ValueError(f"shapes differ: {tuple(ours.shape)} vs {tuple(theirs.shape)}")
-    differ = (ours != theirs).flatten().nonzero()
-    return int(differ[0]) if len(differ) else None
-
-
 def fail(why: str) -> None:
     """A user error: one line on stderr, exit status 2."""
     print(f"error: {why}", file=sys.stderr)
@@ -226,7 +210,7 @@ def fast_dllm_pair(case: Case, args, ours: DiffusionGenerator, fast_dllm, peer, 
         return tokens[:, start:]
 
     def check() -> dict[str, Any]:
-        at = first_difference(run_ours().cpu(), run_theirs().cpu())
+        at = peer_checks.first_difference(run_ours().cpu(), run_theirs().cpu())
         what = "identical tokens" if at is None else f"tokens differ from position {at}"
         return {"identical": at is None, "what": what, "first_difference": at}
 
@@ -249,33 +233,6 @@ def counted(run: Callable[[], torch.Tensor]) -> Callable[[], int]:
 
 # ---------------------------------------------------------------- Duo
 
-POSTERIOR_TOLERANCE = 1e-12  # float64 rounding of one formula written two ways
-
-
-@torch.no_grad()
-def posterior_gap(duo_sampler, network, length: int, batch: int, steps: int) -> float:
-    """Largest |Duo's posterior - ours| over one trajectory of ``steps`` steps from Duo's prior:
-    both from the same x_theta (our model's), z_t, alpha_t and alpha_s, at every step (the last
-    one to s = 0); z_s is drawn from ours to go on. x_theta is renormalised in float64 first:
-    Duo's formula divides by a normaliser that assumes x_theta sums to 1 (ours normalises
-    explicitly), and exp(float32 log-softmax) sums to 1 only to float32 rounding, which would
-    show as differences of about 1e-8 that are not the step's."""
-    torch.manual_seed(0)
-    z = duo_sampler.prior_sample(batch, length)
-    draws = torch.Generator().manual_seed(0)
-    gap = 0.0
-    for k in range(steps, 0, -1):
-        t, s = k / steps, (k - 1) / steps
-        alpha_t, alpha_s = (alpha(torch.full((batch, 1), v, dtype=torch.float64)) for v in (t, s))
-        sigma = duo_sampler._sigma_from_alphat(alpha_t.float())
-        x_theta = network(z, sigma).to(torch.float64).exp()
-        x_theta = x_theta / x_theta.sum(-1, keepdim=True)
-        theirs = duo_sampler._posterior_from_x0(x0=x_theta, xt=z, alpha_s=alpha_s, alpha_t=alpha_t)
-        ours = posterior(x_theta.flatten(0, 1), z.flatten(), t, s)
-        gap = max(gap, float((theirs.flatten(0, 1) - ours).abs().max()))
-        z = sample_categorical(ours.cpu(), draws).view(batch, length).to(z.device)
-    return gap
-
 
 def duo_pair(args: argparse.Namespace, duo) -> Pair:
     """Ours and Duo's ancestral sampler with a greedy last step, the same NFE (``--steps``)."""
@@ -294,127 +251,23 @@ def duo_pair(args: argparse.Namespace, duo) -> Pair:
         return sampler.generate_samples(args.batch, num_steps=args.steps - 1)
 
     def check() -> dict[str, Any]:
-        gap = posterior_gap(sampler, network, canvas.length, args.batch, args.steps)
-        same = "equal" if gap < POSTERIOR_TOLERANCE else "DIFFER"
+        gap = peer_checks.posterior_gap(sampler, network, canvas.length, args.batch, args.steps)
+        same = "equal" if gap < peer_checks.POSTERIOR_TOLERANCE else "DIFFER"
         what = (
             f"step distributions {same} (largest difference {gap:.1e}); tokens not "
             "comparable (different random streams)"
         )
-        return {"identical": gap < POSTERIOR_TOLERANCE, "what": what, "posterior_gap": gap}
+        return {
+            "identical": gap < peer_checks.POSTERIOR_TOLERANCE,
+            "what": what,
+            "posterior_gap": gap,
+        }
 
     name = f"ancestral {args.steps} NFE, greedy tail"
     return Pair("duo", name, counted(run_ours), counted(run_theirs), check)
 
 
 # ---------------------------------------------------------------- bd3lms
-
-FIRST_HITTING_SAMPLES = 2000  # draws per sampler for the distribution check
-CHECK_P_VALUE = 1e-3  # below this the sampler does not draw the first-hitting distribution
-
-
-def block_probabilities(model: Transformer, tokens: torch.Tensor, block_size: int) -> torch.Tensor:
-    """p(x0) [L, V] (float64, [MASK] excluded) of one canvas row under the block-causal mask."""
-    mask = block_causal_mask(len(tokens), block_size, tokens.device)
-    logits = model(tokens[None], attention=mask).view(len(tokens), -1)
-    return torch.softmax(logits[:, :-1].double(), dim=-1)
-
-
-@torch.no_grad()
-def first_hitting_distribution(model: Transformer, row: list[int], block_size: int) -> dict:
-    """The exact distribution of one block's completions under first-hitting sampling (one
-    uniformly chosen masked position per step, its token drawn from p(x0) given the canvas so
-    far), by enumerating every order and every token: {completed row (tuple): probability}.
-    Only for tiny vocabularies and blocks."""
-    mask_id = model.config.vocab_size - 1
-    memo: dict[tuple[int, ...], dict] = {}
-
-    def complete(canvas: tuple[int, ...]) -> dict:
-        if canvas in memo:
-            return memo[canvas]
-        masked = [i for i, token in enumerate(canvas) if token == mask_id]
-        if not masked:
-            return {canvas: 1.0}
-        probs = block_probabilities(model, torch.tensor(canvas), block_size)
-        result: dict = {}
-        for i in masked:
-            for token, p in enumerate(probs[i].tolist()):
-                filled = canvas[:i] + (token,) + canvas[i + 1 :]
-                for final, q in complete(filled).items():
-                    result[final] = result.get(final, 0.0) + q * p / len(masked)
-        memo[canvas] = result
-        return result
-
-    return complete(tuple(row))
-
-
-def chi_square_p(counts: dict, exact: dict) -> float:
-    """p-value of observed ``counts`` against ``exact`` probabilities (cells with fewer than 5
-    expected draws pooled into one)."""
-    from scipy.stats import chisquare
-
-    total = sum(counts.values())
-    observed, expected, pooled = [], [], [0.0, 0.0]
-    for cell, p in exact.items():
-        if p * total >= 5:
-            observed.append(counts.get(cell, 0))
-            expected.append(p * total)
-        else:
-            pooled[0] += counts.get(cell, 0)
-            pooled[1] += p * total
-    if pooled[1] > 0:
-        observed.append(pooled[0])
-        expected.append(pooled[1])
-    if set(counts) - set(exact):
-        return 0.0  # a completion the exact distribution gives no mass
-    return float(chisquare(observed, expected).pvalue)
-
-
-def tiny_bd_model() -> Transformer:
-    """Four tokens + [MASK], peaked predictions (N(0, 0.5) weights): the order matters."""
-    torch.manual_seed(0)
-    config = ModelConfig(vocab_size=5, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                         hidden_dim=64, max_seq_len=16)  # fmt: skip
-    model = Transformer(config).eval()
-    with torch.no_grad():
-        for weight in model.parameters():
-            if weight.ndim == 2:
-                weight.normal_(0.0, 0.5)
-    return model
-
-
-@torch.no_grad()
-def first_hitting_check(bd3lms, samples: int | None = None) -> dict[str, Any]:
-    """Both samplers against the exact first-hitting distribution of one block [BOS, M, M, M]
-    of a tiny model: ``samples`` draws from each (default ``FIRST_HITTING_SAMPLES``),
-    chi-square p-values."""
-    samples = samples or FIRST_HITTING_SAMPLES
-    model, block = tiny_bd_model(), 4
-    mask_id = model.config.vocab_size - 1
-    exact = first_hitting_distribution(model, [BOS] + [mask_id] * (block - 1), block)
-    theirs_sampler = peer_adapters.bd3lms_sampler(bd3lms, model, block)
-    torch.manual_seed(0)
-    np_seed(0)
-    theirs: dict = {}
-    for _ in range(samples):
-        tokens, _ = theirs_sampler._semi_ar_sampler(1, block, 1, block)
-        cell = tuple(tokens[0].tolist())
-        theirs[cell] = theirs.get(cell, 0) + 1
-    state = {"objective": "bd", "train_config": {"block_size": block}}
-    ours_generator = DiffusionGenerator(model, state=state, eos_id=BOS)
-    canvas = ours_generator.prompt_canvas([[]] * samples, block - 1)
-    config = SamplerConfig(FixedCount(block, remasking="random"))
-    rows = ours_generator.fill(canvas, config, seed=0, eos="none").raw.tokens.tolist()
-    ours: dict = {}
-    for row in rows:
-        ours[tuple(row)] = ours.get(tuple(row), 0) + 1
-    return {"p_theirs": chi_square_p(theirs, exact), "p_ours": chi_square_p(ours, exact)}
-
-
-def np_seed(seed: int) -> None:
-    """bd3lms's first-hitting times come from numpy's global generator."""
-    import numpy
-
-    numpy.random.seed(seed)
 
 
 def bd3lms_pairs(args: argparse.Namespace, bd3lms) -> list[Pair]:
@@ -441,9 +294,9 @@ def bd3lms_pairs(args: argparse.Namespace, bd3lms) -> list[Pair]:
 
     def check() -> dict[str, Any]:
         if not check_result:
-            check_result.update(first_hitting_check(bd3lms))
+            check_result.update(peer_checks.first_hitting_check(bd3lms))
         p_theirs, p_ours = check_result["p_theirs"], check_result["p_ours"]
-        fits = min(p_theirs, p_ours) >= CHECK_P_VALUE
+        fits = min(p_theirs, p_ours) >= peer_checks.CHECK_P_VALUE
         what = (
             f"first-hitting distribution {'matched' if fits else 'NOT matched'} on a tiny "
             f"model (chi-square p: theirs {p_theirs:.2g}, ours {p_ours:.2g}); tokens not "
@@ -526,12 +379,6 @@ def check_args(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------- report
 
 
-def source_of(path: str) -> str:
-    """What the peer folder says it is (a SOURCE file with repository and commit), or its path."""
-    source = Path(path) / "SOURCE"
-    return source.read_text().strip() if source.is_file() else str(Path(path).resolve())
-
-
 def versions() -> dict[str, str | None]:
     found: dict[str, str | None] = {"python": platform.python_version(), "torch": torch.__version__}
     for package in ("transformers", "einops"):
@@ -598,19 +445,19 @@ def peer_pairs(args: argparse.Namespace) -> tuple[list[Pair], dict[str, str], di
         fast_dllm = peer_adapters.load_fast_dllm(args.fast_dllm)
         model = build_model(args.shape, args.device, extra_rows=1)
         pairs += fast_dllm_pairs(args, model, fast_dllm)
-        sources["fast-dllm"] = source_of(args.fast_dllm)
+        sources["fast-dllm"] = peer_adapters.source_of(args.fast_dllm)
     if args.duo is None:
         skipped["duo"] = "no --duo PATH given (a clone of s-sahoo/duo)"
     else:
         fail_if(peer_adapters.duo_missing(args.duo))
         pairs.append(duo_pair(args, peer_adapters.load_duo(args.duo)))
-        sources["duo"] = source_of(args.duo)
+        sources["duo"] = peer_adapters.source_of(args.duo)
     if args.bd3lms is None:
         skipped["bd3lms"] = "no --bd3lms PATH given (a clone of kuleshov-group/bd3lms)"
     else:
         fail_if(peer_adapters.bd3lms_missing(args.bd3lms))
         pairs += bd3lms_pairs(args, peer_adapters.load_bd3lms(args.bd3lms))
-        sources["bd3lms"] = source_of(args.bd3lms)
+        sources["bd3lms"] = peer_adapters.source_of(args.bd3lms)
     return pairs, sources, skipped
 
 

@@ -14,6 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 import peer_adapters  # noqa: E402
+import peer_checks  # noqa: E402
 import peer_samplers  # noqa: E402
 
 from dllm.strategies import FixedCount, Threshold  # noqa: E402
@@ -59,10 +60,10 @@ def test_paired_ratio_divides_round_by_round():
 
 def test_first_difference():
     a = torch.tensor([[1, 2, 3, 4]])
-    assert peer_samplers.first_difference(a, a.clone()) is None
-    assert peer_samplers.first_difference(a, torch.tensor([[1, 2, 9, 9]])) == 2
+    assert peer_checks.first_difference(a, a.clone()) is None
+    assert peer_checks.first_difference(a, torch.tensor([[1, 2, 9, 9]])) == 2
     with pytest.raises(ValueError, match="shapes differ"):
-        peer_samplers.first_difference(a, a[:, :3])
+        peer_checks.first_difference(a, a[:, :3])
 
 
 def test_cases_map_onto_the_same_rule_and_cache_on_both_sides():
@@ -231,10 +232,10 @@ def test_duo_step_is_ours_and_the_check_sees_a_wrong_time(monkeypatch):
     model = tiny_udm()
     network = peer_adapters.DuoNetwork(model, pad_id=16)
     sampler = peer_adapters.duo_sampler(peer_adapters.load_duo(DUO), network, length=10)
-    assert peer_samplers.posterior_gap(sampler, network, 10, batch=2, steps=6) < 1e-12
-    ours = peer_samplers.posterior
-    monkeypatch.setattr(peer_samplers, "posterior", lambda x, z, t, s: ours(x, z, t, s / 2))
-    assert peer_samplers.posterior_gap(sampler, network, 10, batch=2, steps=6) > 1e-3
+    assert peer_checks.posterior_gap(sampler, network, 10, batch=2, steps=6) < 1e-12
+    ours = peer_checks.posterior
+    monkeypatch.setattr(peer_checks, "posterior", lambda x, z, t, s: ours(x, z, t, s / 2))
+    assert peer_checks.posterior_gap(sampler, network, 10, batch=2, steps=6) > 1e-3
 
 
 @NEEDS_DUO
@@ -251,7 +252,7 @@ def test_duo_sampler_runs_unchanged_on_our_model():
 @NEEDS_DUO
 @NEEDS_BD3LMS
 def test_one_short_run_writes_every_peer_with_its_ratio(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(peer_samplers, "FIRST_HITTING_SAMPLES", 200)
+    monkeypatch.setattr(peer_checks, "FIRST_HITTING_SAMPLES", 200)
     out = tmp_path / "report.json"
     argv = ["--fast-dllm", FAST_DLLM, "--duo", DUO, "--bd3lms", BD3LMS, "--gen-length", "8",
             "--block-length", "8", "--steps", "4", "--prompt-length", "2", "--rounds", "1",
@@ -278,7 +279,7 @@ def left_to_right_distribution(model, row, block_size):
         return {tuple(row): 1.0}
     i = row.index(mask_id)
     with torch.no_grad():
-        probs = peer_samplers.block_probabilities(model, torch.tensor(row), block_size)[i]
+        probs = peer_checks.block_probabilities(model, torch.tensor(row), block_size)[i]
     result = {}
     for token, p in enumerate(probs.tolist()):
         filled = row[:i] + [token] + row[i + 1 :]
@@ -288,21 +289,21 @@ def left_to_right_distribution(model, row, block_size):
 
 
 def test_first_hitting_distribution_by_hand():
-    model = peer_samplers.tiny_bd_model()
-    exact = peer_samplers.first_hitting_distribution(model, [0, 4, 4, 4], 4)
+    model = peer_checks.tiny_bd_model()
+    exact = peer_checks.first_hitting_distribution(model, [0, 4, 4, 4], 4)
     assert len(exact) == 4**3 and abs(sum(exact.values()) - 1) < 1e-12
     # one masked position: its p(x0)
     with torch.no_grad():
-        p = peer_samplers.block_probabilities(model, torch.tensor([0, 2, 4, 1]), 4)[2]
-    one = peer_samplers.first_hitting_distribution(model, [0, 2, 4, 1], 4)
+        p = peer_checks.block_probabilities(model, torch.tensor([0, 2, 4, 1]), 4)[2]
+    one = peer_checks.first_hitting_distribution(model, [0, 2, 4, 1], 4)
     assert all(abs(one[(0, 2, t, 1)] - float(p[t])) < 1e-15 for t in range(4))
     # two masked positions: half each order
     with torch.no_grad():
-        p1 = peer_samplers.block_probabilities(model, torch.tensor([0, 4, 4, 1]), 4)
-        p1_after = peer_samplers.block_probabilities(model, torch.tensor([0, 3, 4, 1]), 4)[2]
-        p2_after = peer_samplers.block_probabilities(model, torch.tensor([0, 4, 0, 1]), 4)[1]
+        p1 = peer_checks.block_probabilities(model, torch.tensor([0, 4, 4, 1]), 4)
+        p1_after = peer_checks.block_probabilities(model, torch.tensor([0, 3, 4, 1]), 4)[2]
+        p2_after = peer_checks.block_probabilities(model, torch.tensor([0, 4, 0, 1]), 4)[1]
     want = 0.5 * p1[1, 3] * p1_after[0] + 0.5 * p1[2, 0] * p2_after[3]
-    two = peer_samplers.first_hitting_distribution(model, [0, 4, 4, 1], 4)
+    two = peer_checks.first_hitting_distribution(model, [0, 4, 4, 1], 4)
     assert abs(two[(0, 3, 0, 1)] - float(want)) < 1e-15
     # the order matters on this model, so the check can tell the orders apart
     wrong = left_to_right_distribution(model, [0, 4, 4, 4], 4)
@@ -311,15 +312,15 @@ def test_first_hitting_distribution_by_hand():
 
 def test_chi_square_p():
     exact = {("a",): 0.5, ("b",): 0.3, ("c",): 0.199, ("d",): 0.001}
-    assert peer_samplers.chi_square_p({("a",): 500, ("b",): 300, ("c",): 200}, exact) > 0.5
-    assert peer_samplers.chi_square_p({("a",): 1000}, exact) < 1e-9
-    assert peer_samplers.chi_square_p({("a",): 999, ("z",): 1}, exact) == 0.0
+    assert peer_checks.chi_square_p({("a",): 500, ("b",): 300, ("c",): 200}, exact) > 0.5
+    assert peer_checks.chi_square_p({("a",): 1000}, exact) < 1e-9
+    assert peer_checks.chi_square_p({("a",): 999, ("z",): 1}, exact) == 0.0
 
 
 @NEEDS_BD3LMS
 @pytest.mark.numerics
 def test_bd3lms_sampler_runs_unchanged_and_fills_every_block():
-    model = peer_samplers.tiny_bd_model()
+    model = peer_checks.tiny_bd_model()
     sampler = peer_adapters.bd3lms_sampler(peer_adapters.load_bd3lms(BD3LMS), model, 4)
     with torch.no_grad():
         tokens, nfe = sampler._semi_ar_sampler(1, 4, 3, 12)
@@ -331,8 +332,8 @@ def test_bd3lms_sampler_runs_unchanged_and_fills_every_block():
 @pytest.mark.numerics
 def test_bd3lms_and_ours_draw_first_hitting_and_the_check_sees_another_order(monkeypatch):
     bd3lms = peer_adapters.load_bd3lms(BD3LMS)
-    result = peer_samplers.first_hitting_check(bd3lms)
-    assert min(result["p_theirs"], result["p_ours"]) >= peer_samplers.CHECK_P_VALUE
-    monkeypatch.setattr(peer_samplers, "first_hitting_distribution", left_to_right_distribution)
-    result = peer_samplers.first_hitting_check(bd3lms, samples=500)
+    result = peer_checks.first_hitting_check(bd3lms)
+    assert min(result["p_theirs"], result["p_ours"]) >= peer_checks.CHECK_P_VALUE
+    monkeypatch.setattr(peer_checks, "first_hitting_distribution", left_to_right_distribution)
+    result = peer_checks.first_hitting_check(bd3lms, samples=500)
     assert max(result["p_theirs"], result["p_ours"]) < 1e-6
