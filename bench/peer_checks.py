@@ -62,7 +62,9 @@ def posterior_gap(duo_sampler, network, length: int, batch: int, steps: int) -> 
     gap = 0.0
     for k in range(steps, 0, -1):
         t, s = k / steps, (k - 1) / steps
-        alpha_t, alpha_s = (alpha(torch.full((batch, 1), v, dtype=torch.float64)) for v in (t, s))
+        alpha_t, alpha_s = (
+            alpha(torch.full((batch, 1), v, dtype=torch.float64, device=z.device)) for v in (t, s)
+        )
         sigma = duo_sampler._sigma_from_alphat(alpha_t.float())
         x_theta = network(z, sigma).to(torch.float64).exp()
         x_theta = x_theta / x_theta.sum(-1, keepdim=True)
