@@ -95,7 +95,7 @@ SHAPES: dict[str, dict[str, Any]] = {
 @dataclass
 class Pair:
     """One case run by both implementations: ``ours`` and ``theirs`` generate once and return
-    how many tokens they generated; ``check`` compares the two and returns {"identical": bool,
+    how many tokens they generated; ``check`` compares the two and returns {"passed": bool,
     "what": one line}."""
 
     peer: str
@@ -212,7 +212,7 @@ def fast_dllm_pair(case: Case, args, ours: DiffusionGenerator, fast_dllm, peer, 
     def check() -> dict[str, Any]:
         at = peer_checks.first_difference(run_ours().cpu(), run_theirs().cpu())
         what = "identical tokens" if at is None else f"tokens differ from position {at}"
-        return {"identical": at is None, "what": what, "first_difference": at}
+        return {"passed": at is None, "what": what, "first_difference": at}
 
     return Pair("fast-dllm", case.name, counted(run_ours), counted(run_theirs), check)
 
@@ -258,7 +258,7 @@ def duo_pair(args: argparse.Namespace, duo) -> Pair:
             "comparable (different random streams)"
         )
         return {
-            "identical": gap < peer_checks.POSTERIOR_TOLERANCE,
+            "passed": gap < peer_checks.POSTERIOR_TOLERANCE,
             "what": what,
             "posterior_gap": gap,
         }
@@ -302,7 +302,7 @@ def bd3lms_pairs(args: argparse.Namespace, bd3lms) -> list[Pair]:
             f"model (chi-square p: theirs {p_theirs:.2g}, ours {p_ours:.2g}); tokens not "
             "comparable (different random streams)"
         )
-        return {"identical": fits, "what": what, **check_result}
+        return {"passed": fits, "what": what, **check_result}
 
     name = f"first hitting, block {block}"
     theirs = counted(run_theirs)
