@@ -1,0 +1,497 @@
+"""Our diffusion samplers side by side with their public implementations, on the same weights.
+
+    python bench/peer_samplers.py --fast-dllm PATH --duo PATH --bd3lms PATH --shape demo \
+        --batch 1 --rounds 5 --json out.json
+    python bench/peer_samplers.py --fast-dllm PATH --duo PATH --bd3lms PATH --check-only
+
+Each peer runs from a folder the user gives; nothing of it is copied into this project, the
+adapters in ``bench/peer_adapters.py`` import it from there (``transformers`` and ``einops``, the
+``hf`` extra, are needed for Fast-dLLM's model code). A peer without a path is skipped with the
+reason. For every case the script first checks the two implementations against each other, then
+times both with ``eval.throughput.measure`` (warm-up, alternating rounds, median with min and
+max) and reports the paired ratio ours / theirs of tokens/s, round by round. The models are
+randomly initialised at the chosen shape (speed does not depend on what the weights say).
+
+- ``--fast-dllm PATH``: a folder holding Fast-dLLM's ``llada/`` (NVlabs/Fast-dLLM:
+  ``llada/generate.py``, ``llada/model/``). An MDM, and the same weights in Fast-dLLM's
+  ``LLaDAModelLM`` under LLaDA's names and config (the mapping ``duolm export`` writes). Cases:
+  fixed low-confidence and threshold decoding, each without a cache and with the approximate
+  prefix and dual caches: Fast-dLLM's ``generate``, ``generate_with_prefix_cache``,
+  ``generate_with_dual_cache`` against our ``DiffusionGenerator.fill`` with the same rule, blocks
+  and cache, greedy, on BOS + a random prompt + ``--gen-length`` masks. Check: identical tokens.
+  The same algorithm on both sides, with one adapter: our models never predict [MASK] (SUBS),
+  while Fast-dLLM's argmax and softmax include its column, so its logit is set to -inf in what
+  their ``model(x).logits`` returns. Our side uses LLaDA's split of a block's tokens over its
+  steps (``FixedCount(split="front")``) and float64 confidences, as Fast-dLLM does. Their
+  functions build one row (``torch.full((1, ...))``): Fast-dLLM needs ``--batch 1``.
+- ``--duo PATH``: a Duo clone (s-sahoo/duo). A time-conditioned udm model, and Duo's
+  ``generate_samples`` (ancestral steps, float64 posteriors, greedy noise removal) bound
+  unchanged to a stand-in of its Lightning module whose forward is our model, against our
+  ``sample_uniform`` with the greedy tail, at the same NFE: Duo's ``--steps - 1`` ancestral
+  steps (grid 1 to 1e-5) plus its greedy step, our ``--steps`` steps (grid 1 to 0, the last
+  greedy). Duo has no prompt: it generates every position (BOS's slot too), ours keeps BOS.
+- ``--bd3lms PATH``: a bd3lms clone (kuleshov-group/bd3lms). A block-diffusion model with
+  ``--block-length`` blocks, and bd3lms's ``_semi_ar_sampler`` at its default settings (first
+  hitting: one uniformly chosen masked position per step; no nucleus; ``kv_cache`` off, as its
+  cached path calls its DiT backbone's own cache) bound unchanged to a stand-in whose forward is
+  our model through bd3lms's own ``_subs_parameterization``, against our ``FixedCount(random)``
+  at one token per step (the same rule), with our exact KV cache of finished blocks and
+  without it. Both generate ``--gen-length - 1`` tokens (bd3lms puts BOS in the first block).
+
+Duo's and bd3lms's tokens cannot equal ours (their draws come from the global RNG by
+Gumbel-max); what is checked instead is in ``bench/peer_checks.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import peer_adapters
+import peer_checks
+from peer_adapters import BOS
+
+from dllm.generate import SamplerConfig
+from dllm.generator import DiffusionGenerator
+from dllm.strategies import FixedCount, Threshold
+from dllm.uniform_generate import UniformSamplerConfig
+from eval.throughput import Record, Setting, Spread, measure
+from shared.config import ModelConfig
+from shared.model import Transformer
+from shared.sampling import SamplingConfig
+from shared.training.presets import get_preset
+
+# Model shapes, before the [MASK] row the masked objectives add. The demo preset's shape
+# without its sliding window (LLaDA's format has none), and SmolLM2-135M's config.
+SHAPES: dict[str, dict[str, Any]] = {
+    "demo": {**get_preset("demo")["model"], "vocab_size": 512, "sliding_window": 0},
+    "135m": dict(
+        vocab_size=49152,
+        dim=576,
+        n_layers=30,
+        n_heads=9,
+        n_kv_heads=3,
+        hidden_dim=1536,
+        norm_eps=1e-5,
+        rope_theta=100000.0,
+        max_seq_len=2048,
+        tie_embeddings=True,
+    ),
+}
+
+
+@dataclass
+class Pair:
+    """One case run by both implementations: ``ours`` and ``theirs`` generate once and return
+    how many tokens they generated; ``check`` compares the two and returns {"passed": bool,
+    "what": one line}."""
+
+    peer: str
+    case: str
+    ours: Callable[[], int]
+    theirs: Callable[[], int]
+    check: Callable[[], dict[str, Any]]
+
+
+# ---------------------------------------------------------------- the cases
+
+
+@dataclass(frozen=True)
+class Case:
+    """One sampler setting run by both implementations."""
+
+    rule: str  # "fixed" (low-confidence, a fixed count per step) or "threshold"
+    cache: str  # "none", "approx_prefix", "approx_dual"
+
+    @property
+    def name(self) -> str:
+        return f"{self.rule} / {self.cache}"
+
+
+# Fast-dLLM's generate function for each of our caches (the same algorithm each).
+FAST_DLLM_FUNCTIONS = {
+    "none": "generate",
+    "approx_prefix": "generate_with_prefix_cache",
+    "approx_dual": "generate_with_dual_cache",
+}
+CASES = [Case(rule, cache) for rule in ("fixed", "threshold") for cache in FAST_DLLM_FUNCTIONS]
+
+
+def our_sampler(case: Case, steps: int, block_length: int, threshold: float) -> SamplerConfig:
+    """Our sampler configured as Fast-dLLM's ``case``: greedy, LLaDA's front-loaded split."""
+    rule = FixedCount(steps, split="front") if case.rule == "fixed" else Threshold(threshold)
+    return SamplerConfig(
+        rule,
+        block_length=block_length,
+        sampling=SamplingConfig(temperature=0.0),
+        cache=case.cache,
+    ).validate()
+
+
+def fast_dllm_kwargs(
+    case: Case, steps: int, gen_length: int, block_length: int, threshold: float, mask_id: int
+) -> dict[str, Any]:
+    """Keyword arguments of Fast-dLLM's generate functions for ``case`` (greedy)."""
+    return dict(
+        steps=steps,
+        gen_length=gen_length,
+        block_length=block_length,
+        temperature=0.0,
+        remasking="low_confidence",
+        mask_id=mask_id,
+        threshold=threshold if case.rule == "threshold" else None,
+    )
+
+
+def paired_ratio(ours: Record, theirs: Record) -> Spread:
+    """Ours / theirs tokens/s, round by round (both ran in every round, one after the other):
+    the median with min and max of the per-round ratios."""
+    if ours.rounds != theirs.rounds:
+        raise ValueError(f"{ours.name} ran {ours.rounds} rounds and {theirs.name} {theirs.rounds}")
+    ratios = [
+        (n_o / t_o) / (n_t / t_t)
+        for n_o, t_o, n_t, t_t in zip(
+            ours.round_tokens, ours.round_seconds, theirs.round_tokens, theirs.round_seconds
+        )
+    ]
+    return Spread.of(ratios)
+
+
+def fail(why: str) -> None:
+    """A user error: one line on stderr, exit status 2."""
+    print(f"error: {why}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+# ---------------------------------------------------------------- Fast-dLLM
+
+
+def build_model(shape: str, device: str, *, extra_rows: int, time: bool = False) -> Transformer:
+    """A random model of ``shape`` with ``extra_rows`` vocabulary rows added ([MASK]: 1)."""
+    config = ModelConfig(**{**SHAPES[shape], "time_conditioning": time})
+    torch.manual_seed(0)
+    model = Transformer(config.with_vocab(config.vocab_size + extra_rows))
+    return model.to(device).eval()
+
+
+def random_prompt(length: int, high: int) -> list[int]:
+    draws = torch.Generator().manual_seed(0)
+    return torch.randint(1, high, (length,), generator=draws).tolist()
+
+
+def fast_dllm_pair(case: Case, args, ours: DiffusionGenerator, fast_dllm, peer, prompt) -> Pair:
+    """Ours and Fast-dLLM's ``case`` on the same canvas; the check compares their tokens."""
+    config = our_sampler(case, args.steps, args.block_length, args.threshold)
+    canvas = ours.prompt_canvas([prompt], args.gen_length)
+    kwargs = fast_dllm_kwargs(
+        case, args.steps, args.gen_length, args.block_length, args.threshold, ours.mask_id
+    )
+    function = getattr(fast_dllm.generate, FAST_DLLM_FUNCTIONS[case.cache])
+    start = canvas.region[0]
+    prefix = canvas.tokens[:, :start].to(peer.device)  # BOS + prompt
+
+    def run_ours() -> torch.Tensor:
+        return ours.fill(canvas, config, seed=0, eos="none").raw.generated
+
+    def run_theirs() -> torch.Tensor:
+        tokens, _ = function(peer, prefix, **kwargs)
+        return tokens[:, start:]
+
+    def check() -> dict[str, Any]:
+        at = peer_checks.first_difference(run_ours().cpu(), run_theirs().cpu())
+        what = "identical tokens" if at is None else f"tokens differ from position {at}"
+        return {"passed": at is None, "what": what, "first_difference": at}
+
+    return Pair("fast-dllm", case.name, counted(run_ours), counted(run_theirs), check)
+
+
+def fast_dllm_pairs(args: argparse.Namespace, model: Transformer, fast_dllm) -> list[Pair]:
+    """Every case on ``model`` and the same weights in Fast-dLLM's model."""
+    mask_id = model.config.vocab_size - 1
+    peer = peer_adapters.MaskColumnDropped(peer_adapters.llada_peer(fast_dllm, model, BOS), mask_id)
+    ours = DiffusionGenerator(model, eos_id=BOS)
+    prompt = random_prompt(args.prompt_length, mask_id)
+    return [fast_dllm_pair(case, args, ours, fast_dllm, peer, prompt) for case in CASES]
+
+
+def counted(run: Callable[[], torch.Tensor]) -> Callable[[], int]:
+    """A ``Setting`` callable: run once, return the number of generated tokens."""
+    return lambda: int(run().numel())
+
+
+# ---------------------------------------------------------------- Duo
+
+
+def duo_pair(args: argparse.Namespace, duo) -> Pair:
+    """Ours and Duo's ancestral sampler with a greedy last step, the same NFE (``--steps``)."""
+    pad = SHAPES[args.shape]["vocab_size"] - 1  # the support is every id but padding
+    model = build_model(args.shape, args.device, extra_rows=0, time=True)
+    ours = DiffusionGenerator(model, state={"objective": "udm"}, eos_id=BOS, pad_id=pad)
+    canvas = ours.prompt_canvas([[]] * args.batch, args.gen_length)
+    config = UniformSamplerConfig(steps=args.steps, greedy_tail=True)
+    network = peer_adapters.DuoNetwork(model, pad)
+    sampler = peer_adapters.duo_sampler(duo, network, canvas.length)
+
+    def run_ours() -> torch.Tensor:
+        return ours.fill(canvas, config, seed=0, eos="none").raw.generated
+
+    def run_theirs() -> torch.Tensor:
+        return sampler.generate_samples(args.batch, num_steps=args.steps - 1)
+
+    def check() -> dict[str, Any]:
+        gap = peer_checks.posterior_gap(sampler, network, canvas.length, args.batch, args.steps)
+        same = "equal" if gap < peer_checks.POSTERIOR_TOLERANCE else "DIFFER"
+        what = (
+            f"step distributions {same} (largest difference {gap:.1e}); tokens not "
+            "comparable (different random streams)"
+        )
+        return {
+            "passed": gap < peer_checks.POSTERIOR_TOLERANCE,
+            "what": what,
+            "posterior_gap": gap,
+        }
+
+    name = f"ancestral {args.steps} NFE, greedy tail"
+    return Pair("duo", name, counted(run_ours), counted(run_theirs), check)
+
+
+# ---------------------------------------------------------------- bd3lms
+
+
+def bd3lms_pairs(args: argparse.Namespace, bd3lms) -> list[Pair]:
+    """Our block sampler (exact KV cache, and without it) and bd3lms's, one token per step in a
+    uniformly random order, temperature 1, on BOS + ``--gen-length - 1`` tokens (bd3lms puts BOS
+    in the first block)."""
+    block = args.block_length
+    model = build_model(args.shape, args.device, extra_rows=1)
+    state = {"objective": "bd", "train_config": {"block_size": block}}
+    ours = DiffusionGenerator(model, state=state, eos_id=BOS)
+    canvas = ours.prompt_canvas([[]], args.gen_length - 1)
+    blocks = args.gen_length // block
+    config = SamplerConfig(FixedCount(blocks * block, remasking="random"))
+    sampler = peer_adapters.bd3lms_sampler(bd3lms, model, block)
+    check_result: dict[str, Any] = {}
+
+    def run_ours(kv_cache: bool) -> Callable[[], torch.Tensor]:
+        return lambda: ours.fill(canvas, config, eos="none", kv_cache=kv_cache).raw.generated
+
+    @torch.no_grad()
+    def run_theirs() -> torch.Tensor:
+        tokens, _ = sampler._semi_ar_sampler(1, block, blocks, args.gen_length)
+        return tokens[:, 1:]
+
+    def check() -> dict[str, Any]:
+        if not check_result:
+            check_result.update(peer_checks.first_hitting_check(bd3lms))
+        p_theirs, p_ours = check_result["p_theirs"], check_result["p_ours"]
+        fits = min(p_theirs, p_ours) >= peer_checks.CHECK_P_VALUE
+        what = (
+            f"first-hitting distribution {'matched' if fits else 'NOT matched'} on a tiny "
+            f"model (chi-square p: theirs {p_theirs:.2g}, ours {p_ours:.2g}); tokens not "
+            "comparable (different random streams)"
+        )
+        return {"passed": fits, "what": what, **check_result}
+
+    name = f"first hitting, block {block}"
+    theirs = counted(run_theirs)
+    return [
+        Pair("bd3lms", f"{name}, ours KV-cached", counted(run_ours(True)), theirs, check),
+        Pair("bd3lms", f"{name}, ours uncached", counted(run_ours(False)), theirs, check),
+    ]
+
+
+# ---------------------------------------------------------------- measuring
+
+
+def time_pair(pair: Pair, args: argparse.Namespace, sync) -> dict[str, Any]:
+    """Both timed by ``eval.throughput.measure`` (alternating rounds), with the paired ratio."""
+    settings = [
+        Setting(f"ours {pair.case}", args.batch, pair.ours),
+        Setting(f"{pair.peer} {pair.case}", args.batch, pair.theirs),
+    ]
+    result = measure(settings, rounds=args.rounds, warmup=args.warmup, sync=sync)
+    ours, theirs = result.records
+    return {
+        "ours": ours.as_dict(),
+        "theirs": theirs.as_dict(),
+        "ratio": vars(paired_ratio(ours, theirs)),
+        "machine": result.machine,
+    }
+
+
+def compare(pairs: list[Pair], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Check every pair, then (unless ``--check-only``) time it."""
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else None
+    rows = []
+    for pair in pairs:
+        row = {"peer": pair.peer, "case": pair.case, **pair.check()}
+        print(f"{pair.peer} {pair.case}: {row['what']}", flush=True)
+        if not args.check_only:
+            row |= time_pair(pair, args, sync)
+        rows.append(row)
+    return rows
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """One line (SystemExit 2) naming the first setting that does not fit."""
+    blocks, left = divmod(args.gen_length, args.block_length) if args.block_length > 0 else (0, 1)
+    length = 1 + args.prompt_length + args.gen_length
+    max_len = SHAPES[args.shape]["max_seq_len"]
+    problems = [
+        (args.fast_dllm is not None and args.batch != 1,
+         f"--batch {args.batch}: Fast-dLLM's generate functions build one row "
+         "(torch.full((1, ...))); only --batch 1 compares with them"),
+        (args.bd3lms is not None and args.batch != 1,
+         f"--batch {args.batch}: bd3lms's first-hitting sampler takes one row (its "
+         "validation asserts eval_batch_size == 1); only --batch 1 compares with it"),
+        (args.batch < 1, f"--batch {args.batch} must be >= 1"),
+        (args.gen_length < 1 or left != 0 or blocks < 1,
+         f"--block-length {args.block_length} must divide --gen-length {args.gen_length}"),
+        (blocks >= 1 and (args.steps < 1 or args.steps % blocks != 0),
+         f"--steps {args.steps} must be a positive multiple of the number of blocks ({blocks})"),
+        (args.duo is not None and args.steps < 2,
+         f"--steps {args.steps}: Duo's comparison needs at least 2 (its greedy step is one)"),
+        (not 0 < args.threshold <= 1, f"--threshold {args.threshold} must be in (0, 1]"),
+        (args.prompt_length < 0, f"--prompt-length {args.prompt_length} must be >= 0"),
+        (length > max_len,
+         f"BOS + --prompt-length + --gen-length = {length} positions, more than the "
+         f"{args.shape} shape's max_seq_len={max_len}"),
+        (args.rounds < 1 or args.warmup < 0, f"--rounds {args.rounds} must be >= 1 and "
+         f"--warmup {args.warmup} >= 0"),
+    ]  # fmt: skip
+    for failed, why in problems:
+        if failed:
+            fail(why)
+
+
+# ---------------------------------------------------------------- report
+
+
+def versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {"python": platform.python_version(), "torch": torch.__version__}
+    for package in ("transformers", "einops"):
+        try:
+            found[package] = importlib.import_module(package).__version__
+        except ImportError:
+            found[package] = None
+    return found
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """One table row per case: the check, both medians, the paired ratio."""
+    lines = [
+        "| peer | case | check | ours tokens/s median [min, max] "
+        "| theirs tokens/s median [min, max] | ours / theirs (paired) median [min, max] |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        cells = ["-", "-", "-"]
+        if "ratio" in row:
+            o, t = row["ours"]["tokens_per_s"], row["theirs"]["tokens_per_s"]
+            r = row["ratio"]
+            cells = [
+                f"{o['median']:,.0f} [{o['low']:,.0f}, {o['high']:,.0f}]",
+                f"{t['median']:,.0f} [{t['low']:,.0f}, {t['high']:,.0f}]",
+                f"{r['median']:.2f} [{r['low']:.2f}, {r['high']:.2f}]",
+            ]
+        lines.append(
+            f"| {row['peer']} | {row['case']} | {row['what']} | " + " | ".join(cells) + " |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fast-dllm", default=None, help="folder with Fast-dLLM's llada/")
+    parser.add_argument("--duo", default=None, help="a clone of s-sahoo/duo")
+    parser.add_argument("--bd3lms", default=None, help="a clone of bd3lms (not built yet)")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="demo")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--gen-length", type=int, default=64)
+    parser.add_argument("--block-length", type=int, default=16, help="Fast-dLLM cases")
+    parser.add_argument("--steps", type=int, default=64, help="steps (fixed rule) / NFE (Duo)")
+    parser.add_argument("--threshold", type=float, default=0.9)
+    parser.add_argument("--prompt-length", type=int, default=16, help="Fast-dLLM cases")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--check-only", action="store_true", help="checks only, no timing")
+    parser.add_argument("--json", default=None, help="also write the report here")
+    return parser.parse_args(argv)
+
+
+def peer_pairs(args: argparse.Namespace) -> tuple[list[Pair], dict[str, str], dict[str, str]]:
+    """(pairs to compare, the sources of the peers used, the reasons the others are skipped)."""
+    pairs: list[Pair] = []
+    sources: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+    if args.fast_dllm is None:
+        skipped["fast-dllm"] = "no --fast-dllm PATH given (a folder with Fast-dLLM's llada/)"
+    else:
+        fail_if(peer_adapters.fast_dllm_missing(args.fast_dllm))
+        fast_dllm = peer_adapters.load_fast_dllm(args.fast_dllm)
+        model = build_model(args.shape, args.device, extra_rows=1)
+        pairs += fast_dllm_pairs(args, model, fast_dllm)
+        sources["fast-dllm"] = peer_adapters.source_of(args.fast_dllm)
+    if args.duo is None:
+        skipped["duo"] = "no --duo PATH given (a clone of s-sahoo/duo)"
+    else:
+        fail_if(peer_adapters.duo_missing(args.duo))
+        pairs.append(duo_pair(args, peer_adapters.load_duo(args.duo)))
+        sources["duo"] = peer_adapters.source_of(args.duo)
+    if args.bd3lms is None:
+        skipped["bd3lms"] = "no --bd3lms PATH given (a clone of kuleshov-group/bd3lms)"
+    else:
+        fail_if(peer_adapters.bd3lms_missing(args.bd3lms))
+        pairs += bd3lms_pairs(args, peer_adapters.load_bd3lms(args.bd3lms))
+        sources["bd3lms"] = peer_adapters.source_of(args.bd3lms)
+    return pairs, sources, skipped
+
+
+def fail_if(why: str | None) -> None:
+    if why is not None:
+        fail(why)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    check_args(args)
+    torch.set_num_threads(args.threads)
+    # Identical tokens need the same float32 arithmetic on both sides: no TF32 matmuls.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    pairs, sources, skipped = peer_pairs(args)
+    rows = compare(pairs, args)
+    if rows:
+        print()
+        print(markdown(rows))
+    for name, why in skipped.items():
+        print(f"- {name}: skipped: {why}")
+    if args.json:
+        report = {
+            "shape": args.shape,
+            "settings": vars(args),
+            "versions": versions(),
+            "sources": sources,
+            "rows": rows,
+            "skipped": skipped,
+        }
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
