@@ -149,10 +149,11 @@ class MaskColumnDropped:
 # ---------------------------------------------------------------- Duo
 
 
-# Duo's imports that its sampling methods never use: data loading, metrics, backbones, training
-# utilities, Hydra and Lightning (the classes derive from LightningModule; the stand-in's base
-# is torch's Module so that the class statements run).
-def duo_stand_ins() -> dict[str, types.ModuleType]:
+# The imports of Duo's and bd3lms's diffusion modules that their sampling methods never use
+# (the two share one layout): data loading, metrics, backbones, training utilities, Hydra and
+# Lightning (the classes derive from LightningModule; the stand-in's base is torch's Module so
+# that the class statements run). bd3lms's ``noise_schedule`` is its own and is loaded for real.
+def lightning_repo_stand_ins() -> dict[str, types.ModuleType]:
     lightning = stand_in("lightning", LightningModule=torch.nn.Module)
     hydra = stand_in("hydra", utils=stand_in("hydra.utils"))
     models = stand_in("models", dit=stand_in("models.dit"), ema=stand_in("models.ema"))
@@ -179,7 +180,7 @@ def duo_missing(path: str) -> str | None:
 def load_duo(path: str) -> types.SimpleNamespace:
     """Duo's ``trainer_base`` and ``algo`` modules."""
     folder = Path(path)
-    with peer_imports(folder, duo_stand_ins()):
+    with peer_imports(folder, lightning_repo_stand_ins()):
         trainer_base = importlib.import_module("trainer_base")
         algo = importlib.import_module("algo")
     return types.SimpleNamespace(trainer_base=trainer_base, algo=algo)
@@ -256,25 +257,6 @@ def duo_sampler(duo: types.SimpleNamespace, network: DuoNetwork, length: int) ->
 # ---------------------------------------------------------------- bd3lms
 
 
-def bd3lms_stand_ins() -> dict[str, types.ModuleType]:
-    """bd3lms's imports that its sampling methods never use (as for Duo); ``noise_schedule`` is
-    its own and is loaded for real."""
-    lightning = stand_in("lightning", LightningModule=torch.nn.Module)
-    hydra = stand_in("hydra", utils=stand_in("hydra.utils"))
-    models = stand_in("models", dit=stand_in("models.dit"), ema=stand_in("models.ema"))
-    return {
-        "lightning": lightning,
-        "hydra": hydra,
-        "hydra.utils": hydra.utils,
-        "dataloader": stand_in("dataloader"),
-        "metrics": stand_in("metrics"),
-        "models": models,
-        "models.dit": models.dit,
-        "models.ema": models.ema,
-        "utils": stand_in("utils"),
-    }
-
-
 def bd3lms_missing(path: str) -> str | None:
     folder = Path(path)
     if (folder / "diffusion.py").is_file() and (folder / "noise_schedule.py").is_file():
@@ -288,7 +270,7 @@ def bd3lms_missing(path: str) -> str | None:
 def load_bd3lms(path: str) -> types.SimpleNamespace:
     """bd3lms's ``diffusion`` and ``noise_schedule`` modules."""
     folder = Path(path)
-    with peer_imports(folder, bd3lms_stand_ins()):
+    with peer_imports(folder, lightning_repo_stand_ins()):
         diffusion = importlib.import_module("diffusion")
         noise_schedule = importlib.import_module("noise_schedule")
     # Its sampler draws a progress bar over the blocks at every call: the same tqdm, silenced.
