@@ -72,12 +72,13 @@ SETTINGS = {
     # gives the judge perplexity about +-9% over samples at this scale (the demo report's 160).
     "cpu": QualitySettings((0, 1, 2), "demo", 16, 54, 64, (1, 4, 16)),
     # The papers' setting: OpenWebText, 1024 tokens, GPT-2-large judge (needs the hub).
+    # BOS and 1023 generated tokens fill one 1024-token row (1024 would not fit the model).
     "gpu": QualitySettings(
         (0, 1, 2),
         "owt-small",
         16,
         256,
-        1024,
+        1023,
         (1, 2, 4, 8),
         judge="gpt2-large",
         overrides=dict(seq_len=1024, max_seq_len=1024, max_steps=50000),
