@@ -2,6 +2,7 @@
 against simulated latents, its limits and derivative, the soft input at small temperature, the
 curriculum loss against the exact udm loss, and the switch to the exact loss (resume included)."""
 
+import dataclasses
 import json
 import math
 from types import SimpleNamespace
@@ -291,6 +292,20 @@ def test_the_default_curriculum_is_the_first_half_of_the_runs_steps(tmp_path):
     objective = build_objective("udm", pad_id=0, curriculum_steps=-1)
     objective.set_run_length(7)
     assert objective.curriculum_steps == 3
+
+
+def test_a_run_saved_before_the_curriculum_existed_resumes_without_it():
+    """A checkpoint whose config predates ``curriculum_steps`` trained without the curriculum:
+    resuming it keeps it off, whatever today's default."""
+    from shared.training import presets
+    from shared.training.resume import resumed_config
+
+    model, train = presets.resolve_config("tiny", {"objective": "udm", "max_steps": 4})
+    saved = {"model_config": model.to_dict(), "train_config": dataclasses.asdict(train)}
+    assert saved["train_config"].pop("curriculum_steps") == -1
+    assert resumed_config(saved, {}, allow_change=False)[1].curriculum_steps == 0
+    saved["train_config"]["curriculum_steps"] = -1  # saved with the field: kept
+    assert resumed_config(saved, {}, allow_change=False)[1].curriculum_steps == -1
 
 
 @pytest.mark.parametrize(

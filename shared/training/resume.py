@@ -30,14 +30,23 @@ def config_differences(
     ]
 
 
+# Fields whose default changed after checkpoints were saved without them: the value such a
+# checkpoint's run trained with. (udm's curriculum is now on by default; a run saved before the
+# field existed trained without it, and resuming it must not switch it on.)
+PREDATED_DEFAULTS = {"curriculum_steps": 0}
+
+
 def resumed_config(
     saved: dict[str, Any], overrides: dict[str, Any], allow_change: bool
 ) -> tuple[ModelConfig, TrainConfig]:
     """The checkpoint's config with only the flags typed now applied on top. Changing a field that
-    defines the experiment (objective, data, tokenizer, model shape) refuses unless allowed."""
+    defines the experiment (objective, data, tokenizer, model shape) refuses unless allowed. A
+    field the checkpoint predates takes the value its run trained with (``PREDATED_DEFAULTS``),
+    else today's default."""
     model_over, train_over = split_overrides(overrides)
     model_cfg = ModelConfig(**{**saved["model_config"], **model_over}).validate()
-    train_cfg = TrainConfig(**{**saved["train_config"], **train_over}).validate()
+    train_cfg = TrainConfig(**{**PREDATED_DEFAULTS, **saved["train_config"], **train_over})
+    train_cfg = train_cfg.validate()
     shape_fields = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "vocab_size")
     changed = config_differences(
         {**saved["model_config"], **saved["train_config"]},
