@@ -49,7 +49,7 @@ def judged(shift: dict | None = None, entropy: dict | None = None) -> dict:
             for name, centre in BASE.items()
         },
     }
-    return {"judge": "test", "sets": duality.merge_sets({s: one_seed for s in range(3)})}
+    return {"judge": "test", "sets": duality.merge_seeds({s: one_seed for s in range(3)})}
 
 
 def learned(mdm=(4.0, 4.02, 4.01), udm=(4.3, 4.31, 4.33), unigram=5.0, udm_flops=1e12) -> dict:
@@ -135,7 +135,7 @@ def test_merged_sets_average_the_mean_length_over_seeds():
     for seed, length in enumerate((10.0, 14.0)):
         entry = judged_set("MDM 2", 7.0, 3.0) | {"mean_length": length}
         per_seed[seed] = {"judge": "test", "sets": {"MDM 2 steps": entry}}
-    merged = duality.merge_sets(per_seed)["MDM 2 steps"]
+    merged = duality.merge_seeds(per_seed)["MDM 2 steps"]
     assert merged["mean_length"] == 12.0 and merged["samples"] == 40
 
 

@@ -7,7 +7,6 @@ seed); the sample half judges both models' samples with the judge and rules of
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -153,7 +152,7 @@ def run(settings: DualitySettings, job: Job) -> FindingResult:
         )
     first = job.out / f"seed-{settings.seeds[0]}"
     unigram = stages.run("unigram", {}, lambda: validation_unigram_entropy(first))
-    judged = {"judge": per_seed[settings.seeds[0]]["judge"], "sets": merge_sets(per_seed)}
+    judged = {"judge": per_seed[settings.seeds[0]]["judge"], "sets": merge_seeds(per_seed)}
     return judge(job.scale, settings, {"runs": trained, "unigram": unigram}, judged, job.out)
 
 
@@ -190,22 +189,10 @@ def sample_all(out: Path, settings: DualitySettings, seed: int = 0) -> dict[str,
                 "steps": steps,
                 "nfe": result.nfe,
                 "few": steps in settings.few_steps,
-                "mean_length": statistics.fmean(len(ids) for ids in result.tokens),
                 "texts": result.texts,
                 "ids": result.tokens,
             }
     return sets
-
-
-def merge_sets(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
-    """``sample_quality.merge_seeds`` over the seeds, with the mean sample length averaged over
-    seeds too (merge_seeds keeps the first seed's value of the keys it does not pool)."""
-    merged = merge_seeds(per_seed)
-    for name, entry in merged.items():
-        entry["mean_length"] = statistics.fmean(
-            seed["sets"][name]["mean_length"] for seed in per_seed.values()
-        )
-    return merged
 
 
 def few_step_verdict(udm: dict[str, Any], mdm: dict[str, Any]) -> str:
