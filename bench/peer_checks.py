@@ -136,17 +136,24 @@ def chi_square_p(counts: dict, exact: dict) -> float:
     return float(chisquare(observed, expected).pvalue)
 
 
-def tiny_bd_model() -> Transformer:
-    """Four tokens + [MASK], peaked predictions (N(0, 0.5) weights): the order matters."""
+def peaked_model(vocab_size: int, max_seq_len: int, tie_embeddings: bool = False) -> Transformer:
+    """A small random model with large weights (N(0, 0.5) matrices), seeded: its predictions are
+    peaked, unlike a default-initialised model's, so sampling orders and thresholds matter."""
     torch.manual_seed(0)
-    config = ModelConfig(vocab_size=5, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                         hidden_dim=64, max_seq_len=16)  # fmt: skip
+    config = ModelConfig(vocab_size=vocab_size, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                         hidden_dim=64, max_seq_len=max_seq_len,
+                         tie_embeddings=tie_embeddings)  # fmt: skip
     model = Transformer(config).eval()
     with torch.no_grad():
         for weight in model.parameters():
             if weight.ndim == 2:
                 weight.normal_(0.0, 0.5)
     return model
+
+
+def tiny_bd_model() -> Transformer:
+    """Four tokens + [MASK], peaked predictions: the order matters."""
+    return peaked_model(5, 16)
 
 
 @torch.no_grad()

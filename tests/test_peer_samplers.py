@@ -143,15 +143,7 @@ def confident_mdm(tied: bool = False) -> Transformer:
     """A small random MDM with large weights (N(0, 0.5) matrices): its predictions are peaked, so
     several positions pass a 0.5 threshold in one step and the approximate caches change tokens
     (checked below), which a default-initialised model, predicting almost uniformly, never does."""
-    torch.manual_seed(0)
-    config = ModelConfig(vocab_size=33, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                         hidden_dim=64, max_seq_len=64, tie_embeddings=tied)  # fmt: skip
-    model = Transformer(config).eval()
-    with torch.no_grad():
-        for weight in model.parameters():
-            if weight.ndim == 2:
-                weight.normal_(0.0, 0.5)
-    return model
+    return peer_checks.peaked_model(33, 64, tie_embeddings=tied)
 
 
 SETTINGS = ["--gen-length", "18", "--block-length", "6", "--steps", "12", "--threshold", "0.5"]
