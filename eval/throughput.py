@@ -21,6 +21,14 @@ clock and check the alternation and the arithmetic exactly. ``measure_batches`` 
 comparison at several batch sizes (at least 1 and a large one); a batch that does not fit in
 memory becomes one line naming the largest batch that fitted, not an error. Every result records
 the machine (CPU model, cores, torch threads, GPU) and library versions.
+
+The host's own speed moves between runs on a shared machine (a KVM guest here drifted by up to
+30% between runs minutes apart), and a run cannot tell that from its own numbers. So ``probes``
+(``host_probes()``: a fixed matrix product, compute-bound, and a loop of tiny tensor operations,
+bound by per-operation overhead) join the rotation of every round and are recorded beside the
+settings, counted in operations per second. They measure the host, not a model: two runs whose
+settings disagree while their probes agree point at the measurement; probes that moved as well
+point at the host (``eval.throughput_runs`` compares two runs this way).
 """
 
 from __future__ import annotations
@@ -97,28 +105,38 @@ class Throughput:
     records: list[Record]
     machine: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    # The host probes timed in the same rounds, one record per probe and batch size (the batch
+    # whose settings they alternated with); their "tokens" are operations.
+    probes: list[Record] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "records": [r.as_dict() for r in self.records],
             "machine": self.machine,
             "notes": list(self.notes),
+            "probes": [r.as_dict() for r in self.probes],
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Throughput:
-        """The measurement ``as_dict`` wrote (a stored stage read back)."""
-        records = [
-            Record(
+        """The measurement ``as_dict`` wrote (a stored stage read back; one written before the
+        probes existed reads back with none)."""
+
+        def record(r: dict[str, Any]) -> Record:
+            return Record(
                 **{
                     **r,
                     "tokens_per_s": Spread(**r["tokens_per_s"]),
                     "seconds_per_sample": Spread(**r["seconds_per_sample"]),
                 }
             )
-            for r in data["records"]
-        ]
-        return cls(records, data["machine"], list(data.get("notes", [])))
+
+        return cls(
+            [record(r) for r in data["records"]],
+            data["machine"],
+            list(data.get("notes", [])),
+            [record(r) for r in data.get("probes", [])],
+        )
 
     def record(self, name: str, batch_size: int) -> Record:
         for r in self.records:
@@ -149,6 +167,16 @@ class Throughput:
             "then round-robin "
             "rounds with the order rotated each round; generated tokens only."
         )
+        if self.probes:
+            lines.append(
+                "Host probes timed in the same rounds (operations/s median [min, max]): "
+                + "; ".join(
+                    f"{p.name} at batch {p.batch_size} {p.tokens_per_s.median:,.0f} "
+                    f"[{p.tokens_per_s.low:,.0f}, {p.tokens_per_s.high:,.0f}]"
+                    for p in self.probes
+                )
+                + "."
+            )
         lines += [f"- {note}" for note in self.notes]
         return "\n".join(lines)
 
@@ -213,28 +241,33 @@ def measure(
     warmup: int = 1,
     clock: Clock = time.perf_counter,
     sync: Callable[[], None] | None = None,
+    probes: Sequence[Setting] = (),
 ) -> Throughput:
     """Time every setting ``rounds`` times, round-robin with the order rotated each round, after
     ``warmup`` untimed rounds; see the module docstring. ``sync`` runs before each clock reading
-    (pass ``torch.cuda.synchronize`` on a GPU so that queued kernels are inside the timing)."""
+    (pass ``torch.cuda.synchronize`` on a GPU so that queued kernels are inside the timing).
+    ``probes`` (e.g. ``host_probes()``) are timed in the same rotation and returned apart, in
+    ``Throughput.probes``."""
     check_settings(settings, rounds, warmup)
+    timed = [*settings, *probes]
+    check_settings(timed, rounds, warmup)
     wait = sync or (lambda: None)
     for _ in range(warmup):
-        for setting in settings:
+        for setting in timed:
             generated_tokens(setting)
-    seconds: list[list[float]] = [[] for _ in settings]
-    tokens: list[list[int]] = [[] for _ in settings]
-    positions: list[list[int]] = [[] for _ in settings]
+    seconds: list[list[float]] = [[] for _ in timed]
+    tokens: list[list[int]] = [[] for _ in timed]
+    positions: list[list[int]] = [[] for _ in timed]
     for round_index in range(rounds):
-        for position, i in enumerate(rotation(len(settings), round_index)):
+        for position, i in enumerate(rotation(len(timed), round_index)):
             wait()
             start = clock()
-            count = generated_tokens(settings[i])
+            count = generated_tokens(timed[i])
             wait()
             elapsed = clock() - start
             if elapsed <= 0:
                 raise ValueError(
-                    f"{settings[i].name}: the clock did not advance ({elapsed} s); "
+                    f"{timed[i].name}: the clock did not advance ({elapsed} s); "
                     "use a clock with a finer resolution"
                 )
             seconds[i].append(elapsed)
@@ -252,9 +285,9 @@ def measure(
             round_tokens=tokens[i],
             positions=positions[i],
         )
-        for i, s in enumerate(settings)
+        for i, s in enumerate(timed)
     ]
-    return Throughput(records, machine())
+    return Throughput(records[: len(settings)], machine(), probes=records[len(settings) :])
 
 
 def measure_batches(
@@ -267,21 +300,27 @@ def measure_batches(
     clock: Clock = time.perf_counter,
     sync: Callable[[], None] | None = None,
     out_of_memory: tuple[type[BaseException], ...] = OUT_OF_MEMORY,
+    probes: Sequence[Setting] = (),
 ) -> Throughput:
     """The same comparison at each batch size, smallest first: ``make(name, batch)`` builds the
     callable for a setting. Settings are compared (alternated) within a batch size. A batch size
     whose warm-up or rounds run out of memory is skipped with one note naming the largest batch
-    size that fitted (or saying none did); the larger ones are not tried."""
+    size that fitted (or saying none did); the larger ones are not tried. ``probes`` run in the
+    rounds of every batch size, each recorded under the batch size it alternated with."""
     sizes = sorted(set(batch_sizes))
     if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
         raise ValueError(f"batch_sizes={list(batch_sizes)!r} must be integers >= 1")
     records: list[Record] = []
+    probe_records: list[Record] = []
     notes: list[str] = []
     fitted: int | None = None
     for batch in sizes:
         settings = [Setting(name, batch, make(name, batch)) for name in names]
+        alongside = [Setting(p.name, batch, p.run) for p in probes]
         try:
-            result = measure(settings, rounds=rounds, warmup=warmup, clock=clock, sync=sync)
+            result = measure(
+                settings, rounds=rounds, warmup=warmup, clock=clock, sync=sync, probes=alongside
+            )
         except out_of_memory:
             largest = f"the largest that fits is {fitted}" if fitted else "no batch size fitted"
             notes.append(
@@ -290,5 +329,40 @@ def measure_batches(
             )
             break
         records += result.records
+        probe_records += result.probes
         fitted = batch
-    return Throughput(records, machine(), notes)
+    return Throughput(records, machine(), notes, probe_records)
+
+
+# The host probes' sizes: each takes a few tens of milliseconds on a 2-core CPU, small beside a
+# round of the settings it alternates with, long enough for the clock.
+PROBE_MATMUL_SIZE = 384
+PROBE_MATMUL_REPEATS = 16
+PROBE_DISPATCH_REPEATS = 2000
+PROBE_MATMUL = "host probe: matmul"
+PROBE_DISPATCH = "host probe: dispatch"
+
+
+def host_probes(seed: int = 0) -> list[Setting]:
+    """Two fixed workloads that measure the host rather than a model, each returning the number
+    of operations it ran: ``PROBE_MATMUL_REPEATS`` float32 products of two seeded
+    ``PROBE_MATMUL_SIZE``-square matrices on the CPU with the process's torch threads (bound by
+    arithmetic, like a diffusion step over a whole canvas), and ``PROBE_DISPATCH_REPEATS``
+    additions on an 8-element tensor (bound by per-operation overhead, like batch-1 decoding of
+    a small model)."""
+    generator = torch.Generator().manual_seed(seed)
+    left = torch.randn(PROBE_MATMUL_SIZE, PROBE_MATMUL_SIZE, generator=generator)
+    right = torch.randn(PROBE_MATMUL_SIZE, PROBE_MATMUL_SIZE, generator=generator)
+    small = torch.zeros(8)
+
+    def matmul() -> int:
+        for _ in range(PROBE_MATMUL_REPEATS):
+            torch.mm(left, right)
+        return PROBE_MATMUL_REPEATS
+
+    def dispatch() -> int:
+        for _ in range(PROBE_DISPATCH_REPEATS):
+            torch.add(small, 1.0)
+        return PROBE_DISPATCH_REPEATS
+
+    return [Setting(PROBE_MATMUL, 1, matmul), Setting(PROBE_DISPATCH, 1, dispatch)]

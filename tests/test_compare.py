@@ -7,6 +7,7 @@ import re
 import pytest
 
 from eval.experiments import compare, stages
+from eval.throughput import PROBE_DISPATCH, PROBE_MATMUL
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +82,9 @@ def test_smoke_report_has_the_speed_quality_frontier_at_both_batch_sizes(smoke):
         speed = record["tokens_per_s"]
         assert speed["low"] <= speed["median"] <= speed["high"] and record["rounds"] == 2
         assert record["round_tokens"] == [record["batch_size"] * 24] * 2  # every position
+    # the host probes ran in the same rounds beside each batch size (eval.throughput_runs)
+    probes = {(r["name"], r["batch_size"]) for r in frontier["throughput"]["probes"]}
+    assert probes == {(name, batch) for name in (PROBE_MATMUL, PROBE_DISPATCH) for batch in (1, 4)}
     # held-out text's own entropy, not a placeholder: what low-entropy points are measured by
     assert data["results"]["quality"]["reference"]["unigram_entropy"] > 1.0
     markdown = (out / "report.md").read_text()

@@ -4,7 +4,17 @@ checked exactly, never against wall time."""
 
 import pytest
 
-from eval.throughput import Setting, Spread, measure, measure_batches, rotation
+from eval.throughput import (
+    PROBE_DISPATCH,
+    PROBE_MATMUL,
+    Setting,
+    Spread,
+    Throughput,
+    host_probes,
+    measure,
+    measure_batches,
+    rotation,
+)
 
 
 class FakeClock:
@@ -180,3 +190,53 @@ def test_no_batch_fits():
 
     result = measure_batches(make, ["a"], [1, 4], clock=FakeClock())
     assert result.records == [] and "no batch size fitted" in result.notes[0]
+
+
+def test_probes_join_the_rotation_and_are_returned_apart():
+    clock, log = FakeClock(), []
+    a = Setting("a", 2, fake(clock, log, "a", [9.0, 1.0, 1.0], tokens=8))
+    probe = Setting("probe", 1, fake(clock, log, "probe", [9.0, 0.5, 0.25], tokens=100))
+    result = measure([a], rounds=2, warmup=1, clock=clock, probes=[probe])
+    # Warm-up, then round 0: a probe, round 1: probe a.
+    assert log == ["a", "probe", "a", "probe", "probe", "a"]
+    assert [r.name for r in result.records] == ["a"]
+    (p,) = result.probes
+    assert p.name == "probe" and p.positions == [1, 0]
+    assert p.tokens_per_s == Spread(300.0, 200.0, 400.0)
+    assert result.records[0].positions == [0, 1]
+    assert "Host probes timed in the same rounds" in result.markdown()
+    # A probe may not share a setting's name and batch size.
+    with pytest.raises(ValueError, match="distinct"):
+        measure([a], probes=[Setting("a", 2, lambda: 1)], clock=clock)
+
+
+def test_probes_run_beside_every_batch_size_and_survive_a_round_trip():
+    clock = FakeClock()
+
+    def make(name: str, batch: int):
+        def run() -> int:
+            clock.now += 1.0
+            return batch
+
+        return run
+
+    def probe() -> int:
+        clock.now += 2.0
+        return 10
+
+    result = measure_batches(
+        make, ["a"], [1, 4], rounds=2, warmup=0, clock=clock, probes=[Setting("p", 1, probe)]
+    )
+    assert [(r.name, r.batch_size) for r in result.probes] == [("p", 1), ("p", 4)]
+    assert all(r.tokens_per_s == Spread(5.0, 5.0, 5.0) for r in result.probes)
+    again = Throughput.from_dict(result.as_dict())
+    assert again == result
+    # A measurement stored before the probes existed reads back with none.
+    old = {k: v for k, v in result.as_dict().items() if k != "probes"}
+    assert Throughput.from_dict(old).probes == []
+
+
+def test_host_probes_count_their_operations():
+    matmul, dispatch = host_probes()
+    assert (matmul.name, dispatch.name) == (PROBE_MATMUL, PROBE_DISPATCH)
+    assert matmul.run() == 16 and dispatch.run() == 2000

@@ -24,7 +24,7 @@ from eval.experiments.compare_sections import ReportInputs
 from eval.experiments.compare_settings import CompareSettings, diffusion_families
 from eval.frontier import points_from_stages, report_frontier
 from eval.report import Report
-from eval.throughput import Throughput, measure_batches
+from eval.throughput import Throughput, host_probes, measure_batches
 from shared.sampling import SamplingConfig
 
 
@@ -70,7 +70,9 @@ def diffusion_builder(engine: DiffusionGenerator, config, length: int):
 
 
 def throughput_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
-    """Every setting timed at every frontier batch size (``eval.throughput.measure_batches``)."""
+    """Every setting timed at every frontier batch size (``eval.throughput.measure_batches``),
+    with the host probes in the same rounds (what tells a rerun's drift of the host from one of
+    the measurement: ``eval.throughput_runs``)."""
     builders = timed_settings(out, settings)
     result = measure_batches(
         lambda name, batch: builders[name](batch),
@@ -78,6 +80,7 @@ def throughput_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
         settings.frontier_batches,
         rounds=settings.frontier_rounds,
         warmup=settings.frontier_warmup,
+        probes=host_probes(),
     )
     return result.as_dict()
 
