@@ -334,6 +334,48 @@ def measure_batches(
     return Throughput(records, machine(), notes, probe_records)
 
 
+def merge_runs(runs: Sequence[Throughput]) -> Throughput:
+    """One measurement from several runs of the same settings (e.g. in separate fresh processes,
+    so that the stated spread covers what changes from one process to the next, not only from
+    one round to the next): each record's rounds are pooled in run order and its median, min and
+    max taken over all of them. Records are matched by (name, batch size); one missing from any
+    run is refused, as the pooled spread would silently cover fewer runs."""
+    if not runs:
+        raise ValueError("nothing to merge: give at least one measurement")
+
+    def pooled(lists: list[list[Record]]) -> list[Record]:
+        keys = [[(r.name, r.batch_size) for r in records] for records in lists]
+        if any(k != keys[0] for k in keys):
+            raise ValueError(f"the runs measured different settings: {keys}")
+        merged = []
+        for parts in zip(*lists):
+            seconds = [t for r in parts for t in r.round_seconds]
+            tokens = [n for r in parts for n in r.round_tokens]
+            first = parts[0]
+            merged.append(
+                Record(
+                    name=first.name,
+                    batch_size=first.batch_size,
+                    rounds=len(seconds),
+                    warmup=first.warmup,
+                    tokens_per_s=Spread.of([n / t for n, t in zip(tokens, seconds)]),
+                    seconds_per_sample=Spread.of([t / first.batch_size for t in seconds]),
+                    round_seconds=seconds,
+                    round_tokens=tokens,
+                    positions=[i for r in parts for i in r.positions],
+                )
+            )
+        return merged
+
+    notes = list(dict.fromkeys(note for run in runs for note in run.notes))
+    return Throughput(
+        pooled([run.records for run in runs]),
+        runs[0].machine,
+        notes,
+        pooled([run.probes for run in runs]),
+    )
+
+
 # The host probes' sizes: each takes a few tens of milliseconds on a 2-core CPU, small beside a
 # round of the settings it alternates with, long enough for the clock.
 PROBE_MATMUL_SIZE = 384

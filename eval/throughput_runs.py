@@ -11,16 +11,23 @@ For every batch size both runs measured:
 - the same for the host probes (``eval.throughput.host_probes``), which measure the machine and
   not a model;
 - a verdict: ``reproduced`` when every setting's median lies inside the other run's spread;
-  otherwise ``host changed speed`` when a probe's median also left the other run's spread (the
-  machine itself ran at another speed, so the runs cannot test the measurement), and ``not
-  reproduced`` when the probes stayed inside (the host held still and the measurement moved);
-  ``not reproduced (no host probes)`` for runs measured before the probes existed.
+  otherwise ``host changed speed`` when a probe's median also left the other run's spread, in
+  the direction the settings moved (the ratio of medians over the settings, above or below 1):
+  the machine itself ran at another speed, so the pair cannot test the measurement; and ``not
+  reproduced`` when no probe moved that way (the host held still, or moved the other way, and
+  the measurement moved); ``not reproduced (no host probes)`` for runs measured before the
+  probes existed.
+
+A [min, max] over 5 rounds covers the noise within a run, not the drift between runs, so the
+summary also gives how close the runs came: the ratio of medians, median [min, max] over the
+settings.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,7 +91,9 @@ def verdict(settings: list[Pair], probes: list[Pair]) -> str:
         return REPRODUCED
     if not probes:
         return NO_PROBES
-    return HOST_CHANGED if any(not p.within for p in probes) else NOT_REPRODUCED
+    faster = statistics.median(p.ratio for p in settings) > 1
+    host_moved = any(not p.within and (p.ratio > 1) == faster for p in probes)
+    return HOST_CHANGED if host_moved else NOT_REPRODUCED
 
 
 def compare_runs(first: Throughput, second: Throughput) -> list[BatchAgreement]:

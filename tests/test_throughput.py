@@ -13,6 +13,7 @@ from eval.throughput import (
     host_probes,
     measure,
     measure_batches,
+    merge_runs,
     rotation,
 )
 
@@ -240,3 +241,26 @@ def test_host_probes_count_their_operations():
     matmul, dispatch = host_probes()
     assert (matmul.name, dispatch.name) == (PROBE_MATMUL, PROBE_DISPATCH)
     assert matmul.run() == 16 and dispatch.run() == 2000
+
+
+def test_runs_in_separate_processes_pool_their_rounds():
+    def one_run(durations: list[float], probe_durations: list[float]) -> Throughput:
+        clock = FakeClock()
+        a = Setting("a", 2, fake(clock, [], "a", [9.0, *durations], tokens=8))
+        p = Setting("p", 2, fake(clock, [], "p", [9.0, *probe_durations], tokens=4))
+        return measure([a], rounds=len(durations), warmup=1, clock=clock, probes=[p])
+
+    first, second = one_run([1.0, 2.0], [1.0, 1.0]), one_run([4.0, 8.0], [2.0, 2.0])
+    merged = merge_runs([first, second])
+    (a,) = merged.records
+    assert a.round_seconds == [1.0, 2.0, 4.0, 8.0] and a.rounds == 4
+    # Tokens/s per round 8, 4, 2, 1: the median of four, and the spread of both runs.
+    assert a.tokens_per_s == Spread(3.0, 1.0, 8.0)
+    assert a.seconds_per_sample == Spread(1.5, 0.5, 4.0)
+    assert merged.probes[0].tokens_per_s == Spread(3.0, 2.0, 4.0)
+    assert merge_runs([first]) == first
+    with pytest.raises(ValueError, match="at least one"):
+        merge_runs([])
+    other = measure([Setting("b", 2, lambda: 1)], rounds=1, warmup=0, clock=iter(range(9)).__next__)
+    with pytest.raises(ValueError, match="different settings"):
+        merge_runs([first, other])

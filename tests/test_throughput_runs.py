@@ -60,6 +60,11 @@ def test_the_probes_tell_the_host_from_the_measurement():
     assert batch.verdict == HOST_CHANGED and batch.probes[0].ratio == 0.7
     (batch,) = compare_runs(run(slow[0], steady_probe[0]), run(slow[1], steady_probe[1]))
     assert batch.verdict == NOT_REPRODUCED
+    # A probe that moved the other way (the host got faster, the settings slower) does not
+    # explain the settings.
+    faster_probe = [record("probe", 1, 1000, 990, 1010)], [record("probe", 1, 1300, 1290, 1310)]
+    (batch,) = compare_runs(run(slow[0], faster_probe[0]), run(slow[1], faster_probe[1]))
+    assert batch.verdict == NOT_REPRODUCED
     # A host that moved does not spoil runs whose settings still agree.
     same = [record("ar", 1, 100, 95, 105)]
     (batch,) = compare_runs(run(same, moved_probe[0]), run(same, moved_probe[1]))

@@ -9,9 +9,13 @@ every family's tokens/s counts the same positions."""
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from arlm.generate import ARGenerator, GenerationConfig
 from dllm.generator import DiffusionGenerator
@@ -24,7 +28,7 @@ from eval.experiments.compare_sections import ReportInputs
 from eval.experiments.compare_settings import CompareSettings, diffusion_families
 from eval.frontier import points_from_stages, report_frontier
 from eval.report import Report
-from eval.throughput import Throughput, host_probes, measure_batches
+from eval.throughput import Throughput, host_probes, measure_batches, merge_runs
 from shared.sampling import SamplingConfig
 
 
@@ -69,16 +73,45 @@ def diffusion_builder(engine: DiffusionGenerator, config, length: int):
     return build
 
 
+# Fresh processes the measurement runs in, its rounds split between them and pooled.
+MEASURING_PROCESSES = 2
+
+
 def throughput_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
+    """Every setting timed at every frontier batch size in ``MEASURING_PROCESSES`` fresh
+    processes one after another (spawned, with this process's torch threads), each running its
+    own warm-up and its share of ``frontier_rounds`` (rounded up); the rounds are pooled
+    (``eval.throughput.merge_runs``).
+
+    Fresh, because measured in the job's own process, after training and generation had run
+    there, the host probe of per-operation overhead was 20-25% slower than in a fresh process on
+    the same host minutes apart, and the batch-1 settings 6-10% slower. Two of them, because two
+    fresh processes minutes apart still differ by a few per cent, more than a [min, max] over
+    one process's rounds covers; pooled, the stated spread covers it
+    (docs/studies/throughput-repeats)."""
+    rounds = -(-settings.frontier_rounds // MEASURING_PROCESSES)
+    spawn = multiprocessing.get_context("spawn")
+    runs = []
+    for _ in range(MEASURING_PROCESSES):
+        with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
+            job = pool.submit(measure_settings, out, settings, torch.get_num_threads(), rounds)
+            runs.append(Throughput.from_dict(job.result()))
+    return merge_runs(runs).as_dict()
+
+
+def measure_settings(
+    out: Path, settings: CompareSettings, threads: int, rounds: int
+) -> dict[str, Any]:
     """Every setting timed at every frontier batch size (``eval.throughput.measure_batches``),
     with the host probes in the same rounds (what tells a rerun's drift of the host from one of
     the measurement: ``eval.throughput_runs``)."""
+    torch.set_num_threads(threads)
     builders = timed_settings(out, settings)
     result = measure_batches(
         lambda name, batch: builders[name](batch),
         list(builders),
         settings.frontier_batches,
-        rounds=settings.frontier_rounds,
+        rounds=rounds,
         warmup=settings.frontier_warmup,
         probes=host_probes(),
     )
