@@ -21,6 +21,8 @@ RUNS = {
     "g": "one spawned process, the stage alone rerun",
     "h": "two spawned processes pooled (the default), whole job from scratch",
     "i": "two spawned processes pooled (the default), the stage alone rerun",
+    "j": "two spawned processes pooled (the default), the stage alone rerun",
+    "k": "two spawned processes pooled (the default), the stage alone rerun",
 }
 PAIRS = [
     ("a", "b"),
@@ -34,6 +36,10 @@ PAIRS = [
     ("e", "g"),
     ("g", "h"),
     ("h", "i"),
+    ("i", "j"),
+    ("j", "k"),
+    ("h", "j"),
+    ("h", "k"),
 ]
 
 
