@@ -234,6 +234,29 @@ def generated_tokens(setting: Setting) -> int:
     return tokens
 
 
+def record_of(
+    name: str,
+    batch_size: int,
+    warmup: int,
+    seconds: list[float],
+    tokens: list[int],
+    positions: list[int],
+) -> Record:
+    """A setting's record from its timed rounds: tokens/s and seconds per sample per round,
+    summarised by their median, min and max."""
+    return Record(
+        name=name,
+        batch_size=batch_size,
+        rounds=len(seconds),
+        warmup=warmup,
+        tokens_per_s=Spread.of([n / t for n, t in zip(tokens, seconds)]),
+        seconds_per_sample=Spread.of([t / batch_size for t in seconds]),
+        round_seconds=seconds,
+        round_tokens=tokens,
+        positions=positions,
+    )
+
+
 def measure(
     settings: Sequence[Setting],
     *,
@@ -274,17 +297,7 @@ def measure(
             tokens[i].append(count)
             positions[i].append(position)
     records = [
-        Record(
-            name=s.name,
-            batch_size=s.batch_size,
-            rounds=rounds,
-            warmup=warmup,
-            tokens_per_s=Spread.of([n / t for n, t in zip(tokens[i], seconds[i])]),
-            seconds_per_sample=Spread.of([t / s.batch_size for t in seconds[i]]),
-            round_seconds=seconds[i],
-            round_tokens=tokens[i],
-            positions=positions[i],
-        )
+        record_of(s.name, s.batch_size, warmup, seconds[i], tokens[i], positions[i])
         for i, s in enumerate(timed)
     ]
     return Throughput(records[: len(settings)], machine(), probes=records[len(settings) :])
@@ -349,20 +362,15 @@ def merge_runs(runs: Sequence[Throughput]) -> Throughput:
             raise ValueError(f"the runs measured different settings: {keys}")
         merged = []
         for parts in zip(*lists):
-            seconds = [t for r in parts for t in r.round_seconds]
-            tokens = [n for r in parts for n in r.round_tokens]
             first = parts[0]
             merged.append(
-                Record(
-                    name=first.name,
-                    batch_size=first.batch_size,
-                    rounds=len(seconds),
-                    warmup=first.warmup,
-                    tokens_per_s=Spread.of([n / t for n, t in zip(tokens, seconds)]),
-                    seconds_per_sample=Spread.of([t / first.batch_size for t in seconds]),
-                    round_seconds=seconds,
-                    round_tokens=tokens,
-                    positions=[i for r in parts for i in r.positions],
+                record_of(
+                    first.name,
+                    first.batch_size,
+                    first.warmup,
+                    [t for r in parts for t in r.round_seconds],
+                    [n for r in parts for n in r.round_tokens],
+                    [i for r in parts for i in r.positions],
                 )
             )
         return merged

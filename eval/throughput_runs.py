@@ -70,6 +70,11 @@ class BatchAgreement:
     def ratio_spread(self) -> Spread:
         return Spread.of([p.ratio for p in self.settings])
 
+    @property
+    def settings_within(self) -> int:
+        """How many settings' medians lie inside each other's spread."""
+        return sum(p.within for p in self.settings)
+
 
 def inside(value: float, spread: Spread) -> bool:
     return spread.low <= value <= spread.high
@@ -128,11 +133,10 @@ def markdown(agreements: list[BatchAgreement]) -> str:
                 f"{p.ratio:.3f} | {'yes' if p.within else 'no'} |"
             )
         ratios = a.ratio_spread()
-        within = sum(p.within for p in a.settings)
         lines += [
             "",
-            f"Settings inside each other's spread: {within} of {len(a.settings)}; ratio of "
-            f"medians {ratios.median:.3f} [{ratios.low:.3f}, {ratios.high:.3f}].",
+            f"Settings inside each other's spread: {a.settings_within} of {len(a.settings)}; "
+            f"ratio of medians {ratios.median:.3f} [{ratios.low:.3f}, {ratios.high:.3f}].",
             "",
         ]
     return "\n".join(lines)
@@ -160,7 +164,7 @@ def summary(agreements: list[BatchAgreement]) -> list[dict[str, Any]]:
         {
             "batch_size": a.batch_size,
             "verdict": a.verdict,
-            "settings_within": sum(p.within for p in a.settings),
+            "settings_within": a.settings_within,
             "settings": len(a.settings),
             "ratio_of_medians": vars(a.ratio_spread()),
             "probe_ratios": {p.name: p.ratio for p in a.probes},

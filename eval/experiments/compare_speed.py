@@ -9,6 +9,7 @@ every family's tokens/s counts the same positions."""
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -89,7 +90,7 @@ def throughput_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
     fresh processes minutes apart still differ by a few per cent, more than a [min, max] over
     one process's rounds covers; pooled, the stated spread covers it
     (docs/studies/throughput-repeats)."""
-    rounds = -(-settings.frontier_rounds // MEASURING_PROCESSES)
+    rounds = math.ceil(settings.frontier_rounds / MEASURING_PROCESSES)
     spawn = multiprocessing.get_context("spawn")
     runs = []
     for _ in range(MEASURING_PROCESSES):

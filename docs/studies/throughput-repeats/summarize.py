@@ -78,9 +78,9 @@ def main() -> None:
         for batch in compare_runs(runs[first], runs[second]):
             ratio = batch.ratio_spread()
             probes = {p.name: p.ratio for p in batch.probes}
-            within = sum(p.within for p in batch.settings)
             print(
-                f"| {first} -> {second} | {batch.batch_size} | {within} of {len(batch.settings)} | "
+                f"| {first} -> {second} | {batch.batch_size} | "
+                f"{batch.settings_within} of {len(batch.settings)} | "
                 f"{ratio.median:.3f} [{ratio.low:.3f}, {ratio.high:.3f}] | "
                 f"{probes[PROBE_MATMUL]:.3f} | {probes[PROBE_DISPATCH]:.3f} | {batch.verdict} |"
             )
