@@ -31,6 +31,7 @@ from dllm.generator import DiffusionGenerator
 from dllm.strategies import Ancestral, FixedCount, Threshold
 from eval.throughput import measure_batches
 from shared.config import ModelConfig
+from shared.files import write_atomic
 from shared.model import Transformer
 from shared.sampling import SamplingConfig
 from shared.training.presets import get_preset
@@ -94,7 +95,7 @@ def main() -> None:
     print(f"demo shape, random weights, {length} generated tokens per row from BOS\n")
     print(result.markdown())
     if args.json:
-        Path(args.json).write_text(json.dumps(result.as_dict(), indent=2))
+        write_atomic(Path(args.json), json.dumps(result.as_dict(), indent=2))
 
 
 if __name__ == "__main__":

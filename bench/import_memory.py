@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from arlm.export import export_checkpoint
+from shared.files import write_atomic
 from shared.formats.importer import import_checkpoint
 from shared.hardware import cpu_name
 
@@ -76,7 +77,7 @@ def main() -> None:
     print(json.dumps(result, indent=2))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        write_atomic(Path(args.out), json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from eval.quality import load_judge
 from shared.checkpoint import load_model_from_checkpoint
 from shared.data.corpus import load_corpus
 from shared.data.rows import tokenize_corpus
+from shared.files import write_atomic
 from shared.formats.importer import import_checkpoint
 from shared.hardware import cpu_name
 from shared.objective import objective_for_run
@@ -84,7 +85,7 @@ def main() -> None:
     print(json.dumps(result, indent=2))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        write_atomic(Path(args.out), json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -69,6 +69,7 @@ from dllm.strategies import FixedCount, Threshold
 from dllm.uniform_generate import UniformSamplerConfig
 from eval.throughput import Record, Setting, Spread, measure
 from shared.config import ModelConfig
+from shared.files import write_atomic
 from shared.model import Transformer
 from shared.sampling import SamplingConfig
 from shared.training.presets import get_preset
@@ -489,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
             "rows": rows,
             "skipped": skipped,
         }
-        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+        write_atomic(Path(args.json), json.dumps(report, indent=2, default=str))
     return 0
 
 

@@ -63,6 +63,7 @@ from peer_models import (
 from train_throughput import preset_batch
 
 from shared.config import ModelConfig
+from shared.files import write_atomic
 from shared.hardware import cpu_name, peak_flops
 from shared.model import Transformer, flops_per_token
 from shared.objective import loss_positions, objective_for_run
@@ -343,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     print_report(results)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2))
+        write_atomic(args.json, json.dumps(results, indent=2))
         print(f"\nwrote {args.json}")
     return 0
 

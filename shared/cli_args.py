@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from shared.errors import ConfigError
+from shared.files import check_output_file
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -73,10 +74,10 @@ def read_text_file(path: str | Path, flag: str) -> str:
 
 
 def writable_file(path: str | Path, flag: str) -> Path:
-    """Check, before any work, that the output file ``flag`` names can be written."""
-    path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"{flag} {path} is a folder; give a file name")
+    """Check, before any work, that the output file ``flag`` names can be written: a regular
+    file or a new path (never a device, FIFO, socket, folder or symbolic link) in a folder
+    that exists and takes files."""
+    path = check_output_file(Path(path), flag)
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise ConfigError(f"{flag} {path}: the folder {folder} does not exist")

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from shared.errors import ConfigError
 
 
 def cache_root() -> Path:
@@ -31,12 +34,54 @@ def follow_umask(root: Path) -> None:
         os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
 
 
+# What a path that is not a regular file is, by its lstat mode (a final link is not followed).
+_SPECIAL_KINDS = (
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def not_a_regular_file(path: Path) -> str | None:
+    """What ``path`` is when something other than a regular file is there (a device, a FIFO, a
+    socket, a folder, a symbolic link), in words; None for a regular file or a new path."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    for test, kind in _SPECIAL_KINDS:
+        if test(mode):
+            return f"{kind} to {os.readlink(path)}" if kind == "a symbolic link" else kind
+    return "not a regular file"
+
+
+def check_output_file(path: Path, what: str = "") -> Path:
+    """Refuse an output file path that names anything but a regular file or a new path: an
+    atomic write renames a new file over the path, which would replace a device node (as root,
+    /dev/null itself), a FIFO or a socket, and would put a file where a symbolic link was."""
+    kind = not_a_regular_file(Path(path))
+    if kind:
+        name = f"{what} {path}" if what else str(path)
+        raise ConfigError(
+            f"{name} is {kind}, not a regular file; outputs are written only to regular files "
+            "or new paths: name a new file"
+        )
+    return Path(path)
+
+
 def write_atomic(
     path: Path, data: bytes | str | Callable[[BinaryIO], None], *, durable: bool = False
 ) -> None:
     """Replace ``path`` with ``data`` (bytes, text as UTF-8, or a function that writes to the
     open file) in one rename. ``durable`` also fsyncs the file before the rename, for records
-    that must survive a power cut together with what they describe (checkpoints)."""
+    that must survive a power cut together with what they describe (checkpoints). Only a
+    regular file or a new path is replaced (``check_output_file``)."""
+    check_output_file(path)
     # The temporary file lives in the same folder so os.replace is a same-filesystem rename.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

@@ -225,7 +225,8 @@ def test_a_step_far_beyond_the_machine_is_announced(tmp_path, cache_dir, capsys)
 def test_a_folder_left_before_the_first_checkpoint_names_overwrite(tmp_path, cache_dir):
     out = tmp_path / "run"
     out.mkdir()
-    (out / "config.json").write_text("{}")  # a run that died during its first step
+    # a run that died during its first step: its config.json and nothing else
+    (out / "config.json").write_text('{"model_config": {}, "train_config": {}}')
     with pytest.raises(ConfigError, match="before its first checkpoint.*--overwrite"):
         cli.train_from_argv(tiny(out, cache_dir, "--max-steps", "2"))
     with pytest.raises(CheckpointError, match="nothing to resume.*--overwrite"):

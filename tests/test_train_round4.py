@@ -1,8 +1,9 @@
 """``train.py`` never scatters a user's files, a refusal writes nothing, and the numbers it
 records are true: ``--out .`` is not moved into itself, a folder of other files is not trained
-into, a seed beyond 32 bits names its flag, a shape flag against an ``--init-from`` source names
-both, an MFU above 100% is a warning naming the peak, the measured peak does not drop with the
-machine's load, and an imported source's compute is unknown rather than zero."""
+into (nor moved by --overwrite), a seed beyond 32 bits names its flag, a shape flag against an
+``--init-from`` source names both, an MFU above 100% is a warning naming the peak, the measured
+peak does not drop with the machine's load, and an imported source's compute is unknown rather
+than zero."""
 
 import dataclasses
 import shutil
@@ -49,16 +50,16 @@ def test_out_dot_with_overwrite_refuses_and_moves_nothing(ar_run, tmp_path, cach
     assert not list(tmp_path.glob("*.replaced-*")) and not list(run.glob(".replaced-*"))
 
 
-def test_a_folder_of_other_files_refuses_a_run_unless_overwrite_moves_them(tmp_path, cache_dir):
+def test_a_folder_of_other_files_refuses_a_run_even_with_overwrite(tmp_path, cache_dir):
     out = tmp_path / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    with pytest.raises(ConfigError, match="holds files that are not a run .notes.txt.*--overwrite"):
-        cli.train_from_argv(tiny(out, cache_dir, "--max-steps", "1"))
-    assert names(out) == ["notes.txt"]  # and no .lock either
-    cli.train_from_argv(tiny(out, cache_dir, "--max-steps", "1", "--overwrite"))
-    (aside,) = tmp_path.glob("mine.replaced-*")
-    assert (aside / "notes.txt").read_text() == "mine" and (out / "final.json").is_file()
+    (out / "config.json").write_text('{"lr": 1}')  # a user's own config.json is not a run's
+    for overwrite in ([], ["--overwrite"]):
+        with pytest.raises(ConfigError, match="duolm did not make .config.json"):
+            cli.train_from_argv(tiny(out, cache_dir, "--max-steps", "1", *overwrite))
+        assert names(out) == ["config.json", "notes.txt"]  # and no .lock either
+    assert not list(tmp_path.glob("mine.replaced-*"))
 
 
 @pytest.mark.parametrize(

@@ -41,6 +41,7 @@ from eval.experiments.compare_samples import (
 )
 from eval.experiments.compare_sections import ReportInputs
 from eval.experiments.compare_settings import (
+    COMPARABLE,
     CompareSettings,
     diffusion_families,
     objectives_asked,
@@ -61,6 +62,7 @@ from shared.errors import ConfigError
 from shared.faults import StopRequest
 from shared.training import resolve_config
 from shared.training.config import MAX_SEED
+from shared.training.run_folder import holds_run
 
 
 def likelihood_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
@@ -178,6 +180,26 @@ def refuse_other_seeds(out: Path, seeds: tuple[int, ...]) -> None:
         )
 
 
+def refuse_other_families(out: Path, objectives: tuple[str, ...]) -> None:
+    """A job folder's report covers the families it trained: a job asking for fewer or other
+    families would rewrite that report without them. More families than the folder has are a
+    continuation (the trained ones are reused)."""
+    trained = [
+        name
+        for name in COMPARABLE
+        if any(holds_run(folder / name) for folder in out.glob("seed-*"))
+    ]
+    missing = [name for name in trained if name not in objectives]
+    if missing:
+        have = ",".join(trained)
+        raise ConfigError(
+            f"{out} holds the job of objectives {have}; --objectives {','.join(objectives)} "
+            f"would rewrite its report without {','.join(missing)}: use another --out for these "
+            f"objectives, add them to the folder's (--objectives {have},...), or --force to set "
+            "the earlier job aside (moved, not deleted)"
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -240,6 +262,7 @@ def comparison_job(
     """Run the comparison in its claimed folder and print the headline likelihoods."""
     if not args.force:
         refuse_other_seeds(out, settings.seeds)
+        refuse_other_families(out, settings.objectives)
     likelihood, paths = run_comparison(
         args.preset,
         out,

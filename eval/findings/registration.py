@@ -28,11 +28,11 @@ from typing import Any
 
 from shared.files import write_atomic
 from shared.training import resolve_config
-from shared.training.run_folder import move_aside
+from shared.training.run_folder import FINDINGS_STAMP, move_aside
 
 REGISTRY = Path(__file__).with_name("registered.json")
 PRE_REGISTERED, EXPLORATORY = "pre-registered", "exploratory"
-JOB_STAMP = "finding-code.json"
+JOB_STAMP = FINDINGS_STAMP
 # What a job folder must share with this invocation to be reused (its commit may differ: a
 # commit that changes no source, e.g. documentation, leaves the runs valid).
 REUSE_KEYS = ("source_hash", "registration")

@@ -4,9 +4,11 @@ Before a run writes anything it takes an exclusive lock on its folder (``<out>/.
 ``flock`` the kernel releases when the process dies, holding the owner's PID and host) and checks
 that the folder does not already hold another run (or a user's other files): a new run in a used
 folder refuses unless asked to ``--overwrite``, which moves the old contents aside rather than
-deleting them. A folder is moved aside only after its resolved path is checked: never the current
-folder or one above it, never a folder that holds the command's source, never the root. A command
-refused before it wrote anything leaves no folder and no lock file behind.
+deleting them. Only what duolm made is ever moved (a run, an export, an import, a compare or
+findings job, recognised by the record each leaves), and only after its path is checked: never
+through a symbolic link, never the root, a mount point, the current folder or one above it, the
+home folder, the Python environment, this project or a folder that holds the command's source.
+A command refused before it wrote anything leaves no folder and no lock file behind.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import fcntl
 import json
 import os
 import socket
+import stat
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -22,15 +26,50 @@ from pathlib import Path
 
 from shared.checkpoint import list_checkpoints, verify_checkpoint
 from shared.errors import CheckpointError, ConfigError
-from shared.files import current_umask
+from shared.files import cache_root, current_umask
+from shared.formats.exported import EXPORT_INFO
 
 LOCK_FILE = ".lock"
-# What a run writes into its folder; any of them means the folder holds a run.
-RUN_FILES = ("config.json", "metrics.jsonl", "final.json", "checkpoints")
+# What a run writes into its folder besides config.json; any of them means the folder holds a
+# run. config.json alone is too common a name: it counts when it is a run's (RUN_CONFIG_KEYS).
+RUN_FILES = ("metrics.jsonl", "final.json", "checkpoints")
+RUN_CONFIG_KEYS = ("model_config", "train_config")
+# The record each other command leaves in its folder.
+IMPORT_RECORD = "import.json"
+JOB_STAGES = "stages"  # compare and sweep jobs store their stages here
+FINDINGS_STAMP = "finding-code.json"
 
 
 def holds_run(folder: Path) -> bool:
-    return any((folder / name).exists() for name in RUN_FILES)
+    return any((folder / name).exists() for name in RUN_FILES) or _is_run_config(
+        folder / "config.json"
+    )
+
+
+def _is_run_config(path: Path) -> bool:
+    if not path.is_file():
+        return False
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(record, dict) and all(key in record for key in RUN_CONFIG_KEYS)
+
+
+def made_here(folder: Path) -> str | None:
+    """What this project made ``folder`` as (a run, an export, an import, a compare or findings
+    job), read from the record each command leaves in it; None when it holds nothing it made."""
+    if (folder / EXPORT_INFO).is_file():
+        return "an export"
+    if (folder / IMPORT_RECORD).is_file():
+        return "a training run (an imported checkpoint)"
+    if holds_run(folder):
+        return "a training run"
+    if (folder / JOB_STAGES).is_dir():
+        return "a compare or sweep job"
+    if (folder / FINDINGS_STAMP).is_file():
+        return "a findings job"
+    return None
 
 
 def contents(folder: Path) -> list[str]:
@@ -72,7 +111,9 @@ class RunFolderLock:
 
     def acquire(self) -> RunFolderLock:
         if self.folder.exists() and not self.folder.is_dir():
-            raise ConfigError(f"--out {self.folder} is a file, not a folder; name a folder")
+            raise ConfigError(
+                f"--out {self.folder} is {kind_of_path(self.folder)}, not a folder; name a folder"
+            )
         refuse_inside_a_run(self.folder)
         self._created = missing_folders(self.folder)
         self._made_lock_file = not self.path.exists()
@@ -207,30 +248,39 @@ def claim_run_folder(
     folder: Path, *, resuming: bool, overwrite: bool, sources: Sequence[Path] = ()
 ) -> str | None:
     """Check that ``folder`` (already locked by this process) may take a new run. A folder that
-    holds a run, or other files, refuses unless the run is being resumed there, or
+    holds a run, or another folder duolm made, refuses unless the run is being resumed there, or
     ``overwrite`` moves what is there aside (``sources``: what the run starts from, never moved);
-    returns where it was moved, if anywhere."""
+    a folder of other files always refuses. Returns where the old contents went, if anywhere."""
     if resuming or not contents(folder):
         return None
-    if not holds_run(folder):
-        if not overwrite:
-            raise ConfigError(
-                f"{folder} holds files that are not a run ({listing(folder)}); train into a new "
-                "or empty folder, or pass --overwrite to move them aside (not deleted)"
-            )
-        return move_aside(folder, sources)
-    if not overwrite:
-        if not list_checkpoints(folder / "checkpoints"):
-            raise ConfigError(
-                f"{folder} holds a run that stopped before its first checkpoint, so there is "
-                "nothing to resume; start a new run over it with --overwrite (the old files are "
-                "moved aside, not deleted) or choose another --out"
-            )
+    if overwrite:
+        return move_aside(folder, sources)  # or the one reason it may not
+    made = made_here(folder)
+    if made is None:
         raise ConfigError(
-            f"{folder} already holds a run; continue it with --resume {folder}, or start a new "
-            "one over it with --overwrite (the old run is moved aside, not deleted)"
+            f"{folder} holds files that duolm did not make ({listing(folder)}); train into a new "
+            "or empty folder (--overwrite moves aside only a folder duolm made: a run, an "
+            "export, an import or a job)"
         )
-    return move_aside(folder, sources)
+    why_not = why_not_movable(folder, sources)
+    start_over = (
+        f"start a new run in another folder ({folder} {why_not})"
+        if why_not
+        else "start a new one over it with --overwrite (the old files are moved aside, not "
+        "deleted)"
+    )
+    if not holds_run(folder):
+        raise ConfigError(
+            f"{folder} already holds {made}; train into a new folder, or {start_over}"
+        )
+    if not list_checkpoints(folder / "checkpoints"):
+        raise ConfigError(
+            f"{folder} holds a run that stopped before its first checkpoint, so there is nothing "
+            f"to resume; {start_over}, or choose another --out"
+        )
+    raise ConfigError(
+        f"{folder} already holds a run; continue it with --resume {folder}, or {start_over}"
+    )
 
 
 def listing(folder: Path, shown: int = 3) -> str:
@@ -241,15 +291,10 @@ def listing(folder: Path, shown: int = 3) -> str:
 
 def what_it_holds(folder: Path) -> str:
     """What a used output folder holds, in words, from the record each command leaves."""
-    if (folder / "duolm_export.json").is_file():
-        return "an export"
-    if (folder / "import.json").is_file():
-        return "a training run (an imported checkpoint)"
-    if (folder / "config.json").is_file() and holds_run(folder):
-        return "a training run"
-    if holds_run(folder):
+    made = made_here(folder)
+    if made == "a training run" and not (folder / "config.json").is_file():
         return "the files of a run or import that stopped before it finished"
-    return f"files ({listing(folder)})"
+    return made or f"files duolm did not make ({listing(folder)})"
 
 
 def claim_output_folder(
@@ -271,7 +316,7 @@ def output_folder_is_used(
     """``claim_output_folder``'s checks, without moving anything: whether ``out`` holds
     something that ``overwrite`` may move aside; a refusal otherwise."""
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"{out} is a file; name a folder to {verb} into")
+        raise ConfigError(f"{out} is {kind_of_path(out)}; name a folder to {verb} into")
     refuse_inside_a_run(out)
     if not out.is_dir() or not any(out.iterdir()):
         return False
@@ -291,21 +336,73 @@ def output_folder_is_used(
     return True
 
 
+def kind_of_path(path: Path) -> str:
+    """What ``path`` is, in words, without following a final symbolic link."""
+    mode = path.lstat().st_mode
+    if stat.S_ISLNK(mode):
+        return f"a symbolic link to {os.readlink(path)}"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISREG(mode):
+        return "a file"
+    for test, name in (
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def protected_places() -> dict[str, Path]:
+    """What no move may take from under the user or this command: the home folder, the Python
+    environment running the command, this project's code and duolm's cache (resolved)."""
+    places = {
+        "the home folder": Path.home(),
+        "the Python environment this command runs in": Path(sys.prefix),
+        "the Python installation this command runs on": Path(sys.base_prefix),
+        "the Python interpreter": Path(sys.executable),
+        "this project's code": Path(__file__).resolve().parents[2],
+        "duolm's cache": cache_root(),
+    }
+    return {what: path.resolve() for what, path in places.items()}
+
+
 def why_not_movable(folder: Path, sources: Sequence[Path] = ()) -> str | None:
-    """Why moving the contents of ``folder`` aside would scatter files (None when it would
-    not). Judged on resolved paths: ``.`` has no name to build a sibling from, and moving the
-    folder the command runs in (or one above it), or one that holds what the command reads,
-    would pull the ground from under it."""
+    """Why moving the contents of ``folder`` aside must not happen (None when it may). Judged on
+    resolved paths: a symbolic link is never followed into a move; the root, a mount point, the
+    folder the command runs in (or one above it), one that holds the home folder, the Python
+    environment, this project or what the command reads would pull the ground from under the
+    user; and only what duolm made (``made_here``) or an empty folder is ever moved."""
+    folder = Path(folder)
+    if folder.is_symlink():
+        return (
+            f"cannot be moved aside: it is a symbolic link to {folder.resolve()} (a link is "
+            "never followed into a move; name the folder itself if that is what you mean)"
+        )
     resolved = folder.resolve()
     if resolved.parent == resolved:
         return f"cannot be moved aside: {resolved} is the root of the file system"
+    if os.path.ismount(resolved):
+        return f"cannot be moved aside: {resolved} is a mount point"
     here = Path.cwd().resolve()
     if here == resolved or resolved in here.parents:
         return f"cannot be moved aside: {resolved} is the current folder or holds it"
+    for what, place in protected_places().items():
+        if place == resolved or resolved in place.parents:
+            return f"cannot be moved aside: {resolved} is or holds {what} ({place})"
     for source in sources:
         source = Path(source).resolve()
         if source == resolved or resolved in source.parents:
             return f"cannot be moved aside: {resolved} holds the source {source}"
+    if contents(resolved) and made_here(resolved) is None:
+        return (
+            f"cannot be moved aside: it holds files duolm did not make ({listing(resolved)}); "
+            "--overwrite and --force move only a folder duolm made (a run, an export, an "
+            "import or a job) or an empty one"
+        )
     return None
 
 
