@@ -2,10 +2,12 @@
 model family and sampler setting, the Pareto set, low-entropy marking and the headline sentence.
 
     points = [Point("ar", "ar T=1", 64, 12_000.0, 620.0, (560.0, 690.0), 3.85), ...]
-    front = frontier(points, reference_entropy=3.83)
+    front = frontier(points)
     front.front, front.front_unmarked, front.marked
-    front_markdown(front); frontier_figure(front); headline({0: points}, batch_size=64)
-    report_frontier(report, {0: points}, reference_entropy=3.83, throughput=measured)
+    front_markdown(front); frontier_figure(front)
+
+The headline its fixed rule generates, the mean over seeds and the report section are in
+``eval.frontier_headline``.
 
 Everything here is a pure function of the points; the throughput comes from
 ``eval.throughput.measure`` (one fair measurement: warm-up, alternating rounds, median) and the
@@ -17,49 +19,27 @@ when no other point is at least as good on both axes and strictly better on one.
 uses the point estimates: a point dominated only within the noise of the perplexity intervals is
 still dominated (the intervals are drawn, not used to rescue points).
 
-**Entropy marking.** Judge perplexity rewards repetitive text (the judge predicts repeats well),
-so a point whose mean per-sample unigram entropy falls more than ``ENTROPY_MARGIN`` (10%,
-relative) below held-out text's, cut to the same length in the same tokenizer, is *marked
-low-entropy*. The front is given with and without the marked points; the headline never picks
-one. Why 10%: in the demo report (64-token samples, BPE 512) held-out text has 3.76 nats per
-64-token sample (recomputed with the same kind of tokenizer), and the standard error of a set's
-mean over 32 samples is 0.2-1% of it (3% for the noisiest set); tempered sampling (AR at T=0.7,
-ancestral MDM at T=0.7) sits 2% below held-out text, while the low-confidence samplers, whose
-text repeats "and the LORD", sit 12% (8 steps) to 25% (64 steps) below. 10% separates a
-legitimate temperature from that degeneracy by several standard errors on both sides.
+**Marks.** Judge perplexity rewards repetitive text (the judge predicts repeats well), so
+every point is checked against held-out text cut to the same lengths as its samples
+(``eval.sample_sets.HeldOutText.bounds``). It is marked *low-entropy* when its mean per-sample
+unigram entropy is below the floor held-out text sets, *repetitive* when its mean 4-gram
+repetition rate is above held-out text's ceiling, and *unknown* when either quantity or its bound
+was not measured. Floor and ceiling are held-out text's own mean over windows of the samples'
+lengths, minus (plus) 1.96 standard errors of a set of that many samples: a set whose samples
+were held-out text passes 97.5% of the time, and the bound comes from held-out text alone, never
+from the samplers being judged. The front is given with and without the marked points; the
+headline never picks a marked (or unknown) one.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
-from eval.budgets import seed_spread
-from eval.report import Report
 from eval.throughput import Throughput
 
-ENTROPY_MARGIN = 0.10
-
-# Fixed before any run, like the findings' RULES: the report quotes it above its sentence.
-HEADLINE_RULE = {
-    "id": "fastest-within-1.5x-of-ar",
-    "ppl_ratio": 1.5,
-    "ar_family": "ar",
-    "ar_setting": "ar T=1",
-    "text": (
-        "**Rule (headline).** At batch B, among the settings of every family other than the AR, "
-        "take those whose judge perplexity (point estimate, mean over seeds) is at most 1.5x the "
-        "AR's at T=1 (its untempered samples) and that are not marked low-entropy; the headline "
-        "names the fastest of them (median tokens/s of the fair measurement, mean over seeds; a "
-        "tie in speed goes to the lower perplexity, and a tie in both names every tied setting) "
-        "and its tokens/s against the AR's. With several seeds it gives the 95% Student-t "
-        "interval of the per-seed ratio (setting tokens/s / AR tokens/s). No AR point at that "
-        "batch: no headline. No setting passing: a sentence that says so."
-    ),
-}
+UNKNOWN, LOW_ENTROPY, REPETITIVE = "unknown", "low-entropy", "repetitive"
 
 
 @dataclass(frozen=True)
@@ -67,8 +47,10 @@ class Point:
     """One (family, setting) at one batch size: its measured speed and sample quality.
 
     ``judge_ppl_ci95``: the perplexity's 95% interval over samples (None when not measured).
-    ``entropy``: mean per-sample unigram entropy of the samples' token ids, nats (None: unknown,
-    then the point cannot be marked).
+    ``entropy``: mean per-sample unigram entropy of the samples' token ids, nats;
+    ``entropy_floor``: the lowest such mean held-out text of the same lengths passes.
+    ``repetition``: mean per-sample 4-gram repetition rate; ``repetition_ceiling``: the highest
+    held-out text passes. None: not measured, and the point is marked unknown.
     """
 
     family: str
@@ -78,6 +60,9 @@ class Point:
     judge_ppl: float
     judge_ppl_ci95: tuple[float, float] | None = None
     entropy: float | None = None
+    entropy_floor: float | None = None
+    repetition: float | None = None
+    repetition_ceiling: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("tokens_per_s", "judge_ppl"):
@@ -92,17 +77,19 @@ class Point:
 
 @dataclass
 class Frontier:
-    """Points at one batch size, which are marked, and the front with and without them."""
+    """Points at one batch size, their marks, and the front with and without marked points."""
 
     points: list[Point]
-    reference_entropy: float | None
-    margin: float
-    marked: list[Point] = field(default_factory=list)
+    marks: dict[tuple[str, str], str] = field(default_factory=dict)
     front: list[Point] = field(default_factory=list)
     front_unmarked: list[Point] = field(default_factory=list)
 
+    @property
+    def marked(self) -> list[Point]:
+        return [p for p in self.points if self.marks.get(p.key)]
+
     def is_marked(self, point: Point) -> bool:
-        return point in self.marked
+        return bool(self.marks.get(point.key))
 
 
 def dominates(a: Point, b: Point) -> bool:
@@ -118,20 +105,23 @@ def pareto_front(points: Sequence[Point]) -> list[Point]:
     return sorted(front, key=lambda p: (-p.tokens_per_s, p.judge_ppl, p.family, p.setting))
 
 
-def low_entropy(point: Point, reference_entropy: float | None, margin: float = ENTROPY_MARGIN):
-    """True when the point's entropy is more than ``margin`` (relative) below the reference's.
-    Unknown entropies (the point's or the reference's) mark nothing."""
-    if point.entropy is None or reference_entropy is None:
-        return False
-    return point.entropy < (1.0 - margin) * reference_entropy
+def mark(point: Point) -> str:
+    """The point's mark against held-out text of the same lengths: "low-entropy" below the
+    entropy floor, "repetitive" above the repetition ceiling, "unknown" when a quantity or its
+    bound is missing, "" when it passes both."""
+    if point.entropy is None or point.entropy_floor is None:
+        return UNKNOWN
+    if point.entropy < point.entropy_floor:
+        return LOW_ENTROPY
+    if point.repetition is None or point.repetition_ceiling is None:
+        return UNKNOWN
+    if point.repetition > point.repetition_ceiling:
+        return REPETITIVE
+    return ""
 
 
-def frontier(
-    points: Sequence[Point],
-    reference_entropy: float | None,
-    margin: float = ENTROPY_MARGIN,
-) -> Frontier:
-    """Mark the low-entropy points and compute the front with and without them. All points must
+def frontier(points: Sequence[Point]) -> Frontier:
+    """Mark the points and compute the front with and without the marked ones. All points must
     share one batch size (speeds at different batches are different comparisons)."""
     if not points:
         raise ValueError("no points: the frontier needs at least one measured setting")
@@ -141,15 +131,11 @@ def frontier(
     keys = [p.key for p in points]
     if len(set(keys)) != len(keys):
         raise ValueError("each (family, setting) must appear once; average seeds first")
-    if not 0 <= margin < 1:
-        raise ValueError(f"margin={margin!r} must be in [0, 1) (a relative drop)")
-    marked = [p for p in points if low_entropy(p, reference_entropy, margin)]
-    unmarked = [p for p in points if p not in marked]
+    marks = {p.key: mark(p) for p in points}
+    unmarked = [p for p in points if not marks[p.key]]
     return Frontier(
         points=list(points),
-        reference_entropy=reference_entropy,
-        margin=margin,
-        marked=marked,
+        marks=marks,
         front=pareto_front(points),
         front_unmarked=pareto_front(unmarked),
     )
@@ -157,7 +143,7 @@ def frontier(
 
 def front_rows(front: Frontier, *, unmarked: bool = True) -> tuple[list[str], list[list]]:
     """(columns, rows) of the front (without marked points by default), fastest first."""
-    columns = ["family", "setting", "tokens/s", "judge ppl [95%]", "entropy (nats)", "marked"]
+    columns = ["family", "setting", "tokens/s", "judge ppl [95%]", "entropy (floor)", "mark"]
     rows = []
     for p in front.front_unmarked if unmarked else front.front:
         interval = (
@@ -169,24 +155,32 @@ def front_rows(front: Frontier, *, unmarked: bool = True) -> tuple[list[str], li
                 p.setting,
                 f"{p.tokens_per_s:,.0f}",
                 f"{p.judge_ppl:.4g}{interval}",
-                "-" if p.entropy is None else f"{p.entropy:.3f}",
-                "low-entropy" if front.is_marked(p) else "",
+                entropy_cell(p),
+                front.marks.get(p.key, ""),
             ]
         )
     return columns, rows
 
 
+def entropy_cell(point: Point) -> str:
+    entropy = "-" if point.entropy is None else f"{point.entropy:.3f}"
+    floor = "-" if point.entropy_floor is None else f"{point.entropy_floor:.3f}"
+    return f"{entropy} ({floor})"
+
+
 def front_markdown(front: Frontier) -> str:
-    """The front with and without marked points as markdown tables, with the reference."""
-    reference = (
-        "unknown (nothing marked)"
-        if front.reference_entropy is None
-        else f"{front.reference_entropy:.3f} nats"
-    )
+    """The front with and without marked points as markdown tables, with what the marks mean."""
+    counts = {
+        name: sum(1 for value in front.marks.values() if value == name)
+        for name in (LOW_ENTROPY, REPETITIVE, UNKNOWN)
+    }
     parts = [
-        f"Batch {front.points[0].batch_size}; held-out text's entropy {reference}; a point is "
-        f"marked low-entropy below {1 - front.margin:.0%} of it. "
-        f"{len(front.marked)} of {len(front.points)} points marked.",
+        f"Batch {front.points[0].batch_size}. A point is marked low-entropy below the entropy "
+        "floor of held-out text of its samples' lengths (in brackets), repetitive above its "
+        "4-gram repetition ceiling, unknown when either was not measured. "
+        f"{len(front.marked)} of {len(front.points)} points marked ("
+        + ", ".join(f"{count} {name}" for name, count in counts.items())
+        + ").",
     ]
     for title, unmarked in (("Front without marked points", True), ("Front, all points", False)):
         columns, rows = front_rows(front, unmarked=unmarked)
@@ -236,7 +230,7 @@ def draw_family(axis, front: Frontier, family: str, colour: str) -> None:
             fmt="o",
             color=colour,
             markerfacecolor="none" if hollow else colour,
-            label=family + (" (low-entropy)" if hollow else ""),
+            label=family + (" (marked)" if hollow else ""),
             capsize=2,
         )
 
@@ -275,7 +269,8 @@ def points_from_stages(
 ) -> list[Point]:
     """Points at ``batch_size`` from the compare job's stages: ``sets`` (name -> generation
     entry with its "objective"), ``scores`` (name -> quality row with "judge_ppl",
-    "judge_ppl_ci95", "unigram_entropy") and the fair ``throughput`` measurement of the same
+    "judge_ppl_ci95", "unigram_entropy", "repetition_rate_4gram" and their held-out bounds
+    "entropy_floor", "repetition_ceiling") and the fair ``throughput`` measurement of the same
     names. Families in ``exclude`` (the unigram floor: no network, no speed to compare) and
     settings without a record at that batch are left out."""
     points = []
@@ -297,161 +292,9 @@ def points_from_stages(
                 judge_ppl=row["judge_ppl"],
                 judge_ppl_ci95=tuple(interval) if interval else None,
                 entropy=row.get("unigram_entropy"),
+                entropy_floor=row.get("entropy_floor"),
+                repetition=row.get("repetition_rate_4gram"),
+                repetition_ceiling=row.get("repetition_ceiling"),
             )
         )
     return points
-
-
-# ---- the headline ------------------------------------------------------------------------------
-
-
-def t_interval(values: Sequence[float]) -> tuple[float, float] | None:
-    """95% Student-t interval of the mean (``eval.budgets.seed_spread``); None below two
-    values."""
-    spread = seed_spread(list(values))
-    return None if spread is None or spread.low is None else (spread.low, spread.high)
-
-
-def seed_means(runs: Mapping[int, Sequence[Point]], batch_size: int) -> list[Point]:
-    """One point per (family, setting) at ``batch_size``: tokens/s, perplexity and entropy
-    averaged over the seeds that measured it (the perplexity interval kept only for one seed)."""
-    grouped: dict[tuple[str, str], list[Point]] = {}
-    for points in runs.values():
-        for p in points:
-            if p.batch_size == batch_size:
-                grouped.setdefault(p.key, []).append(p)
-    means = []
-    for (family, setting), group in grouped.items():
-        entropies = [p.entropy for p in group]
-        means.append(
-            Point(
-                family=family,
-                setting=setting,
-                batch_size=batch_size,
-                tokens_per_s=statistics.fmean(p.tokens_per_s for p in group),
-                judge_ppl=statistics.fmean(p.judge_ppl for p in group),
-                judge_ppl_ci95=group[0].judge_ppl_ci95 if len(group) == 1 else None,
-                entropy=None if None in entropies else statistics.fmean(entropies),
-            )
-        )
-    return means
-
-
-def headline(
-    runs: Mapping[int, Sequence[Point]],
-    batch_size: int,
-    reference_entropy: float | None,
-    rule: Mapping = HEADLINE_RULE,
-) -> str:
-    """The headline sentence of ``rule`` for ``runs`` (seed -> points at every batch size),
-    generated from the data. Raises ValueError when the AR reference point is missing."""
-    points = seed_means(runs, batch_size)
-    ar_key = (rule["ar_family"], rule["ar_setting"])
-    ar = next((p for p in points if p.key == ar_key), None)
-    if ar is None:
-        raise ValueError(
-            f"no headline at batch {batch_size}: the rule compares against the AR's "
-            f"{rule['ar_setting']!r}, which was not measured at that batch"
-        )
-    limit = rule["ppl_ratio"] * ar.judge_ppl
-    candidates = [p for p in points if p.family != rule["ar_family"]]
-    within = [p for p in candidates if p.judge_ppl <= limit]
-    passing = [p for p in within if not low_entropy(p, reference_entropy)]
-    lead = (
-        f"At batch {batch_size}, the AR ({rule['ar_setting']}) gives {ar.tokens_per_s:,.0f} "
-        f"tokens/s at judge perplexity {ar.judge_ppl:.4g}"
-    )
-    if not passing:
-        if not candidates:
-            why = "there is no setting of another family to compare"
-        elif not within:
-            best = min(candidates, key=lambda p: p.judge_ppl)
-            why = (
-                f"no setting is within {rule['ppl_ratio']:g}x of its judge perplexity (the "
-                f"closest, {best.setting}, has {best.judge_ppl:.4g}, "
-                f"{best.judge_ppl / ar.judge_ppl:.2f}x)"
-            )
-        else:
-            why = (
-                f"all {len(within)} settings within {rule['ppl_ratio']:g}x of its judge "
-                f"perplexity are marked low-entropy ({', '.join(p.setting for p in within)})"
-            )
-        return f"{lead}; no setting qualifies: {why}."
-    fastest = max(p.tokens_per_s for p in passing)
-    top = [p for p in passing if p.tokens_per_s == fastest]
-    best_ppl = min(p.judge_ppl for p in top)
-    winners = sorted((p for p in top if p.judge_ppl == best_ppl), key=lambda p: p.setting)
-    names = " and ".join(p.setting for p in winners)
-    verb = "are" if len(winners) > 1 else "is"
-    sentence = (
-        f"At batch {batch_size}, the fastest setting within {rule['ppl_ratio']:g}x of the AR's "
-        f"judge perplexity (and not low-entropy) {verb} {names}, at {fastest:,.0f} tokens/s "
-        f"(judge perplexity {best_ppl:.4g}) against the AR's {ar.tokens_per_s:,.0f} "
-        f"(judge perplexity {ar.judge_ppl:.4g}): {fastest / ar.tokens_per_s:.3g}x"
-    )
-    ratios = per_seed_ratios(runs, batch_size, winners[0].key, ar_key)
-    interval = t_interval(ratios)
-    if interval is None:
-        return sentence + f" ({len(ratios)} seed, no interval over seeds)."
-    return sentence + (
-        f" (per-seed ratio {statistics.fmean(ratios):.3g}x, 95% t-interval "
-        f"[{interval[0]:.3g}, {interval[1]:.3g}] over {len(ratios)} seeds)."
-    )
-
-
-def per_seed_ratios(
-    runs: Mapping[int, Sequence[Point]],
-    batch_size: int,
-    key: tuple[str, str],
-    ar_key: tuple[str, str],
-) -> list[float]:
-    """tokens/s of ``key`` over the AR's, for every seed that measured both at ``batch_size``."""
-    ratios = []
-    for seed in sorted(runs):
-        at = {p.key: p for p in runs[seed] if p.batch_size == batch_size}
-        if key in at and ar_key in at:
-            ratios.append(at[key].tokens_per_s / at[ar_key].tokens_per_s)
-    return ratios
-
-
-# ---- into a report -----------------------------------------------------------------------------
-
-
-def report_frontier(
-    report: Report,
-    runs: Mapping[int, Sequence[Point]],
-    reference_entropy: float | None,
-    throughput: Throughput | None = None,
-) -> dict[str, Any]:
-    """Add the frontier section to ``report``: the measurement table (when given), then per
-    batch size the headline rule and its sentence, the front with and without marked points and
-    the figure. The frontier uses the mean over seeds; returns what goes into report.json."""
-    results: dict[str, Any] = {"rule": dict(HEADLINE_RULE), "margin": ENTROPY_MARGIN}
-    report.text("## Speed-quality frontier")
-    if throughput is not None:
-        report.text(throughput.markdown())
-        results["throughput"] = throughput.as_dict()
-    report.text(HEADLINE_RULE["text"])
-    batches = sorted({p.batch_size for points in runs.values() for p in points})
-    for batch in batches:
-        front = frontier(seed_means(runs, batch), reference_entropy)
-        try:
-            sentence = headline(runs, batch, reference_entropy)
-        except ValueError as error:
-            sentence = f"No headline: {error}."
-        report.text(f"**Batch {batch}.** {sentence}")
-        report.text(front_markdown(front))
-        report.plot(
-            f"frontier_batch{batch}",
-            frontier_figure(front),
-            f"Judge perplexity against generated tokens/s at batch {batch}; hollow: low-entropy",
-        )
-        results[f"batch {batch}"] = {
-            "headline": sentence,
-            "points": [asdict(p) for p in front.points],
-            "marked": [p.setting for p in front.marked],
-            "front": [p.setting for p in front.front],
-            "front_unmarked": [p.setting for p in front.front_unmarked],
-        }
-    report.results["frontier"] = results
-    return results

@@ -99,21 +99,33 @@ class JudgeScore:
         return math.exp(self.nats / max(self.tokens, 1))
 
     def perplexity_interval(self) -> tuple[float, float] | None:
-        """95% interval of the perplexity over the samples: the per-token NLL is a ratio (summed
-        nats over summed tokens) whose standard error is the delta method's over samples; None
+        """95% interval of the perplexity over the samples (``log_perplexity_interval``); None
         with fewer than two scored samples."""
-        rows = [
-            (rate * count, count)
-            for rate, count in zip(self.per_sample_nats_per_token, self.per_sample_tokens)
-            if count
-        ]
-        if len(rows) < 2:
-            return None
-        ratio = self.nats / self.tokens
-        mean_tokens = self.tokens / len(rows)
-        residual = sum((nats - ratio * count) ** 2 for nats, count in rows)
-        se = math.sqrt(residual / (len(rows) * (len(rows) - 1))) / mean_tokens
-        return math.exp(ratio - Z95 * se), math.exp(ratio + Z95 * se)
+        interval = log_perplexity_interval(
+            [
+                rate * count
+                for rate, count in zip(self.per_sample_nats_per_token, self.per_sample_tokens)
+            ],
+            self.per_sample_tokens,
+        )
+        return None if interval is None else (math.exp(interval[1]), math.exp(interval[2]))
+
+
+def log_perplexity_interval(
+    nats: Sequence[float], tokens: Sequence[int]
+) -> tuple[float, float, float] | None:
+    """The token-weighted log perplexity of samples with summed judge ``nats`` over ``tokens``
+    each (sum of nats / sum of tokens), and its 95% interval over samples: the per-token NLL is
+    a ratio, whose standard error is the delta method's. None with fewer than two scored
+    samples."""
+    rows = [(n, t) for n, t in zip(nats, tokens) if t]
+    if len(rows) < 2:
+        return None
+    ratio = sum(n for n, _ in rows) / sum(t for _, t in rows)
+    mean_tokens = sum(t for _, t in rows) / len(rows)
+    residual = sum((n - ratio * t) ** 2 for n, t in rows)
+    se = math.sqrt(residual / (len(rows) * (len(rows) - 1))) / mean_tokens
+    return ratio, ratio - Z95 * se, ratio + Z95 * se
 
 
 class Judge:

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from eval.experiments import compare, stages
+from eval.frontier_headline import t_interval
 from eval.throughput import PROBE_DISPATCH, PROBE_MATMUL
 
 
@@ -236,3 +237,33 @@ def test_tune_lr_sweeps_each_objective_and_trains_each_with_its_choice(tmp_path)
         ]
         assert trained["lr"] == tuning[objective]["chosen"]
     assert "Learning-rate sweep" in (out / "report.md").read_text()
+
+
+def test_two_seeds_are_each_sampled_judged_and_timed(tmp_path):
+    out = tmp_path / "two"
+    args = ["--preset", "smoke", "--out", str(out), "--cache-dir", str(tmp_path / "cache")]
+    assert compare.main([*args, "--seeds", "0,1", "--max-steps", "60", "--no-mauve"]) == 0
+    names = {p.name for p in (out / "stages").glob("*.json")}
+    for stage in ("generate", "quality", "throughput"):
+        assert {f"{stage}.json", f"{stage}-seed1.json"} <= names
+    frontier = json.loads((out / "report.json").read_text())["results"]["speed_frontier"]
+    for batch in ("batch 1", "batch 4"):
+        section = frontier[batch]
+        per_seed = section["per_seed"]["points"]
+        assert set(per_seed) == {"0", "1"}
+        # the frontier's points are the means of the two seeds' points
+        for mean in section["points"]:
+            speeds = [
+                p["tokens_per_s"] for seed in per_seed.values() for p in seed
+                if p["setting"] == mean["setting"]
+            ]  # fmt: skip
+            assert len(speeds) == 2
+            assert mean["tokens_per_s"] == pytest.approx(sum(speeds) / 2)
+        ratios = section["per_seed"]["headline_ratios"]
+        if section["per_seed"]["headline_setting"] is None:
+            assert "no setting qualifies" in section["headline"] and ratios == []
+        else:
+            low, high = t_interval(ratios)
+            assert (
+                len(ratios) == 2 and f"[{low:.3g}, {high:.3g}] over 2 seeds" in section["headline"]
+            )

@@ -34,6 +34,7 @@ from eval.findings.verdicts import (
     t_interval,
     wilson_interval,
 )
+from eval.sample_sets import before_eos
 
 # ---- the rules -----------------------------------------------------------------------------------
 
@@ -385,11 +386,12 @@ def test_sample_quality_ordering_needs_comparable_entropy():
     sets["MDM 4 steps"]["unigram_entropy"] = 4.0
     sets["BD 16 steps"]["unigram_entropy"] = 4.0
     assert quality.steps_half(sets, "BD") == {"BD": REPRODUCED, "MDM": NOT_REPRODUCED}
-    assert quality.before_eos([5, 6, 2, 7], 2) == [5, 6] and quality.before_eos([5, 6], 2) == [5, 6]
+    assert before_eos([5, 6, 2, 7], 2) == [5, 6] and before_eos([5, 6], 2) == [5, 6]
     assert quality.combine([REPRODUCED, REPRODUCED]) == REPRODUCED
     assert quality.combine([REPRODUCED, INCONCLUSIVE]) == INCONCLUSIVE
     assert quality.combine([INCONCLUSIVE, NOT_REPRODUCED]) == NOT_REPRODUCED
-    interval = quality.log_ppl_interval([1.0, 2.0, 3.0, float("nan")])
+    # token-weighted: a sample with no judge tokens (its rate NaN) does not count
+    interval = quality.log_ppl_interval([1.0, 2.0, 3.0, float("nan")], [10, 10, 10, 0])
     assert interval.value == 2.0 and interval.high - 2.0 == pytest.approx(1.959964 / math.sqrt(3))
 
 
@@ -409,7 +411,8 @@ def quality_seed(shift: dict[str, float] | None = None, noise: float = 0.05) -> 
         centre = log_ppl + (shift or {}).get(name, 0.0)
         per_sample = [centre + noise * ((i % 5) - 2) for i in range(20)]
         sets[name] = judged_set(model, centre, 0.01, 4.0, steps, divisor) | {
-            "per_sample_nats": per_sample
+            "per_sample_nats": per_sample,
+            "per_sample_tokens": [10] * len(per_sample),
         }
     return {"judge": "test", "sets": sets}
 

@@ -1,32 +1,33 @@
-"""The speed-quality frontier (eval/frontier.py) on constructed points: the Pareto rule and its
-ties, the entropy marking at its margin, the front with and without marked points, the table and
-figure, and the headline rule's sentence (ties, one point per family, everything marked, several
-seeds, no AR)."""
+"""The speed-quality frontier (eval/frontier.py, eval/frontier_headline.py) on constructed
+points: the Pareto rule and its ties, the marks (low-entropy at its floor, repetitive above its
+ceiling, unknown), the front with and without marked points, the table and figure, and the
+headline rule's sentence (ties in speed and in quality, one point per family, everything marked,
+several seeds, no AR); and the held-out bounds the marks use (eval/sample_sets.py)."""
 
 import math
 
 import pytest
 
 from eval.frontier import (
-    ENTROPY_MARGIN,
-    HEADLINE_RULE,
+    LOW_ENTROPY,
+    REPETITIVE,
+    UNKNOWN,
     Point,
     dominates,
     front_markdown,
     frontier,
     frontier_figure,
-    headline,
+    mark,
     pareto_front,
     points_from_stages,
-    report_frontier,
-    t_interval,
 )
+from eval.frontier_headline import HEADLINE_RULE, headline, report_frontier, seed_means, t_interval
 
-REFERENCE = 4.0  # held-out entropy; the marking threshold is 0.9 * 4.0 = 3.6
+FLOOR, CEILING = 3.6, 0.05  # held-out text's entropy floor and repetition ceiling
 
 
-def point(family, setting, speed, ppl, entropy=3.9, batch=64, ci=None):
-    return Point(family, setting, batch, speed, ppl, ci, entropy)
+def point(family, setting, speed, ppl, entropy=3.9, batch=64, ci=None, repetition=0.01):
+    return Point(family, setting, batch, speed, ppl, ci, entropy, FLOOR, repetition, CEILING)
 
 
 def names(points):
@@ -62,19 +63,32 @@ def test_dominated_within_interval_noise_is_still_dominated():
 
 def test_a_family_with_one_point_is_on_the_front_when_not_dominated():
     points = [point("ar", "ar T=1", 1000, 100), point("bd", "only", 3000, 200)]
-    front = frontier(points, REFERENCE)
+    front = frontier(points)
     assert names(front.front) == ["only", "ar T=1"] == names(front.front_unmarked)
 
 
-def test_entropy_marking_at_the_margin():
-    assert ENTROPY_MARGIN == 0.10
-    at_margin = point("mdm", "at", 10, 5, entropy=0.9 * REFERENCE)  # exactly 10% below: kept
-    below = point("mdm", "below", 10, 5, entropy=0.9 * REFERENCE - 1e-9)
+def test_marks_at_the_floor_the_ceiling_and_unknown():
+    at_floor = point("mdm", "at", 10, 5, entropy=FLOOR)  # exactly at the floor: kept
+    below = point("mdm", "below", 10, 5, entropy=FLOOR - 1e-9)
     unknown = point("mdm", "unknown", 10, 5, entropy=None)
-    front = frontier([at_margin, below, unknown], REFERENCE)
-    assert names(front.marked) == ["below"]
-    assert frontier([below], None).marked == []  # no reference: nothing marked
-    assert frontier([below], REFERENCE, margin=0.5).marked == []
+    no_floor = Point("mdm", "no floor", 64, 10, 5, None, 3.9, None, 0.01, CEILING)
+    at_ceiling = point("mdm", "at ceiling", 10, 5, repetition=CEILING)
+    # a repeating cycle keeps its unigram entropy: only the repetition mark catches it
+    cycle = point("mdm", "cycle", 10, 5, entropy=3.95, repetition=CEILING + 1e-9)
+    no_repetition = point("mdm", "no repetition", 10, 5, repetition=None)
+    points = [at_floor, below, unknown, no_floor, at_ceiling, cycle, no_repetition]
+    front = frontier(points)
+    assert {p.setting: front.marks[p.key] for p in front.marked} == {
+        "below": LOW_ENTROPY,
+        "unknown": UNKNOWN,
+        "no floor": UNKNOWN,
+        "cycle": REPETITIVE,
+        "no repetition": UNKNOWN,
+    }
+    assert mark(at_floor) == mark(at_ceiling) == ""
+    # unknown is never on the unmarked front, however good
+    assert names(front.front_unmarked) == ["at", "at ceiling"]
+    assert "(1 low-entropy, 1 repetitive, 3 unknown)" in front_markdown(front)
 
 
 def test_front_with_and_without_marked_points():
@@ -83,7 +97,7 @@ def test_front_with_and_without_marked_points():
         point("mdm", "repetitive", 2000, 50, entropy=2.8),  # beats the AR, but marked
         point("mdm", "honest", 2000, 150),
     ]
-    front = frontier(points, REFERENCE)
+    front = frontier(points)
     assert names(front.marked) == ["repetitive"]
     assert names(front.front) == ["repetitive"]
     assert names(front.front_unmarked) == ["honest", "ar T=1"]
@@ -91,18 +105,18 @@ def test_front_with_and_without_marked_points():
 
 def test_every_point_marked_leaves_an_empty_unmarked_front():
     points = [point("mdm", "a", 10, 5, entropy=1.0), point("mdm", "b", 20, 6, entropy=1.0)]
-    front = frontier(points, REFERENCE)
+    front = frontier(points)
     assert front.front_unmarked == [] and names(front.front) == ["b", "a"]
     assert "2 of 2 points marked" in front_markdown(front)
 
 
 def test_frontier_refuses_mixed_batches_duplicates_and_bad_values():
     with pytest.raises(ValueError, match="several batch sizes"):
-        frontier([point("a", "x", 1, 1, batch=1), point("a", "y", 1, 1, batch=64)], REFERENCE)
+        frontier([point("a", "x", 1, 1, batch=1), point("a", "y", 1, 1, batch=64)])
     with pytest.raises(ValueError, match="appear once"):
-        frontier([point("a", "x", 1, 1), point("a", "x", 2, 2)], REFERENCE)
+        frontier([point("a", "x", 1, 1), point("a", "x", 2, 2)])
     with pytest.raises(ValueError, match="at least one"):
-        frontier([], REFERENCE)
+        frontier([])
     with pytest.raises(ValueError, match="judge_ppl=nan"):
         point("a", "x", 1, math.nan)
 
@@ -112,9 +126,9 @@ def test_markdown_table_lists_the_front_with_entropy_and_interval():
         point("ar", "ar T=1", 12000, 620.0, ci=(560.0, 690.0), entropy=3.85),
         point("mdm", "fixed 64", 430, 133.5, entropy=2.804),
     ]
-    text = front_markdown(frontier(points, 3.83))
-    assert "| ar | ar T=1 | 12,000 | 620 [560, 690] | 3.850 |  |" in text
-    assert "| mdm | fixed 64 | 430 | 133.5 | 2.804 | low-entropy |" in text
+    text = front_markdown(frontier(points))
+    assert "| ar | ar T=1 | 12,000 | 620 [560, 690] | 3.850 (3.600) |  |" in text
+    assert "| mdm | fixed 64 | 430 | 133.5 | 2.804 (3.600) | low-entropy |" in text
     assert "1 of 2 points marked" in text
 
 
@@ -124,14 +138,14 @@ def test_figure_draws_marked_points_hollow(tmp_path):
         point("mdm", "fixed 64", 430, 133.5, entropy=2.8),
         point("mdm", "ancestral 64", 425, 2061.0),
     ]
-    figure = frontier_figure(frontier(points, 3.83))
+    figure = frontier_figure(frontier(points))
     axis = figure.axes[0]
     assert axis.get_xscale() == "log"
     faces = {
         container.get_label(): container.lines[0].get_markerfacecolor()
         for container in axis.containers
     }
-    assert faces["mdm (low-entropy)"] == "none" and faces["mdm"] != "none"
+    assert faces["mdm (marked)"] == "none" and faces["mdm"] != "none"
     figure.savefig(tmp_path / "frontier.png")
     assert (tmp_path / "frontier.png").stat().st_size > 0
 
@@ -145,28 +159,28 @@ def test_headline_picks_the_fastest_qualifying_setting():
         point("mdm", "ok-slow", 500, 120),
         point("mdm", "ok-fast", 2000, 150),  # exactly 1.5x qualifies
     ]
-    text = headline({0: points}, 64, REFERENCE)
+    text = headline({0: points}, 64)
     assert text.startswith(
-        "At batch 64, the fastest setting within 1.5x of the AR's judge perplexity (and not "
-        "low-entropy) is ok-fast, at 2,000 tokens/s (judge perplexity 150) against the AR's "
+        "At batch 64, the fastest setting within 1.5x of the AR's judge perplexity (and "
+        "unmarked) is ok-fast, at 2,000 tokens/s (judge perplexity 150) against the AR's "
         "10,000 (judge perplexity 100): 0.2x"
     )
-    assert text.endswith("(1 seed, no interval over seeds).")
+    assert "(1 seed, no interval over seeds). No perplexity interval: ties in quality" in text
 
 
 def test_headline_ties():
     base = [point("ar", "ar T=1", 1000, 100)]
     by_ppl = base + [point("mdm", "b", 800, 140), point("mdm", "a", 800, 130)]
-    assert "is a, at 800 tokens/s" in headline({0: by_ppl}, 64, REFERENCE)
+    assert "is a, at 800 tokens/s" in headline({0: by_ppl}, 64)
     both = base + [point("mdm", "b", 800, 130), point("bd", "a", 800, 130)]
-    assert "are a and b, at 800 tokens/s" in headline({0: both}, 64, REFERENCE)
+    assert "are a and b, at 800 tokens/s" in headline({0: both}, 64)
 
 
 def test_headline_interval_over_seeds():
     def seed(ratio):
         return [point("ar", "ar T=1", 1000, 100), point("mdm", "m", 1000 * ratio, 120)]
 
-    text = headline({0: seed(0.5), 1: seed(0.6), 2: seed(0.7)}, 64, REFERENCE)
+    text = headline({0: seed(0.5), 1: seed(0.6), 2: seed(0.7)}, 64)
     low, high = t_interval([0.5, 0.6, 0.7])
     half = 4.302652729911275 * 0.1 / math.sqrt(3)  # t(0.975, 2) * sd / sqrt(n)
     assert low == pytest.approx(0.6 - half) and high == pytest.approx(0.6 + half)
@@ -177,20 +191,21 @@ def test_headline_interval_over_seeds():
 def test_headline_when_nothing_qualifies():
     ar = point("ar", "ar T=1", 1000, 100)
     marked = [ar, point("mdm", "a", 900, 110, entropy=1.0), point("mdm", "b", 5, 120, entropy=1)]
-    text = headline({0: marked}, 64, REFERENCE)
-    assert "no setting qualifies: all 2 settings within 1.5x" in text and "(a, b)" in text
+    text = headline({0: marked}, 64)
+    assert "no setting qualifies: all 2 settings within 1.5x" in text
+    assert "(a: low-entropy, b: low-entropy)" in text
     far = [ar, point("mdm", "a", 900, 400), point("mdm", "b", 900, 300)]
-    text = headline({0: far}, 64, REFERENCE)
+    text = headline({0: far}, 64)
     assert "no setting is within 1.5x" in text and "the closest, b, has 300, 3.00x" in text
-    assert "no setting of another family" in headline({0: [ar]}, 64, REFERENCE)
+    assert "no setting of another family" in headline({0: [ar]}, 64)
 
 
 def test_headline_refuses_without_the_ar_reference():
     points = [point("mdm", "a", 900, 110), point("ar", "ar T=0.7", 1000, 90)]
     with pytest.raises(ValueError, match="compares against the AR's 'ar T=1'"):
-        headline({0: points}, 64, REFERENCE)
+        headline({0: points}, 64)
     with pytest.raises(ValueError, match="not measured at that batch"):
-        headline({0: [point("ar", "ar T=1", 1000, 100, batch=1)]}, 64, REFERENCE)
+        headline({0: [point("ar", "ar T=1", 1000, 100, batch=1)]}, 64)
 
 
 def test_rule_is_fixed_text():
@@ -211,7 +226,14 @@ def test_points_from_the_compare_stages_take_the_fair_median():
         "unigram model": {"objective": "unigram"},
     }
     scores = {
-        "ar T=1": {"judge_ppl": 600.0, "judge_ppl_ci95": [560.0, 680.0], "unigram_entropy": 3.8},
+        "ar T=1": {
+            "judge_ppl": 600.0,
+            "judge_ppl_ci95": [560.0, 680.0],
+            "unigram_entropy": 3.8,
+            "entropy_floor": 3.5,
+            "repetition_rate_4gram": 0.02,
+            "repetition_ceiling": 0.04,
+        },
         "mdm fixed": {"judge_ppl": 130.0, "judge_ppl_ci95": None, "unigram_entropy": 2.8},
         "mdm unmeasured": {"judge_ppl": 100.0, "unigram_entropy": 3.8},
         "unigram model": {"judge_ppl": 2700.0, "unigram_entropy": 3.8},
@@ -222,8 +244,8 @@ def test_points_from_the_compare_stages_take_the_fair_median():
     )
     points = points_from_stages(sets, scores, measured, 64)
     assert points == [
-        Point("ar", "ar T=1", 64, 9000.0, 600.0, (560.0, 680.0), 3.8),
-        Point("mdm", "mdm fixed", 64, 900.0, 130.0, None, 2.8),
+        Point("ar", "ar T=1", 64, 9000.0, 600.0, (560.0, 680.0), 3.8, 3.5, 0.02, 0.04),
+        Point("mdm", "mdm fixed", 64, 900.0, 130.0, None, 2.8),  # bounds unknown
     ]
 
 
@@ -239,7 +261,7 @@ def test_report_section_has_rule_headline_tables_and_figure(tmp_path):
             point("mdm", "m", 9, 9, batch=1),  # no AR at batch 1: no headline there
         ],
     }
-    results = report_frontier(report, runs, REFERENCE)
+    results = report_frontier(report, runs)
     paths = report.write()
     text = paths["markdown"].read_text()
     assert HEADLINE_RULE["text"] in text
@@ -248,3 +270,53 @@ def test_report_section_has_rule_headline_tables_and_figure(tmp_path):
     assert (tmp_path / "frontier_batch64.png").is_file()
     assert results["batch 64"]["front_unmarked"] == ["ar T=1"]
     assert results["batch 64"]["points"][1]["tokens_per_s"] == 600.0
+    # report.json keeps what each seed measured and the per-seed ratios behind the interval
+    per_seed = results["batch 64"]["per_seed"]
+    assert per_seed["headline_setting"] == "m" and per_seed["headline_ratios"] == [0.5, 0.7]
+    assert [p["tokens_per_s"] for p in per_seed["points"]["1"]] == [1000, 700]
+
+
+def test_headline_lists_ties_in_quality():
+    points = [
+        point("ar", "ar T=1", 1000, 100, ci=(90, 110)),
+        point("mdm", "fast", 3000, 140, ci=(120, 160)),
+        point("mdm", "tied", 2000, 125, ci=(115, 135)),  # overlaps "fast": tied in quality
+        point("mdm", "separate", 1500, 101, ci=(99, 103)),  # clearly better: not tied
+    ]
+    text = headline({0: points}, 64)
+    assert "is fast, at 3,000 tokens/s" in text
+    assert text.endswith(
+        "Tied with it in quality (overlapping perplexity intervals): tied (2,000 tokens/s)."
+    )
+    no_interval = [point("ar", "ar T=1", 1000, 100), point("mdm", "m", 900, 110)]
+    assert "ties in quality not assessed" in headline({0: no_interval}, 64)
+
+
+def test_seed_means_span_the_intervals_and_unknown_stays_unknown():
+    runs = {
+        0: [point("mdm", "m", 100, 10, ci=(9, 11), entropy=3.8)],
+        1: [point("mdm", "m", 300, 20, ci=(18, 23), entropy=None)],
+    }
+    (mean,) = seed_means(runs, 64)
+    assert (mean.tokens_per_s, mean.judge_ppl, mean.judge_ppl_ci95) == (200, 15, (9, 23))
+    assert mean.entropy is None and mark(mean) == UNKNOWN
+
+
+def test_held_out_bounds_by_hand():
+    from eval.sample_sets import HELD_OUT_WINDOWS, HeldOutText
+
+    # a stream of period 4: every window of 2 tokens holds two different tokens (entropy
+    # log 2, no spread), every window of 1 token has entropy 0
+    held_out = HeldOutText([1, 2, 3, 4] * 100, decode=lambda ids: " ".join(map(str, ids)))
+    assert len(held_out.windows(2)) == HELD_OUT_WINDOWS
+    bounds = held_out.bounds([2, 2, 1])
+    assert bounds["held_out_entropy"] == pytest.approx(2 * math.log(2) / 3)
+    assert bounds["entropy_floor"] == pytest.approx(bounds["held_out_entropy"])  # no spread
+    assert bounds["repetition_ceiling"] == 0.0
+    # windows whose entropies spread: the floor sits 1.96 standard errors of the set below
+    spread = HeldOutText([1, 1, 2, 3] * 100, decode=str)
+    stats = spread.stats(2)
+    floor = spread.bounds([2] * 4)["entropy_floor"]
+    assert floor == pytest.approx(stats[0] - 1.959964 * math.sqrt(4 * stats[1]) / 4)
+    with pytest.raises(ValueError, match="held-out text is empty"):
+        HeldOutText([], decode=str)

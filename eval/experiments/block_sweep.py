@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from arlm.generate import ARGenerator, GenerationConfig
+from arlm.generate import ARGenerator
 from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.strategies import Ancestral
@@ -39,6 +39,7 @@ from eval.experiments.stages import (
     check_equal_budgets,
     load,
     locked_job,
+    reference_ids,
     reference_texts,
     run_stoppable,
     train_or_reuse,
@@ -46,8 +47,15 @@ from eval.experiments.stages import (
     training_seed,
 )
 from eval.likelihood import evaluate_checkpoint
-from eval.quality import diversity_report, load_judge
+from eval.quality import load_judge
 from eval.report import Report, Table, frontier_figure
+from eval.sample_sets import (
+    EOS_POLICY,
+    PERPLEXITY_DEFINITION,
+    ar_sample_set,
+    diffusion_sample_set,
+    judged,
+)
 from shared.faults import StopRequest
 from shared.sampling import SamplingConfig
 from shared.training import resolve_config
@@ -142,7 +150,8 @@ def main_estimate(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def generation_stage(out: Path, names: list[str], settings: SweepSettings) -> dict[str, Any]:
-    """The same number of unconditional samples of the same length from every model."""
+    """The same number of unconditional samples of the same length from every model, drawn the
+    one way (``eval.sample_sets``: every model's samples end at their first EOS)."""
     length, count = settings.gen_length, settings.samples
     sets: dict[str, dict[str, Any]] = {}
     for name in names:
@@ -150,21 +159,11 @@ def generation_stage(out: Path, names: list[str], settings: SweepSettings) -> di
         objective = state["objective"]
         if objective == "ar":
             engine = ARGenerator(model, tokenizer)
-            config = GenerationConfig(
-                max_new_tokens=length, stop_on_eos=False, sampling=SamplingConfig(temperature=1.0)
-            )
-            start = time.perf_counter()
-            result = engine.generate([[tokenizer.eos_id]] * count, config, seed=0)
-            elapsed = time.perf_counter() - start
-            sets[name] = {
+            drawn = ar_sample_set(engine, count, length, SamplingConfig(temperature=1.0), seed=0)
+            sets[name] = drawn.record() | {
                 "objective": "ar",
                 "block_size": 1,
                 "sampler": "kv-cached ancestral, T=1",
-                "steps": length,
-                "nfe": result.forward_passes,
-                "seconds": elapsed,
-                "texts": result.texts,
-                "ids": [list(row) for row in result.tokens],
             }
             continue
         generator = DiffusionGenerator(model, tokenizer, state)
@@ -177,21 +176,14 @@ def generation_stage(out: Path, names: list[str], settings: SweepSettings) -> di
         else:
             block_size = generator.block_size
             sampler = f"ancestral, {block_size} steps per block, exact KV cache"
-        start = time.perf_counter()
         # Every block is decoded (early_stop=False), so NFE measures whole-length sampling.
-        result = generator.fill(
-            canvas, SamplerConfig(Ancestral(steps)), seed=0, eos="stop", early_stop=False
+        drawn = diffusion_sample_set(
+            generator, SamplerConfig(Ancestral(steps)), count, length, seed=0, early_stop=False
         )
-        elapsed = time.perf_counter() - start
-        sets[name] = {
+        sets[name] = drawn.record() | {
             "objective": objective,
             "block_size": block_size,
             "sampler": sampler,
-            "steps": steps,
-            "nfe": result.nfe,
-            "seconds": elapsed,
-            "texts": result.texts,
-            "ids": result.tokens,
         }
     for entry in sets.values():
         entry["seconds_per_sample"] = entry["seconds"] / count
@@ -200,18 +192,16 @@ def generation_stage(out: Path, names: list[str], settings: SweepSettings) -> di
 
 
 def quality_stage(out: Path, sets: dict[str, Any], settings: SweepSettings) -> dict[str, Any]:
-
+    """Every model's samples and held-out documents (cut as the samples are) judged the one
+    way (``eval.sample_sets.judged``)."""
     judge = load_judge(settings.judge)
-    references = reference_texts(out, max(settings.samples, 2), settings.gen_length)
-    scores: dict[str, Any] = {"judge": judge.identity, "sets": {}}
-    scores["reference"] = {
-        "judge_ppl": judge.score(references).perplexity,
-        **diversity_report(references, [[0]] * len(references)),
-    }
+    count = max(settings.samples, 2)
+    reference = reference_ids(out, count, settings.gen_length)
+    scores: dict[str, Any] = {"judge": judge.identity, "eos_policy": EOS_POLICY, "sets": {}}
+    scores["perplexity"] = PERPLEXITY_DEFINITION
+    scores["reference"] = judged(judge, reference_texts(out, count, settings.gen_length), reference)
     for name, entry in sets.items():
-        texts = [t if t.strip() else " " for t in entry["texts"]]
-        row = {"judge_ppl": judge.score(texts).perplexity, **diversity_report(texts, entry["ids"])}
-        scores["sets"][name] = row
+        scores["sets"][name] = judged(judge, entry["texts"], entry["ids"])
     return scores
 
 

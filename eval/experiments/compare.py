@@ -6,8 +6,8 @@
 
 ``--objectives`` names the families (default ``ar,mdm``; ``bd`` and ``udm`` may join, AR must
 be there: each diffusion family's M(L) is read against it). Stages, each resumable (its result
-is stored under ``<out>/stages/`` and reused by a rerun with the same settings; ``--force``
-redoes everything):
+is stored under ``<out>/stages/`` and reused by a rerun with the same settings and the same
+source of the code that computed it: ``eval.report.code_hash``; ``--force`` redoes everything):
 
 1. train   every objective from the same preset, corpus, tokenizer, seed and budget;
 2. likelihood  AR exact NLL and each diffusion family's NELBO (with its interval) on the same
@@ -106,38 +106,84 @@ def run_comparison(
         )
         own = {name: {"lr": tuning[name]["chosen"]} for name in settings.objectives}
     runs = train_budget_points(preset, out, overrides, settings, budget, force, own)
-    # The evaluation stages look at the first seed's main-budget runs.
+    # Likelihood and the examples: the first seed's main-budget runs; every seed's are sampled,
+    # judged and timed (the frontier's headline is a mean over them).
     main = seed_folder(out, settings.seeds[0])
-    summaries = runs[settings.seeds[0]]["summaries"]
     stages = Stages(out, force, stop)
-    key = {
+    key = stage_key(runs, settings, settings.seeds[0])
+    likelihood = stages.run(
+        "likelihood", key, lambda: likelihood_stage(main, settings), likelihood_stage.__module__
+    )
+    per_seed = evaluate_seeds(out, runs, settings, stages)
+    first = per_seed[settings.seeds[0]]
+    examples = stages.run(
+        "examples", key, lambda: examples_stage(main, settings), examples_stage.__module__
+    )
+    inputs = ReportInputs(
+        out,
+        preset,
+        runs,
+        likelihood,
+        first["sets"],
+        first["quality"],
+        examples,
+        settings,
+        time.perf_counter() - started,
+        earlier_work(runs) + stages.reused,
+        entropy_of_counts(token_frequencies(*load(main, "ar")[1:])),
+        tuning,
+        first["throughput"],
+        per_seed,
+    )
+    return likelihood, write_report(inputs)
+
+
+def evaluate_seeds(
+    out: Path, runs: dict[int, dict[str, Any]], settings: CompareSettings, stages: Stages
+) -> dict[int, dict[str, Any]]:
+    """Every seed's main-budget models sampled, timed and judged (each seed's stages stored
+    apart): seed -> {"sets", "throughput", "quality"}."""
+    samples_code, speed_code = generation_stage.__module__, throughput_stage.__module__
+    per_seed = {}
+    for seed in settings.seeds:
+        folder, suffix = seed_folder(out, seed), stage_suffix(seed, settings)
+        key = stage_key(runs, settings, seed)
+        sets = stages.run(
+            f"generate{suffix}",
+            key,
+            lambda folder=folder: generation_stage(folder, settings),
+            samples_code,
+        )
+        throughput = stages.run(
+            f"throughput{suffix}",
+            key,
+            lambda folder=folder: throughput_stage(folder, settings),
+            speed_code,
+        )
+        quality = stages.run(
+            f"quality{suffix}",
+            key,
+            lambda folder=folder, sets=sets: quality_stage(folder, sets, settings),
+            samples_code,
+        )
+        per_seed[seed] = {"sets": sets, "quality": quality, "throughput": throughput}
+    return per_seed
+
+
+def stage_key(runs: dict[int, dict[str, Any]], settings: CompareSettings, seed: int) -> dict:
+    """What a seed's evaluation stages depend on besides their code: its main-budget runs
+    (their steps and final losses) and the settings."""
+    summaries = runs[seed]["summaries"]
+    return {
         "train": {k: (v["step"], v.get("val_nats_per_token")) for k, v in summaries.items()},
         "settings": dataclasses.asdict(settings),
     }
-    likelihood = stages.run("likelihood", key, lambda: likelihood_stage(main, settings))
-    sets = stages.run("generate", key, lambda: generation_stage(main, settings))
-    throughput = stages.run("throughput", key, lambda: throughput_stage(main, settings))
-    quality = stages.run("quality", key, lambda: quality_stage(main, sets, settings))
-    examples = stages.run("examples", key, lambda: examples_stage(main, settings))
-    reused = earlier_work(runs)
-    paths = write_report(
-        ReportInputs(
-            out,
-            preset,
-            runs,
-            likelihood,
-            sets,
-            quality,
-            examples,
-            settings,
-            time.perf_counter() - started,
-            reused + stages.reused,
-            entropy_of_counts(token_frequencies(*load(main, "ar")[1:])),
-            tuning,
-            throughput,
-        )
-    )
-    return likelihood, paths
+
+
+def stage_suffix(seed: int, settings: CompareSettings) -> str:
+    """The first seed's stages keep their plain names (``generate``); another seed's carry it
+    (``generate-seed1``)."""
+    return "" if seed == settings.seeds[0] else f"-seed{seed}"
 
 
 def seeds_asked(seeds: str | None, seed: int | None) -> tuple[int, ...] | None:

@@ -3,8 +3,6 @@ floor, their judged quality, and the side-by-side and infilling examples."""
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +12,6 @@ import torch
 from tqdm.auto import tqdm
 
 from arlm.generate import ARGenerator, GenerationConfig
-from dllm.block_generate import grid_blocks
 from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.strategies import Ancestral, FixedCount, Threshold
@@ -22,13 +19,24 @@ from dllm.uniform_generate import UniformSamplerConfig
 from eval.experiments.compare_curves import sampling_checkpoint
 from eval.experiments.compare_settings import CompareSettings, diffusion_families, headline_sets
 from eval.experiments.stages import (
+    held_out_text,
     load,
     reference_ids,
     reference_texts,
     training_rows,
     validation_rows,
 )
-from eval.quality import diversity_report, load_judge, mauve_score
+from eval.quality import load_judge, mauve_score
+from eval.sample_sets import (
+    EOS_POLICY,
+    PERPLEXITY_DEFINITION,
+    ar_sample_set,
+    before_eos,
+    diffusion_sample_set,
+    fit_to_blocks,
+    judged,
+    sampler_steps,
+)
 from shared.checkpoint import load_model_from_checkpoint
 from shared.config import ModelConfig
 from shared.model import flops_per_token
@@ -64,6 +72,7 @@ def unigram_samples(out: Path, settings: CompareSettings) -> dict[str, Any]:
     ids = torch.stack(
         [sample_categorical(probs, generator) for _ in range(settings.gen_length)], dim=1
     ).tolist()
+    ids = [before_eos(row, tokenizer.eos_id) for row in ids]
     return {
         "objective": "unigram",
         "sampler": "unigram (training-split frequencies)",
@@ -73,6 +82,7 @@ def unigram_samples(out: Path, settings: CompareSettings) -> dict[str, Any]:
         "seconds": time.perf_counter() - start,
         "texts": [tokenizer.decode(row) for row in ids],
         "ids": ids,
+        "lengths": [len(row) for row in ids],
         "flops_per_token": 0.0,
         "approximate": False,
     }
@@ -92,34 +102,22 @@ def generation_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
 
 
 def ar_sample_sets(out: Path, settings: CompareSettings) -> dict[str, dict[str, Any]]:
-    """KV-cached AR decoding at every temperature of the sweep."""
+    """KV-cached AR decoding at every temperature of the sweep (``eval.sample_sets``: samples
+    end at their first EOS, as every family's do)."""
     sets: dict[str, dict[str, Any]] = {}
     length = settings.gen_length
     ar_model, tokenizer, ar_state = load_for_sampling(out, "ar")
     engine = ARGenerator(ar_model, tokenizer)
     ar_flops = forward_flops_per_token(ar_state["model_config"], 1 + length)
     for temperature in tqdm(settings.temperatures, desc="AR decoding", leave=False):
-        config = GenerationConfig(
-            max_new_tokens=length,
-            stop_on_eos=False,
-            sampling=SamplingConfig(temperature=temperature),
-        )
         name = f"ar T={temperature:g}"
-        count = sample_count(name, settings)
-        start = time.perf_counter()
-        result = engine.generate([[tokenizer.eos_id]] * count, config, seed=0)
-        elapsed = time.perf_counter() - start
-        sets[name] = {
+        sampling = SamplingConfig(temperature=temperature)
+        drawn = ar_sample_set(engine, sample_count(name, settings), length, sampling, seed=0)
+        sets[name] = drawn.record() | {
             "objective": "ar",
             "sampler": "kv-cached ancestral",
             "temperature": temperature,
-            "steps": length,
-            "nfe": result.forward_passes,
-            "seconds": elapsed,
-            "texts": result.texts,
-            "ids": result.tokens,
             "flops_per_token": ar_flops,
-            "approximate": False,
         }
     return sets
 
@@ -208,55 +206,25 @@ def sampler_label(config: SamplerConfig | UniformSamplerConfig, label: str) -> s
     return "ancestral" if isinstance(config, UniformSamplerConfig) else config.strategy.name
 
 
-def sampler_steps(config: SamplerConfig | UniformSamplerConfig) -> int | None:
-    if isinstance(config, UniformSamplerConfig):
-        return config.steps
-    return getattr(config.strategy, "steps", None)
-
-
-def fit_to_blocks(
-    config: SamplerConfig | UniformSamplerConfig, engine: DiffusionGenerator, canvas
-) -> SamplerConfig | UniformSamplerConfig:
-    """A block diffusion sampler gives every block of the canvas the same number of steps:
-    round a step count up to a multiple of the blocks (the report's steps column says how many
-    ran). Other families' samplers unchanged."""
-    steps = sampler_steps(config)
-    if engine.block_size is None or steps is None:
-        return config
-    blocks = len(grid_blocks(canvas.region, engine.block_size, canvas.length))
-    if steps % blocks == 0:
-        return config
-    rounded = blocks * math.ceil(steps / blocks)
-    return dataclasses.replace(config, strategy=dataclasses.replace(config.strategy, steps=rounded))
-
-
 def diffusion_sample_sets(
     out: Path, settings: CompareSettings, family: str = "mdm"
 ) -> dict[str, dict[str, Any]]:
-    """One diffusion family's samples under every setting of ``diffusion_sampler_configs``."""
+    """One diffusion family's samples under every setting of ``diffusion_sampler_configs``
+    (``eval.sample_sets``: cut at their first EOS)."""
     sets: dict[str, dict[str, Any]] = {}
     length = settings.gen_length
     engine = DiffusionGenerator(*load_for_sampling(out, family))
     flops = forward_flops_per_token(engine.state["model_config"], 1 + length)
     configs = diffusion_sampler_configs(settings, family)
     for name, config, temperature, label in tqdm(configs, desc=f"{family} samplers", leave=False):
-        canvas = engine.prompt_canvas([[]] * sample_count(name, settings), length)
-        config = fit_to_blocks(config, engine, canvas)
-        start = time.perf_counter()
-        result = engine.fill(canvas, config, seed=0, eos="stop")
-        elapsed = time.perf_counter() - start
-        sets[name] = {
+        drawn = diffusion_sample_set(engine, config, sample_count(name, settings), length, seed=0)
+        sets[name] = drawn.record() | {
             "objective": family,
             "sampler": sampler_label(config, label),
             "temperature": temperature,
-            "steps": sampler_steps(config),
-            "nfe": result.nfe,
-            "seconds": elapsed,
-            "texts": result.texts,
-            "ids": result.tokens,
-            # Every evaluation processes the whole canvas; spread over the generated tokens.
-            "flops_per_token": result.nfe * canvas.length * flops / length,
-            "approximate": result.approximate,
+            # Every evaluation processes the whole canvas (BOS and the generation region),
+            # spread over the generated positions.
+            "flops_per_token": drawn.nfe * (1 + length) * flops / length,
         }
     return sets
 
@@ -270,30 +238,31 @@ def sample_count(name: str, settings: CompareSettings) -> int:
 
 
 def quality_stage(out: Path, sets: dict[str, Any], settings: CompareSettings) -> dict[str, Any]:
+    """Every sample set judged the one way (``eval.sample_sets.judged``), and held-out text cut
+    the way the samples are (its first EOS, the samples' length) as the reference."""
     judge = load_judge(settings.judge)
     count = max(settings.samples, settings.headline_samples, 2)
+    reference_ids_cut = reference_ids(out, count, settings.gen_length)
     references = reference_texts(out, count, settings.gen_length)
-    scores: dict[str, Any] = {"judge": judge.identity, "sets": {}}
-    reference_score = judge.score(references)
-    # held-out text's own token ids: its entropy is what the frontier marks low-entropy sets by
-    scores["reference"] = {
-        "judge_ppl": reference_score.perplexity,
-        **diversity_report(references, reference_ids(out, count, settings.gen_length)),
+    scores: dict[str, Any] = {
+        "judge": judge.identity,
+        "eos_policy": EOS_POLICY,
+        "perplexity": PERPLEXITY_DEFINITION,
+        "sets": {},
     }
+    held_out = held_out_text(out)
+    scores["reference"] = judged(judge, references, reference_ids_cut)
     for name, entry in tqdm(sets.items(), desc="judging samples", leave=False):
-        texts = [t if t.strip() else " " for t in entry["texts"]]
-        judged = judge.score(texts)
-        row = {
-            "judge_ppl": judged.perplexity,
-            "judge_ppl_ci95": judged.perplexity_interval(),
-            "samples": len(texts),
-            **diversity_report(texts, entry["ids"]),
-        }
-        main_set = name in headline_sets(settings)
-        if settings.mauve and main_set:
-            row["mauve"] = mauve_score(texts, references)
+        # the bounds the frontier marks a set by: held-out text of the set's own lengths
+        row = judged(judge, entry["texts"], entry["ids"]) | held_out.bounds(entry["lengths"])
+        if settings.mauve and name in headline_sets(settings):
+            row["mauve"] = mauve_score(row_texts(entry), references)
         scores["sets"][name] = row
     return scores
+
+
+def row_texts(entry: dict[str, Any]) -> list[str]:
+    return [text if text.strip() else " " for text in entry["texts"]]
 
 
 def examples_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:

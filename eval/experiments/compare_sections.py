@@ -40,6 +40,9 @@ class ReportInputs:
     unigram: float
     tuning: dict[str, Any] | None
     throughput: dict[str, Any] | None = None  # the fair timing of every setting (compare_speed)
+    # every seed's sample sets, their judged quality and timing (seed -> "sets", "quality",
+    # "throughput"); None: the first seed's alone (the fields above)
+    per_seed: dict[int, dict[str, Any]] | None = None
     main: Path = field(init=False)
     summaries: dict[str, dict[str, Any]] = field(init=False)
     analysis: dict[str, Any] = field(init=False)

@@ -1,7 +1,7 @@
 """The comparison's speed-quality frontier: every sample set's setting timed by the one fair
 measurement (``eval.throughput``: warm-up, alternating rounds, median with min/max, generated
 tokens only) at each of ``CompareSettings.frontier_batches``, then joined with the set's judge
-perplexity and entropy into the frontier section (``eval.frontier``).
+perplexity and entropy into the frontier section (``eval.frontier``, ``eval.frontier_headline``).
 
 The samples themselves come from the generation stage (one seeded run per setting, which stops at
 EOS); the timing generates every position (``eos="none"`` for diffusion, no EOS stop for AR), so
@@ -20,15 +20,13 @@ import torch
 
 from arlm.generate import ARGenerator, GenerationConfig
 from dllm.generator import DiffusionGenerator
-from eval.experiments.compare_samples import (
-    diffusion_sampler_configs,
-    fit_to_blocks,
-    load_for_sampling,
-)
+from eval.experiments.compare_samples import diffusion_sampler_configs, load_for_sampling
 from eval.experiments.compare_sections import ReportInputs
 from eval.experiments.compare_settings import CompareSettings, diffusion_families
-from eval.frontier import points_from_stages, report_frontier
+from eval.frontier import points_from_stages
+from eval.frontier_headline import report_frontier
 from eval.report import Report
+from eval.sample_sets import fit_to_blocks
 from eval.throughput import Throughput, host_probes, measure_batches, merge_runs
 from shared.sampling import SamplingConfig
 
@@ -121,17 +119,30 @@ def measure_settings(
 
 def speed_frontier_section(report: Report, inputs: ReportInputs) -> dict[str, Any]:
     """Judge perplexity against fairly measured tokens/s, per batch size (``report_frontier``),
-    with the headline its rule generates."""
-    if inputs.throughput is None:
+    for every seed's models, with the headline its rule generates (means over seeds, the
+    interval of the per-seed ratio)."""
+    per_seed = inputs.per_seed or {
+        inputs.settings.seeds[0]: {
+            "sets": inputs.sets,
+            "quality": inputs.quality,
+            "throughput": inputs.throughput,
+        }
+    }
+    if any(stage["throughput"] is None for stage in per_seed.values()):
         return {}
-    throughput = Throughput.from_dict(inputs.throughput)
-    scores = inputs.quality["sets"]
+    runs = {seed: seed_points(stage) for seed, stage in per_seed.items()}
+    first = Throughput.from_dict(per_seed[inputs.settings.seeds[0]]["throughput"])
+    report_frontier(report, runs, first)
+    return {"speed_frontier": report.results.pop("frontier")}
+
+
+def seed_points(stage: dict[str, Any]) -> list:
+    """One seed's points at every batch size it measured."""
+    throughput = Throughput.from_dict(stage["throughput"])
     batches = sorted({record.batch_size for record in throughput.records})
-    points = [
+    scores = stage["quality"]["sets"]
+    return [
         point
         for batch in batches
-        for point in points_from_stages(inputs.sets, scores, throughput, batch)
+        for point in points_from_stages(stage["sets"], scores, throughput, batch)
     ]
-    reference = inputs.quality["reference"].get("unigram_entropy")
-    report_frontier(report, {inputs.settings.seeds[0]: points}, reference, throughput)
-    return {"speed_frontier": report.results.pop("frontier")}

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from eval.report import code_hash
+from eval.sample_sets import HeldOutText
 from shared.checkpoint import load_model_from_checkpoint
 from shared.data.corpus import load_corpus
 from shared.data.rows import tokenize_corpus
@@ -70,22 +72,37 @@ def check_equal_budgets(summaries: dict[str, dict[str, Any]], budget: str) -> No
 
 
 class Stages:
-    """Stage results stored as JSON, keyed by a hash of the inputs that produced them."""
+    """Stage results stored as JSON, keyed by a hash of the inputs that produced them and of the
+    source of the code that computed them (``eval.report.code_hash``): a stored result is reused
+    only when both are unchanged, so a report never shows a number from code other than the
+    code it names."""
 
     def __init__(self, root: Path, force: bool, stop: StopRequest | None = None):
         self.root, self.force, self.stop = root / "stages", force, stop
         self.root.mkdir(parents=True, exist_ok=True)
         self.reused: list[str] = []
 
-    def run(self, name: str, inputs: dict[str, Any], compute: Callable[[], Any]) -> Any:
+    def run(
+        self,
+        name: str,
+        inputs: dict[str, Any],
+        compute: Callable[[], Any],
+        code: str | None = None,
+    ) -> Any:
+        """The stored result of stage ``name`` when its inputs and code are unchanged, else
+        ``compute()`` (stored). ``code``: the module whose source, with every project module it
+        imports, computes the stage (default: the module ``compute`` was defined in)."""
         key = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
+        source = code_hash(code or compute.__module__)
         path = self.root / f"{name}.json"
         if path.exists() and not self.force:
-            stored = json.loads(path.read_text())
-            if stored.get("key") == key:
+            stored = read_stage(path)
+            if stored.get("key") == key and stored.get("code") == source:
                 print(f"[{name}] reusing the stored result (--force recomputes)")
                 self.reused.append(name)
                 return stored["result"]
+            if stored.get("key") == key:
+                print(f"[{name}] the code it depends on changed since it was stored: recomputing")
         if self.stop is not None:
             stop_requested_between_stages(self.stop)
         start = time.perf_counter()
@@ -100,11 +117,25 @@ class Stages:
         elapsed = time.perf_counter() - start
         tmp = path.with_suffix(".tmp")
         tmp.write_text(
-            json.dumps({"key": key, "seconds": elapsed, "result": result}, indent=2, default=float)
+            json.dumps(
+                {"key": key, "code": source, "seconds": elapsed, "result": result},
+                indent=2,
+                default=float,
+            )
         )
         tmp.replace(path)
         print(f"[{name}] done in {elapsed:.1f} s")
         return result
+
+
+def read_stage(path: Path) -> dict[str, Any]:
+    """A stored stage, or an empty record when it cannot be read as one (a damaged or foreign
+    file is recomputed, not trusted)."""
+    try:
+        stored = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return stored if isinstance(stored, dict) else {}
 
 
 def run_stoppable(job: Callable[[StopRequest], None]) -> int:
@@ -306,7 +337,40 @@ def reference_texts(out: Path, count: int, length: int) -> list[str]:
 
 
 def reference_ids(out: Path, count: int, length: int) -> list[list[int]]:
-    """The token ids of ``reference_texts`` (the held-out rows after BOS, cut to ``length``)."""
+    """The token ids of ``reference_texts``: held-out documents from their start, each cut at
+    its EOS and at ``length`` tokens, as every sample is (``eval.sample_sets``: a sample starts
+    after a document boundary and ends at its first EOS). The held-out rows after their BOS,
+    padding dropped, read as one stream of documents."""
     _, tokenizer, state = load(out, "ar")
     rows = validation_rows(state, tokenizer)
-    return [row[1 : 1 + length].tolist() for row in rows[:count]]
+    return held_out_documents(rows, tokenizer.eos_id, tokenizer.pad_id, count, length)
+
+
+def held_out_documents(
+    rows: np.ndarray, eos_id: int, pad_id: int | None, count: int, length: int
+) -> list[list[int]]:
+    """The first ``count`` non-empty documents of ``rows`` (each row's tokens after BOS, joined;
+    EOS and padding end a document), every one cut to its first ``length`` tokens."""
+    documents, current = [], []
+    for token in (int(t) for row in rows for t in row[1:]):
+        if token not in (eos_id, pad_id):
+            current.append(token)
+            continue
+        if current:
+            documents.append(current[:length])
+            if len(documents) == count:
+                return documents
+        current = []
+    if current and len(documents) < count:
+        documents.append(current[:length])
+    return documents
+
+
+def held_out_text(out: Path) -> HeldOutText:
+    """The held-out split as one stream (each row after its BOS, EOS and padding dropped), for
+    the frontier's marks (``eval.sample_sets.HeldOutText``)."""
+    _, tokenizer, state = load(out, "ar")
+    rows = validation_rows(state, tokenizer)
+    boundaries = (tokenizer.eos_id, tokenizer.pad_id)
+    stream = [int(t) for row in rows for t in row[1:] if t not in boundaries]
+    return HeldOutText(stream, tokenizer.decode)

@@ -11,14 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arlm.generate import ARGenerator, GenerationConfig
+from arlm.generate import ARGenerator
 from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.strategies import Ancestral
 from eval.curves import entropy_of_counts
 from eval.experiments.block_sweep import run_names, train_all
 from eval.experiments.compare import token_frequencies
-from eval.experiments.compare_samples import fit_to_blocks
 from eval.experiments.stages import Stages, load
 from eval.findings.common import (
     Claim,
@@ -32,15 +31,16 @@ from eval.findings.common import (
 from eval.findings.verdicts import (
     INCONCLUSIVE,
     REPRODUCED,
-    Z95,
     Interval,
     LearnedCheck,
     combine,
     direction_verdict,
     seed_interval,
 )
-from eval.quality import diversity_report, load_judge
+from eval.quality import load_judge, log_perplexity_interval
 from eval.report import Table
+from eval.sample_sets import ar_sample_set, diffusion_sample_set
+from eval.sample_sets import judged as judged_set
 from shared.sampling import SamplingConfig
 
 CLAIM = Claim(
@@ -138,9 +138,13 @@ def merge_seeds(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
     merged = {}
     for name, entry in per_seed[seeds[0]]["sets"].items():
         entries = [per_seed[seed]["sets"][name] for seed in seeds]
-        pooled = log_ppl_interval([v for e in entries for v in e["per_sample_nats"]])
+        pooled = log_ppl_interval(
+            [v for e in entries for v in e["per_sample_nats"]],
+            [t for e in entries for t in e["per_sample_tokens"]],
+        )
         means = seed_interval([e["log_ppl"]["value"] for e in entries])
-        merged[name] = {k: v for k, v in entry.items() if k != "per_sample_nats"} | {
+        per_sample = ("per_sample_nats", "per_sample_tokens")
+        merged[name] = {k: v for k, v in entry.items() if k not in per_sample} | {
             "log_ppl": Interval(
                 pooled.value, min(pooled.low, means.low), max(pooled.high, means.high)
             ).as_dict(),
@@ -155,74 +159,73 @@ def merge_seeds(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
 
 
 def sample_all(out: Path, settings: QualitySettings, seed: int = 0) -> dict[str, Any]:
-    """Unconditional samples at T=1 (float64 noise): AR, and every diffusion model at each step
-    count (full = one step per generated token, rounded up to whole blocks for block diffusion;
-    every model's samples end at their first EOS)."""
+    """Unconditional samples at T=1 (float64 noise), drawn the one way (``eval.sample_sets``:
+    every model's samples end at their first EOS): AR, and every diffusion model at each step
+    count (full = one step per generated token, rounded up to whole blocks for block
+    diffusion, every block run)."""
     sets: dict[str, Any] = {}
     for name in run_names((settings.block_size,)):
         model, tokenizer, state = load(out, name)
         if state["objective"] == "ar":
-            config = GenerationConfig(
-                max_new_tokens=settings.gen_length,
-                stop_on_eos=True,  # as the diffusion samples end at their first EOS
-                sampling=SamplingConfig(temperature=1.0),
-            )
-            result = ARGenerator(model, tokenizer).generate(
-                [[tokenizer.eos_id]] * settings.samples, config, seed=seed
-            )
-            ids = [before_eos(row, tokenizer.eos_id) for row in result.tokens]
-            sets["AR"] = {"model": "AR", "steps": settings.gen_length, "nfe": settings.gen_length}
-            sets["AR"] |= {"texts": result.texts, "ids": ids}
+            engine = ARGenerator(model, tokenizer)
+            sampling = SamplingConfig(temperature=1.0)
+            drawn = ar_sample_set(engine, settings.samples, settings.gen_length, sampling, seed)
+            sets["AR"] = {"model": "AR", "steps": settings.gen_length, "nfe": drawn.nfe}
+            sets["AR"] |= {"texts": drawn.texts, "ids": drawn.ids}
             continue
         generator = DiffusionGenerator(model, tokenizer, state)
-        canvas = generator.prompt_canvas([[]] * settings.samples, settings.gen_length)
         label = "MDM" if state["objective"] == "mdm" else f"BD-{settings.block_size}"
         for divisor in settings.step_divisors:
-            sampler = fit_to_blocks(
-                SamplerConfig(Ancestral(max(1, settings.gen_length // divisor))), generator, canvas
+            sampler = SamplerConfig(Ancestral(max(1, settings.gen_length // divisor)))
+            drawn = diffusion_sample_set(
+                generator, sampler, settings.samples, settings.gen_length, seed, early_stop=False
             )
-            steps = sampler.strategy.steps
-            result = generator.fill(canvas, sampler, seed=seed, eos="stop", early_stop=False)
-            sets[f"{label} {steps} steps"] = {
+            sets[f"{label} {drawn.steps} steps"] = {
                 "model": label,
-                "steps": steps,
-                "nfe": result.nfe,
+                "steps": drawn.steps,
+                "nfe": drawn.nfe,
                 "divisor": divisor,
-                "texts": result.texts,
-                "ids": [before_eos(row, tokenizer.eos_id) for row in result.tokens],
+                "texts": drawn.texts,
+                "ids": drawn.ids,
             }
     return sets
 
 
-def before_eos(ids, eos_id: int | None) -> list[int]:
-    """A sample's token ids before its first EOS (the AR's ids include the EOS that ended it,
-    the diffusion samplers' do not): what the judge, the lengths and the entropy see alike."""
-    ids = list(ids)
-    return ids[: ids.index(eos_id)] if eos_id in ids else ids
-
-
 def judge_all(sets: dict[str, Any], settings: QualitySettings) -> dict[str, Any]:
     judge_model = load_judge(settings.judge)
-    judged = {}
+    judged_sets = {}
     for name, entry in sets.items():
-        texts = [t if t.strip() else " " for t in entry["texts"]]
-        per_sample = judge_model.score(texts).per_sample_nats_per_token
-        judged[name] = {k: v for k, v in entry.items() if k not in ("texts", "ids")} | {
-            "per_sample_nats": per_sample,
-            "mean_length": statistics.fmean(len(ids) for ids in entry["ids"]),
-            "log_ppl": log_ppl_interval(per_sample).as_dict(),
-            **diversity_report(texts, entry["ids"]),
-            "example": texts[0][:200],
+        row = judged_set(judge_model, entry["texts"], entry["ids"])
+        judged_sets[name] = {k: v for k, v in entry.items() if k not in ("texts", "ids")} | {
+            "per_sample_nats": row["per_sample_nats"],
+            "per_sample_tokens": row["per_sample_tokens"],
+            "mean_length": row["mean_length"],
+            "log_ppl": log_ppl_interval(row["per_sample_nats"], row["per_sample_tokens"]).as_dict(),
+            "unigram_entropy": row["unigram_entropy"],
+            "repetition_rate_4gram": row["repetition_rate_4gram"],
+            "distinct_1": row["distinct_1"],
+            "distinct_2": row["distinct_2"],
+            "distinct_3": row["distinct_3"],
+            "n_samples": row["n_samples"],
+            "example": row_example(entry["texts"]),
         }
-    return {"judge": judge_model.identity, "sets": judged}
+    return {"judge": judge_model.identity, "sets": judged_sets}
 
 
-def log_ppl_interval(per_sample: list[float]) -> Interval:
-    """The mean over samples of the judge's nats/token, with a normal 95% interval."""
-    values = [v for v in per_sample if not math.isnan(v)]
-    mean = statistics.fmean(values)
-    half = Z95 * statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.inf
-    return Interval(mean, mean - half, mean + half)
+def row_example(texts: list[str]) -> str:
+    return (texts[0] if texts else "")[:200]
+
+
+def log_ppl_interval(per_sample_nats: list[float], per_sample_tokens: list[int]) -> Interval:
+    """The token-weighted log judge perplexity (``eval.sample_sets``): the judge's nats summed
+    over samples / its tokens summed over samples, with the delta method's 95% interval."""
+    nats = [rate * count for rate, count in zip(per_sample_nats, per_sample_tokens) if count]
+    tokens = [count for count in per_sample_tokens if count]
+    interval = log_perplexity_interval(nats, tokens)
+    if interval is None:
+        value = sum(nats) / sum(tokens) if tokens else math.nan
+        return Interval(value, -math.inf, math.inf)
+    return Interval(*interval)
 
 
 def ordered(better: dict[str, Any], worse: dict[str, Any]) -> str:
@@ -240,9 +243,10 @@ def ordered(better: dict[str, Any], worse: dict[str, Any]) -> str:
 def rules() -> list[str]:
     """The rules the report states before its numbers."""
     return rule_text("seeds", "learned", "direction") + [
-        "Quantities: each sample set's log judge perplexity (the mean over all seeds' "
-        "samples of the judge's nats/token; its interval the union of the normal interval "
-        "over samples and the t interval over the seeds' means; perplexity = exp). The "
+        "Quantities: each sample set's log judge perplexity, token-weighted (the judge's "
+        "nats summed over all seeds' samples / its tokens summed over them; its interval the "
+        "union of the delta method's interval over samples and the t interval over the "
+        "seeds' values; perplexity = exp). The "
         "claim has two halves and both enter the verdict. Ordering: AR below BD and BD "
         "below MDM, each pair by the direction rule at full step counts (one step per "
         "generated token: 64 for 64 tokens, rounded up to whole blocks for block diffusion, "
@@ -310,7 +314,8 @@ def perplexity_table(settings: QualitySettings, judged: dict) -> Table:
         f"Judge perplexity of samples of {settings.gen_length} tokens",
         PERPLEXITY_COLUMNS,
         rows,
-        note=f"Judge: {judged['judge']}. Perplexity = exp(mean over samples of nats/token); "
+        note=f"Judge: {judged['judge']}. Perplexity = exp(judge nats / judge tokens, summed over "
+        "samples); "
         f"{settings.samples} samples per seed, seeds {list(settings.seeds)}.",
     )
 

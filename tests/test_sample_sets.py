@@ -1,0 +1,144 @@
+"""The one sample-and-judge path (eval/sample_sets.py): one EOS policy for every family (a model
+that emits EOS at once gives empty samples under AR and diffusion alike), token-weighted judge
+perplexity, held-out documents cut as samples are, and the stage cache that knows its code
+(eval/report.py code_hash, eval/experiments/stages.py)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from arlm.generate import ARGenerator, GenerationConfig
+from dllm.generate import SamplerConfig
+from dllm.generator import DiffusionGenerator
+from dllm.strategies import Ancestral
+from eval.experiments import stages as stages_module
+from eval.experiments.stages import Stages, held_out_documents
+from eval.quality import JudgeScore, log_perplexity_interval
+from eval.report import closure_hash, imported_names
+from eval.sample_sets import ar_sample_set, diffusion_sample_set, judged
+from shared.config import ModelConfig
+from shared.model import Transformer
+from shared.sampling import SamplingConfig
+from shared.tokenizer import Tokenizer
+
+TOKENIZER = Tokenizer.byte()  # EOS 256, pad 257
+LENGTH, COUNT = 12, 3
+
+
+def always_eos(vocab_size: int) -> Transformer:
+    """A model whose every position predicts EOS, whatever it reads: every token embeds to the
+    same vector, attention and feed-forward add nothing, and only EOS's output row is set."""
+    torch.manual_seed(0)
+    config = ModelConfig(
+        vocab_size=vocab_size,
+        dim=16,
+        n_layers=1,
+        n_heads=2,
+        n_kv_heads=1,
+        hidden_dim=24,
+        max_seq_len=32,
+    )
+    model = Transformer(config).eval()
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.attention.wo.weight.zero_()
+            layer.feed_forward.w2.weight.zero_()
+        model.tok_embeddings.weight.fill_(1.0)
+        model.output.weight.zero_()
+        model.output.weight[TOKENIZER.eos_id] = 10.0
+    return model
+
+
+def test_one_eos_policy_gives_equal_lengths_for_ar_and_diffusion():
+    ar = ARGenerator(always_eos(TOKENIZER.vocab_size), TOKENIZER)
+    drawn_ar = ar_sample_set(ar, COUNT, LENGTH, SamplingConfig(), seed=0)
+    state = {"objective": "mdm", "train_config": {"schedule": "linear", "seq_len": 32}}
+    mdm = DiffusionGenerator(always_eos(TOKENIZER.vocab_size + 1), TOKENIZER, state)
+    drawn_mdm = diffusion_sample_set(mdm, SamplerConfig(Ancestral(LENGTH)), COUNT, LENGTH, 0)
+    assert drawn_ar.lengths == drawn_mdm.lengths == [0] * COUNT
+    assert drawn_ar.texts == drawn_mdm.texts == [""] * COUNT
+    # run through EOS (the main job's old AR policy), the AR's samples were whole rows of EOS
+    config = GenerationConfig(max_new_tokens=LENGTH, stop_on_eos=False)
+    through = ar.generate([[TOKENIZER.eos_id]] * COUNT, config, seed=0)
+    assert [len(row) for row in through.tokens] == [LENGTH] * COUNT
+
+
+class FixedJudge:
+    """Scores text by its length: a sample of n characters gets n judge tokens at a rate of
+    n nats each (so long samples are judged worse)."""
+
+    identity = "fixed"
+
+    def score(self, texts):
+        tokens = [len(text) for text in texts]
+        return JudgeScore(
+            sum(t * t for t in tokens), sum(tokens), [float(t) for t in tokens], tokens
+        )
+
+
+def test_judged_perplexity_is_token_weighted():
+    row = judged(FixedJudge(), ["ab", "abcdef", ""], [[1, 2], [1, 2, 3, 4, 5, 6], []])
+    # the empty sample is judged as one space: 1 token at 1 nat
+    assert row["judge_tokens"] == 2 + 6 + 1 and row["judge_nats"] == 4 + 36 + 1
+    assert row["judge_ppl"] == pytest.approx(math.exp(41 / 9))  # not exp(mean of 2, 6, 1)
+    assert row["mean_length"] == pytest.approx(8 / 3) and row["samples"] == 3
+    low, high = row["judge_ppl_ci95"]
+    value, log_low, log_high = log_perplexity_interval([4, 36, 1], [2, 6, 1])
+    assert value == pytest.approx(41 / 9)
+    assert (low, high) == pytest.approx((math.exp(log_low), math.exp(log_high)))
+    assert log_perplexity_interval([4.0], [2]) is None
+
+
+def test_held_out_documents_start_after_a_boundary_and_stop_at_eos():
+    eos, pad, bos = 9, 8, 7
+    rows = np.array(
+        [
+            [bos, 1, 2, eos, 3, 4, 5],
+            [bos, 6, eos, eos, 1, 1, 1],  # a document running on from the row before
+            [bos, 2, 3, pad, 4, pad, pad],  # padding ends a document too
+        ]
+    )
+    documents = held_out_documents(rows, eos, pad, count=10, length=3)
+    assert documents == [[1, 2], [3, 4, 5], [1, 1, 1], [4]]
+    assert held_out_documents(rows, eos, pad, count=2, length=3) == [[1, 2], [3, 4, 5]]
+
+
+def test_code_hash_follows_imports(tmp_path):
+    sources = {
+        "eval.a": "import eval.b\nfrom eval.c import thing\n",
+        "eval.b": "X = 1\n",
+        "eval.c": "thing = 2\n",
+        "eval.unrelated": "Y = 3\n",
+    }
+    for name, text in sources.items():
+        (tmp_path / f"{name}.py").write_text(text)
+
+    def locate(name):
+        path = tmp_path / f"{name}.py"
+        return path if path.is_file() else None
+
+    assert imported_names(sources["eval.a"]) == ["eval.b", "eval.c", "eval.c.thing"]
+    before = closure_hash("eval.a", locate)
+    (tmp_path / "eval.unrelated.py").write_text("Y = 4\n")
+    assert closure_hash("eval.a", locate) == before
+    (tmp_path / "eval.c.py").write_text("thing = 3\n")  # imported through `from ... import`
+    assert closure_hash("eval.a", locate) != before
+
+
+def test_a_stored_stage_is_recomputed_when_its_code_changed(tmp_path, monkeypatch):
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"value": len(calls)}
+
+    monkeypatch.setattr(stages_module, "code_hash", lambda module: "code-1")
+    assert Stages(tmp_path, False).run("s", {"k": 1}, compute) == {"value": 1}
+    assert Stages(tmp_path, False).run("s", {"k": 1}, compute) == {"value": 1}  # reused
+    monkeypatch.setattr(stages_module, "code_hash", lambda module: "code-2")
+    assert Stages(tmp_path, False).run("s", {"k": 1}, compute) == {"value": 2}
+    # a damaged stage file is recomputed, not trusted
+    (tmp_path / "stages" / "s.json").write_text("[" * 100_000)
+    assert Stages(tmp_path, False).run("s", {"k": 1}, compute) == {"value": 3}
