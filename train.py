@@ -3,6 +3,7 @@
     python train.py --objective ar  --preset demo --out runs/demo-ar
     python train.py --objective mdm --preset demo --out runs/demo-mdm
     python train.py --objective bd --block-size 4 --preset demo --out runs/demo-bd
+    python train.py --objective udm --preset demo --out runs/demo-udm   # uniform-state diffusion
     accelerate launch train.py --objective mdm --preset small --out runs/small-mdm
     python train.py --resume runs/demo-mdm --max-steps 1200    # continue a run
 

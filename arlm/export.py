@@ -32,9 +32,9 @@ import torch
 from shared.checkpoint import load_model_from_checkpoint
 from shared.cli_args import export_parser
 from shared.config import ModelConfig
-from shared.errors import report_user_errors
+from shared.errors import ConfigError, report_user_errors
 from shared.files import follow_umask
-from shared.formats.exported import EXPORT_INFO, EXPORTS_BY_OBJECTIVE, export_record
+from shared.formats.exported import EXPORT_INFO, export_record, export_refusal
 from shared.formats.hf_tokenizer import hf_tokenizer, require_transformers
 from shared.formats.llama import hf_weight_name, model_config_from_hf, our_weight_name
 from shared.formats.llama import llama_config_fields as llama_fields
@@ -121,11 +121,7 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, overwrite: bo
 
     model, tokenizer, state = load_model_from_checkpoint(Path(checkpoint))
     if state.get("objective") != "ar":
-        raise ValueError(
-            f"{checkpoint} holds an {state.get('objective')!r} checkpoint; export writes a Hugging "
-            "Face LlamaForCausalLM folder, which only an 'ar' (autoregressive) checkpoint is; "
-            f"{EXPORTS_BY_OBJECTIVE}"
-        )
+        raise ConfigError(export_refusal(checkpoint, state.get("objective"), "ar"))
     return export_model(model, tokenizer, out_dir, export_record(checkpoint, state), overwrite)
 
 

@@ -25,7 +25,7 @@ from shared.cli_args import export_parser
 from shared.errors import ConfigError, report_user_errors
 from shared.files import follow_umask
 from shared.formats.diffusion import llada_config_fields, llada_weight_name
-from shared.formats.exported import EXPORT_INFO, EXPORTS_BY_OBJECTIVE, export_record
+from shared.formats.exported import EXPORT_INFO, export_record, export_refusal
 from shared.formats.hf_tokenizer import hf_tokenizer, require_transformers
 from shared.model import Transformer
 from shared.tokenizer import Tokenizer
@@ -81,10 +81,7 @@ def export_llada_checkpoint(
     """Export an MDM training checkpoint (or the newest valid one under a run directory)."""
     model, tokenizer, state = load_model_from_checkpoint(Path(checkpoint))
     if state.get("objective") != "mdm":
-        raise ConfigError(
-            f"{checkpoint} holds an {state.get('objective')!r} checkpoint; the LLaDA format is a "
-            f"masked diffusion model's (objective mdm); {EXPORTS_BY_OBJECTIVE}"
-        )
+        raise ConfigError(export_refusal(checkpoint, state.get("objective"), "mdm"))
     info = export_record(checkpoint, state)
     return export_llada_model(model, tokenizer, out_dir, info, overwrite)
 

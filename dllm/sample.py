@@ -1,4 +1,5 @@
-"""Sample from a diffusion checkpoint, masked (mdm) or block (bd): the command line.
+"""Sample from a diffusion checkpoint, masked (mdm), block (bd) or uniform-state (udm): the
+command line.
 
     python -m dllm.sample runs/demo/mdm --prompt "In the beginning" --gen-length 64 \\
         --sampler fixed --steps 64 --block-length 16 --remasking low_confidence --seed 0
@@ -8,6 +9,7 @@
         --cache approx_dual        # APPROXIMATE: output drifts from the exact sampler
     python -m dllm.sample runs/demo-bd --prompt "In the beginning" --gen-length 64 --sampler fixed
     python -m dllm.sample runs/demo-bd --sampler threshold --threshold 0.9 --no-kv-cache
+    python -m dllm.sample runs/demo-udm --prompt "And God said" --steps 32 --greedy-tail
 
 The checkpoint says which sampler runs (``dllm.generator.DiffusionGenerator``). A bd checkpoint
 decodes its training blocks (``block_size``) left to right with the exact KV cache of the
@@ -15,7 +17,9 @@ finished blocks (``--no-kv-cache``: the uncached reference path, same output); `
 ``--cfg-scale`` apply to mdm checkpoints only, and a bd checkpoint refuses a ``--block-length``
 other than its block size. ``--steps`` is the total over all blocks; by default one step per
 position (for bd, per position of the blocks that cover the generation). With ``--eos stop`` a
-bd sampler ends after the block in which every sample has produced EOS.
+bd sampler ends after the block in which every sample has produced EOS. A udm checkpoint samples
+ancestrally through its posterior (``--steps``, ``--greedy-tail``, ``--corrector``,
+``--temperature``, ``--top-p``) and refuses the masked samplers' options.
 
 Prints one completion per sample (the text between prompt and suffix), then one line of
 statistics on stderr (``--json`` prints everything as one JSON object instead). User errors exit
@@ -68,7 +72,8 @@ UDM_OPTIONS = "--steps, --greedy-tail, --corrector, --temperature and --top-p"
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(
         prog="python -m dllm.sample",
-        description="Sample from a diffusion checkpoint: masked (mdm) or block (bd) diffusion.",
+        description="Sample from a diffusion checkpoint: masked (mdm), block (bd) or "
+        "uniform-state (udm) diffusion.",
         formatter_class=DefaultsHelpFormatter,
     )
     parser.add_argument("checkpoint", help="checkpoint directory, or a run / checkpoints folder")
@@ -91,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--steps",
         type=int,
         default=None,
-        help="total steps (default: one per position; bd: per position of the covering blocks)",
+        help="total steps (default: one per position; bd: per position of the covering blocks; "
+        "udm: the posterior steps)",
     )
     parser.add_argument(
         "--block-length",
@@ -103,27 +109,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--remasking",
         choices=sorted(REMASKING),
         default=None,
-        help="fixed sampler: which positions to reveal (default low_confidence)",
+        help="mdm and bd fixed sampler: which positions to reveal (default low_confidence)",
     )
     parser.add_argument(
         "--llada-reference",
         action="store_const",
         const=True,
         default=None,
-        help="fixed sampler: LLaDA's generate exactly: each block's remainder tokens go to its "
-        "first steps, confidence in float32 (default: the rounded schedule, float64)",
+        help="mdm and bd fixed sampler: LLaDA's generate exactly: each block's remainder tokens "
+        "go to its first steps, confidence in float32 (default: the rounded schedule, float64)",
     )
     parser.add_argument(
         "--threshold",
         type=float,
         default=None,
-        help="threshold sampler: confidence to reveal at (default 0.9)",
+        help="mdm and bd threshold sampler: confidence to reveal at (default 0.9)",
     )
     parser.add_argument(
         "--schedule",
         choices=["linear", "cosine"],
         default=None,
-        help="ancestral sampler: noise schedule (default: the checkpoint's)",
+        help="mdm and bd ancestral sampler: noise schedule (default: the checkpoint's)",
     )
     parser.add_argument("--cfg-scale", type=float, default=0.0, help="mdm only")
     parser.add_argument(
@@ -151,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-reuse",
         action="store_true",
-        help="evaluate the model at every step (disable the exact p(x0) cache)",
+        help="mdm and bd: evaluate the model at every step (disable the exact p(x0) cache)",
     )
     parser.add_argument(
         "--no-kv-cache",
@@ -174,18 +180,27 @@ def check_sampler_options(args: argparse.Namespace) -> None:
         utf8_argument(prompt, "--prompt")
     if args.suffix is not None:
         utf8_argument(args.suffix, "--suffix")
-    for option, sampler in SAMPLER_ONLY.items():
-        if getattr(args, option) is not None and (args.sampler or "fixed") != sampler:
-            raise ValueError(
-                f"--{option.replace('_', '-')} only applies to --sampler {sampler}, not "
-                f"--sampler {args.sampler or 'fixed'}"
-            )
+    # Without --sampler, which rule runs depends on the checkpoint (fixed for mdm and bd, udm's
+    # own ancestral sampler), so that check waits for it (check_options_of_the_rule).
+    if args.sampler is not None:
+        check_options_of_the_rule(args, args.sampler)
     if args.sampler == "threshold" and args.steps is not None:
         raise ValueError("--steps does not apply to --sampler threshold (it stops when done)")
 
 
+def check_options_of_the_rule(args: argparse.Namespace, sampler: str) -> None:
+    """Refuse an option of another masked sampler rule than ``sampler``."""
+    for option, applies_to in SAMPLER_ONLY.items():
+        if getattr(args, option) is not None and sampler != applies_to:
+            given = f"--sampler {sampler}" if args.sampler else f"the default --sampler {sampler}"
+            raise ValueError(
+                f"--{option.replace('_', '-')} only applies to --sampler {applies_to}, not {given}"
+            )
+
+
 def check_objective_options(args: argparse.Namespace, objective: str) -> None:
-    """Refuse options of the other kind of checkpoint."""
+    """Refuse options of the other kind of checkpoint, and options of another sampler rule than
+    the one this checkpoint runs (a udm model has one rule, its own ancestral sampler)."""
     for option, (applies_to, default) in OBJECTIVE_ONLY.items():
         if objective != applies_to and getattr(args, option) != default:
             raise ValueError(
@@ -193,6 +208,7 @@ def check_objective_options(args: argparse.Namespace, objective: str) -> None:
                 f"{args.checkpoint} was trained with objective {objective!r}"
             )
     if objective != "udm":
+        check_options_of_the_rule(args, args.sampler or "fixed")
         return
     given = [f"--sampler {args.sampler}"] if args.sampler not in (None, "ancestral") else []
     given += [f"--{o.replace('_', '-')}" for o in MASKED_ONLY if getattr(args, o) is not None]

@@ -18,6 +18,7 @@ Each subcommand takes exactly the flags of the module it stands for (``duolm tra
 
 from __future__ import annotations
 
+import difflib
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -39,7 +40,7 @@ from shared.training import convert as convert_checkpoint
 
 def sample(argv: list[str]) -> int:
     """Sample from a checkpoint with the sampler of its objective (AR decoding, or the diffusion
-    samplers for MDM and block diffusion)."""
+    samplers for MDM, block diffusion and uniform-state diffusion)."""
     unknown, paths = positional_arguments(
         argv, [ar_sample.build_parser(), diffusion_sample.build_parser()]
     )
@@ -52,8 +53,9 @@ def sample(argv: list[str]) -> int:
     if not paths:
         print(
             "usage: duolm sample CHECKPOINT [flags]\n"
-            "  AR checkpoints take the flags of `python -m arlm.sample --help`; MDM and\n"
-            "  block-diffusion checkpoints those of `python -m dllm.sample --help`."
+            "  AR checkpoints take the flags of `python -m arlm.sample --help`; MDM,\n"
+            "  block-diffusion (bd) and uniform-state (udm) checkpoints those of\n"
+            "  `python -m dllm.sample --help`."
         )
         return 0 if {"-h", "--help"} & set(argv) else 2
     objective, status = checkpoint_objective(paths[0])
@@ -104,7 +106,7 @@ def positional_arguments(argv: list[str], parsers: list) -> tuple[str | None, li
 COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "train": (train_cli.main, "train a model under an objective (same flags as train.py)"),
     "compare": (compare.main, "the main job: train AR and MDM, evaluate, write the report"),
-    "sample": (sample, "sample from any checkpoint (AR, MDM or block diffusion)"),
+    "sample": (sample, "sample from any checkpoint (AR, MDM, block or uniform-state diffusion)"),
     "likelihood": (likelihood.main, "validation likelihood of a checkpoint"),
     "export": (export, "export a checkpoint: AR as Hugging Face Llama, MDM as LLaDA"),
     "import": (importer.main, "import a public checkpoint (Llama, Qwen2, LLaDA, Dream)"),
@@ -126,13 +128,22 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def suggestion(typed: str) -> str:
+    """``; did you mean 'train'?`` for the command closest to a mistyped one, or the one it
+    begins (``convert``); nothing when none is close."""
+    begun = [name for name in COMMANDS if typed and name.startswith(typed)]
+    close = begun if len(begun) == 1 else difflib.get_close_matches(typed, COMMANDS, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0 if argv else 2
     if argv[0] not in COMMANDS:
-        print(f"error: unknown command {argv[0]!r}\n{usage()}", file=sys.stderr)
+        print(f"error: unknown command {argv[0]!r}{suggestion(argv[0])}", file=sys.stderr)
+        print(usage(), file=sys.stderr)
         return 2
     # Each subcommand's usage line names it: argparse takes its program name from argv[0].
     program, sys.argv[0] = sys.argv[0], f"duolm {argv[0]}"

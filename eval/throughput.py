@@ -108,6 +108,11 @@ class Throughput:
     # The host probes timed in the same rounds, one record per probe and batch size (the batch
     # whose settings they alternated with); their "tokens" are operations.
     probes: list[Record] = field(default_factory=list)
+    # What was measured, so that two runs can be checked to have measured the same thing: the
+    # preset, each model's shape, the generation length and prompt, the sampler settings, the
+    # batch sizes and rounds (``eval.experiments.compare_speed.measured_setup``); empty in a
+    # measurement written before it was recorded, or one made outside a comparison.
+    setup: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -115,12 +120,13 @@ class Throughput:
             "machine": self.machine,
             "notes": list(self.notes),
             "probes": [r.as_dict() for r in self.probes],
+            "setup": dict(self.setup),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Throughput:
         """The measurement ``as_dict`` wrote (a stored stage read back; one written before the
-        probes existed reads back with none)."""
+        probes or the setup existed reads back with none)."""
 
         def record(r: dict[str, Any]) -> Record:
             return Record(
@@ -136,6 +142,7 @@ class Throughput:
             data["machine"],
             list(data.get("notes", [])),
             [record(r) for r in data.get("probes", [])],
+            dict(data.get("setup", {})),
         )
 
     def record(self, name: str, batch_size: int) -> Record:
@@ -352,9 +359,12 @@ def merge_runs(runs: Sequence[Throughput]) -> Throughput:
     so that the stated spread covers what changes from one process to the next, not only from
     one round to the next): each record's rounds are pooled in run order and its median, min and
     max taken over all of them. Records are matched by (name, batch size); one missing from any
-    run is refused, as the pooled spread would silently cover fewer runs."""
+    run is refused, as the pooled spread would silently cover fewer runs, and so are runs whose
+    recorded setups differ (they measured different models or settings)."""
     if not runs:
         raise ValueError("nothing to merge: give at least one measurement")
+    if any(run.setup != runs[0].setup for run in runs):
+        raise ValueError("the runs recorded different setups: they measured different things")
 
     def pooled(lists: list[list[Record]]) -> list[Record]:
         keys = [[(r.name, r.batch_size) for r in records] for records in lists]
@@ -381,6 +391,7 @@ def merge_runs(runs: Sequence[Throughput]) -> Throughput:
         runs[0].machine,
         notes,
         pooled([run.probes for run in runs]),
+        dict(runs[0].setup),
     )
 
 

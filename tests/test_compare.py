@@ -86,6 +86,10 @@ def test_smoke_report_has_the_speed_quality_frontier_at_both_batch_sizes(smoke):
     # the host probes ran in the same rounds beside each batch size (eval.throughput_runs)
     probes = {(r["name"], r["batch_size"]) for r in frontier["throughput"]["probes"]}
     assert probes == {(name, batch) for name in (PROBE_MATMUL, PROBE_DISPATCH) for batch in (1, 4)}
+    # what was measured, so that eval.throughput_runs can refuse a rerun of something else
+    setup = frontier["throughput"]["setup"]
+    assert setup["preset"] == "smoke" and setup["gen_length"] == 24 and setup["processes"] == 2
+    assert set(setup["models"]) == {"ar", "mdm"} and setup["models"]["mdm"]["objective"] == "mdm"
     # held-out text's own entropy, not a placeholder: what low-entropy points are measured by
     assert data["results"]["quality"]["reference"]["unigram_entropy"] > 1.0
     markdown = (out / "report.md").read_text()

@@ -198,7 +198,8 @@ def test_export_checkpoint_and_its_command_line(tmp_path):
     with torch.no_grad():
         assert torch.equal(loaded(tokens, attention="causal"), model(tokens, attention="causal"))
     _, mdm = save_checkpoint_of(tmp_path / "mdm", "mdm")
-    with pytest.raises(ValueError, match="an 'mdm' checkpoint; export writes"):
+    refused = r"an 'mdm' checkpoint \(masked diffusion\); this command writes a Hugging Face"
+    with pytest.raises(ValueError, match=refused):
         export_checkpoint(mdm, tmp_path / "nope")
     assert main([str(mdm), str(tmp_path / "nope")]) == 2
 

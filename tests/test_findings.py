@@ -615,7 +615,9 @@ def test_a_rerun_reuses_every_run_and_stage(tmp_path, capsys):
     assert "moved the earlier job aside" not in rerun and "] done in" not in rerun
 
 
-def test_findings_table_quotes_the_index_and_says_why_a_finding_is_long(tmp_path, capsys):
+def test_findings_table_quotes_the_index_and_says_why_a_finding_is_long(
+    tmp_path, capsys, monkeypatch
+):
     claim = {"title": "T", "statement": "S.", "source": "X 2024"}
     rows = [
         {
@@ -644,6 +646,10 @@ def test_findings_table_quotes_the_index_and_says_why_a_finding_is_long(tmp_path
     assert "| **inconclusive (not trained)** (exploratory) | 1.0 min | not recorded |" in text
     index = tmp_path / "index.json"
     index.write_text(json.dumps({"findings": rows}))
+    monkeypatch.chdir(tmp_path)  # REPORTS is relative to where the table is shown
+    for name in ("a", "b"):
+        (tmp_path / "docs" / "x" / name).mkdir(parents=True)
+        (tmp_path / "docs" / "x" / name / "report.md").write_text("# report")
     assert main(["--table", str(index), "docs/x"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[2].startswith("| [T](docs/x/a/report.md)")
 

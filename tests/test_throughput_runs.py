@@ -1,11 +1,14 @@
 """Two throughput runs compared (eval/throughput_runs.py): the within-spread test, the ratios and
-the verdict rule on constructed measurements."""
+the verdict rule on constructed measurements; runs that measured different things (another
+preset, model shape, length, sampler settings or threads) and files that are not measurements are
+refused with one line, exit status 2."""
 
 import json
+import os
 
 import pytest
 
-from eval.throughput import Record, Spread, Throughput
+from eval.throughput import Record, Spread, Throughput, merge_runs
 from eval.throughput_runs import (
     HOST_CHANGED,
     NO_PROBES,
@@ -14,6 +17,7 @@ from eval.throughput_runs import (
     compare_runs,
     main,
 )
+from shared.errors import ConfigError
 
 
 def record(name: str, batch: int, median: float, low: float, high: float) -> Record:
@@ -86,13 +90,227 @@ def test_the_command_reads_stored_stages_and_refuses_other_files(tmp_path, capsy
     b = tmp_path / "b.json"
     a.write_text(json.dumps({"result": run([record("ar", 1, 100, 95, 105)], probe).as_dict()}))
     b.write_text(json.dumps(run([record("ar", 1, 70, 65, 75)], probe).as_dict()))
-    main([str(a), str(b), "--json", str(tmp_path / "s.json")])
+    assert main([str(a), str(b), "--json", str(tmp_path / "s.json")]) == 0
     text = capsys.readouterr().out
     assert "### Batch 1: not reproduced" in text and "| ar | 100 [95, 105] | 70 [65, 75] |" in text
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary[0]["verdict"] == NOT_REPRODUCED and summary[0]["probe_ratios"] == {"probe": 1.0}
     (tmp_path / "bad.json").write_text('{"rows": []}')
-    with pytest.raises(SystemExit, match="no 'records'"):
-        main([str(a), str(tmp_path / "bad.json")])
-    with pytest.raises(SystemExit, match="cannot read"):
-        main([str(a), str(tmp_path / "missing.json")])
+    assert main([str(a), str(tmp_path / "bad.json")]) == 2
+    assert "no 'records'" in error_line(capsys)
+    assert main([str(a), str(tmp_path / "missing.json")]) == 2
+    assert "missing.json: no such file" in error_line(capsys)
+
+
+def error_line(capsys) -> str:
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+# ---- runs that did not measure the same thing, and files that are not measurements -------------
+
+
+def setup(**changes) -> dict:
+    """A recorded setup as the comparison's throughput stage writes it (demo-like)."""
+    shape = {"objective": "ar", "dim": 256, "n_layers": 4, "n_heads": 4, "max_seq_len": 256}
+    base = {
+        "preset": "demo",
+        "models": {"ar": shape, "mdm": {**shape, "objective": "mdm", "vocab_size": 2049}},
+        "gen_length": 64,
+        "prompt": "none",
+        "eos": "none",
+        "temperatures": [0.7, 0.85, 1.0],
+        "diffusion_steps": [8, 16, 32, 64],
+        "bd_block_size": 16,
+        "batch_sizes": [1, 32],
+        "rounds": 5,
+        "warmup": 1,
+        "processes": 2,
+    }
+    return {**base, **changes}
+
+
+def measured(median: float, recorded: dict, tokens: int = 64, threads: int = 2) -> Throughput:
+    ar = record("ar T=1", 1, median, median - 5, median + 5)
+    ar = Record(**{**vars(ar), "round_tokens": [tokens] * 3})
+    probe = [record("probe", 1, 1000, 990, 1010)]
+    return Throughput([ar], {"cpu": "test", "torch_threads": threads}, [], probe, recorded)
+
+
+def test_a_demo_run_and_a_smoke_run_are_refused_naming_what_differs():
+    smoke_shape = {"objective": "ar", "dim": 64, "n_layers": 2, "n_heads": 4, "max_seq_len": 64}
+    smoke = setup(
+        preset="smoke",
+        models={"ar": smoke_shape, "mdm": setup()["models"]["mdm"]},
+        gen_length=24,
+        temperatures=[0.8, 1.0],
+    )
+    with pytest.raises(ConfigError) as refused:
+        compare_runs(measured(100, setup()), measured(230, smoke, tokens=24), ("demo", "smoke"))
+    message = str(refused.value)
+    assert message.startswith("demo and smoke measured different things")
+    for said in (
+        "preset 'demo' vs 'smoke'",
+        "the ar model's dim 256 vs 64",
+        "the ar model's n_layers 4 vs 2",
+        "gen_length 64 vs 24",
+        "temperatures [0.7, 0.85, 1.0] vs [0.8, 1.0]",
+        "generated 64 vs 24 tokens per sample",
+    ):
+        assert said in message, said
+    assert "\n" not in message
+    # Repeating the measurement differently (rounds, warm-up, processes, batch sizes) is allowed.
+    again = setup(rounds=6, warmup=2, processes=1, batch_sizes=[1, 64])
+    (batch,) = compare_runs(measured(100, setup()), measured(101, again))
+    assert batch.verdict == REPRODUCED
+
+
+def test_a_family_timed_by_one_run_only_or_other_threads_are_refused():
+    ar_only = setup(models={"ar": setup()["models"]["ar"]})
+    with pytest.raises(ConfigError, match=r"models of \['ar', 'mdm'\] vs \['ar'\]"):
+        compare_runs(measured(100, setup()), measured(100, ar_only))
+    with pytest.raises(ConfigError, match="torch threads 2 vs 4"):
+        compare_runs(measured(100, setup()), measured(100, setup(), threads=4))
+
+
+def test_runs_without_a_recorded_setup_are_checked_on_what_they_record(tmp_path, capsys):
+    # Older runs: the tokens each setting generated per sample still tell a 24-token run from a
+    # 64-token one.
+    with pytest.raises(ConfigError, match="'ar T=1' at batch 1 generated 64 vs 24 tokens"):
+        compare_runs(measured(100, {}), measured(230, {}, tokens=24))
+    # Only one of the two recording its setup cannot be checked: refused, naming which.
+    new, old = tmp_path / "new.json", tmp_path / "old.json"
+    new.write_text(json.dumps(measured(100, setup()).as_dict()))
+    stored = measured(100, {}).as_dict()
+    del stored["setup"]
+    old.write_text(json.dumps({"key": "k", "result": stored}))
+    assert main([str(new), str(old)]) == 2
+    line = error_line(capsys)
+    assert f"{old} records no setup" in line and f"while {new} does" in line
+    assert f"rerun the throughput stage of {old}" in line
+    # Neither: compared, and the output says what could not be checked.
+    assert main([str(old), str(old)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Neither run records its setup") and "### Batch 1: reproduced" in out
+
+
+def test_merging_runs_of_different_setups_is_refused():
+    with pytest.raises(ValueError, match="recorded different setups"):
+        merge_runs([measured(100, setup()), measured(100, setup(gen_length=24))])
+    merged = merge_runs([measured(100, setup()), measured(100, setup())])
+    assert merged.setup == setup() and Throughput.from_dict(merged.as_dict()) == merged
+
+
+def broken(data: dict, *path_and_value) -> dict:
+    """``data`` (a measurement's dict) with the value at a path replaced (or deleted: None)."""
+    *path, value = path_and_value
+    copy = json.loads(json.dumps(data))
+    target = copy
+    for key in path[:-1]:
+        target = target[key]
+    if value is None:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return copy
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        (
+            ("records", 0, "tokens_per_s", "median", "fast"),
+            "records[0].tokens_per_s.median is 'fast' (a string); expected a number",
+        ),
+        (("records", 0, "tokens_per_s", None), "records[0] has no field 'tokens_per_s'"),
+        (("records", 0, "batch_size", None), "records[0] has no field 'batch_size'"),
+        (
+            ("records", 0, "tokens_per_s", "low", float("nan")),
+            "records[0].tokens_per_s.low is nan; expected a finite number",
+        ),
+        (
+            ("records", 0, "tokens_per_s", {"median": 100, "low": 120, "high": 90}),
+            "records[0].tokens_per_s: median 100 outside [low 120, high 90]",
+        ),
+        (
+            ("records", 0, "tokens_per_s", {"median": 0, "low": 0, "high": 0}),
+            "records[0].tokens_per_s.median is 0",
+        ),
+        (("probes", 0, "batch_size", "1"), "probes[0].batch_size is '1'; expected an integer"),
+        (("records", 0, "round_tokens", [1.5]), "records[0].round_tokens is [1.5]"),
+        (("records", "x"), "'records' is 'x' (a string); expected a list"),
+        (("records", ["x"]), "records[0] is 'x' (a string); expected an object"),
+        (("machine", None), "'machine' is missing; expected an object"),
+        (("setup", []), "'setup' is [] (a list); expected an object"),
+    ],
+)
+def test_a_file_that_is_not_a_measurement_is_one_line_naming_the_field(
+    tmp_path, capsys, change, said
+):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(measured(100, setup()).as_dict()))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(broken(measured(100, setup()).as_dict(), *change)))
+    assert main([str(good), str(bad)]) == 2
+    line = error_line(capsys)
+    assert line.startswith(f"error: {bad}: ") and said in line, line
+
+
+def test_a_json_list_or_a_broken_file_is_one_line(tmp_path, capsys):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(measured(100, setup()).as_dict()))
+    for text, said in (
+        ("[1, 2]", "a JSON list, not a throughput measurement"),
+        ('"x"', "a JSON string, not a throughput measurement"),
+        ("{not json", "not JSON"),
+        ('{"records": [], "tokens": NaN', "not JSON"),
+    ):
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        assert main([str(good), str(bad)]) == 2
+        line = error_line(capsys)
+        assert line.startswith(f"error: {bad}: ") and said in line, line
+    (tmp_path / "folder.json").mkdir()
+    assert main([str(good), str(tmp_path / "folder.json")]) == 2
+    assert "cannot read a throughput measurement" in error_line(capsys)
+
+
+def test_the_json_output_is_checked_before_anything_is_read(tmp_path, capsys):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(measured(100, setup()).as_dict()))
+    (tmp_path / "out").mkdir()
+    os.mkfifo(tmp_path / "pipe")
+    for target, said in (
+        (tmp_path / "out", "is a folder, not a regular file"),
+        (tmp_path / "pipe", "is a FIFO (named pipe), not a regular file"),
+        (tmp_path / "no" / "s.json", "the folder"),
+    ):
+        assert main([str(good), str(tmp_path / "missing.json"), "--json", str(target)]) == 2
+        line = error_line(capsys)
+        assert line.startswith(f"error: --json {target}") and said in line, line
+    assert main([str(good), str(good), "--json", str(tmp_path / "s.json")]) == 0
+    assert json.loads((tmp_path / "s.json").read_text())[0]["verdict"] == REPRODUCED
+
+
+def test_the_comparison_stage_records_what_it_measured(tmp_path, monkeypatch):
+    from eval.experiments import compare_speed
+    from eval.experiments.compare_settings import COMPARE_PRESETS
+
+    settings = COMPARE_PRESETS["smoke"]
+    for family in ("ar", "mdm"):
+        (tmp_path / family).mkdir()
+        (tmp_path / family / "config.json").write_text(json.dumps({"preset": "smoke"}))
+    states = {
+        "ar": {"objective": "ar", "model_config": {"dim": 32, "n_layers": 2}},
+        "mdm": {"objective": "mdm", "model_config": {"dim": 32, "n_layers": 2}},
+    }
+    monkeypatch.setattr(compare_speed, "sampling_checkpoint", lambda run: (run, "final"))
+    monkeypatch.setattr(compare_speed, "resolve_checkpoint", lambda path, log: path)
+    monkeypatch.setattr(compare_speed, "read_state", lambda path: states[path.name])
+    recorded = compare_speed.measured_setup(tmp_path, settings, 2)
+    assert recorded["preset"] == "smoke" and recorded["gen_length"] == settings.gen_length
+    assert recorded["models"]["mdm"] == {"objective": "mdm", "dim": 32, "n_layers": 2}
+    assert recorded["temperatures"] == list(settings.temperatures)
+    assert recorded["batch_sizes"] == list(settings.frontier_batches)
+    assert json.loads(json.dumps(recorded)) == recorded  # stored as JSON in the stage

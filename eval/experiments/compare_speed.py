@@ -9,6 +9,7 @@ every family's tokens/s counts the same positions."""
 
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing
 from collections.abc import Callable
@@ -20,6 +21,7 @@ import torch
 
 from arlm.generate import ARGenerator, GenerationConfig
 from dllm.generator import DiffusionGenerator
+from eval.experiments.compare_curves import sampling_checkpoint
 from eval.experiments.compare_samples import diffusion_sampler_configs, load_for_sampling
 from eval.experiments.compare_sections import ReportInputs
 from eval.experiments.compare_settings import CompareSettings, diffusion_families
@@ -28,6 +30,7 @@ from eval.frontier_headline import report_frontier
 from eval.report import Report
 from eval.sample_sets import fit_to_blocks
 from eval.throughput import Throughput, host_probes, measure_batches, merge_runs
+from shared.checkpoint import read_state, resolve_checkpoint
 from shared.sampling import SamplingConfig
 
 
@@ -95,7 +98,46 @@ def throughput_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
         with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as pool:
             job = pool.submit(measure_settings, out, settings, torch.get_num_threads(), rounds)
             runs.append(Throughput.from_dict(job.result()))
-    return merge_runs(runs).as_dict()
+    merged = merge_runs(runs)
+    merged.setup = measured_setup(out, settings, MEASURING_PROCESSES)
+    return merged.as_dict()
+
+
+def measured_setup(out: Path, settings: CompareSettings, processes: int) -> dict[str, Any]:
+    """What the throughput stage measured, recorded beside its numbers so that two measurements
+    can be checked to be of the same thing before their speeds are compared
+    (``eval.throughput_runs``): the preset and shape of every model timed (from the checkpoint
+    its samples come from), the generation (length, no prompt, every position generated), the
+    sampler settings behind the settings' names, and the batch sizes, rounds and processes."""
+    models = {}
+    preset = None
+    for family in ("ar", *diffusion_families(settings)):
+        checkpoint = resolve_checkpoint(sampling_checkpoint(out / family)[0], log=lambda _: None)
+        state = read_state(checkpoint)
+        models[family] = {"objective": state.get("objective"), **state["model_config"]}
+        preset = preset or run_preset(out / family)
+    return {
+        "preset": preset,
+        "models": models,
+        "gen_length": settings.gen_length,
+        "prompt": "none (generation starts after BOS; AR's first input is EOS)",
+        "eos": "none (every position generated)",
+        "temperatures": list(settings.temperatures),
+        "diffusion_steps": list(settings.diffusion_steps),
+        "bd_block_size": settings.bd_block_size,
+        "batch_sizes": list(settings.frontier_batches),
+        "rounds": settings.frontier_rounds,
+        "warmup": settings.frontier_warmup,
+        "processes": processes,
+    }
+
+
+def run_preset(run_dir: Path) -> str | None:
+    """The preset a training run was started from, as its config.json records it."""
+    try:
+        return json.loads((run_dir / "config.json").read_text()).get("preset")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def measure_settings(

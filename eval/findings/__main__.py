@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         nargs=2,
         metavar=("INDEX_JSON", "REPORTS"),
         help="print the README's findings table from a committed index.json (REPORTS: the "
-        "folder of its reports, as the README links it) and exit",
+        "folder of its reports, as the README links it, which must hold every finding's "
+        "<name>/report.md) and exit",
     )
     parser.add_argument(
         "--reindex",
@@ -99,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_table(index_path: str, reports: str) -> None:
-    """``--table``: the findings table of an index.json; an index that is missing or not one is
-    one line."""
+    """``--table``: the findings table of an index.json; an index that is missing or not one,
+    or a REPORTS folder that does not hold every finding's report the table links to, is one
+    line."""
     path = Path(index_path)
     if not path.is_file():
         raise FileNotFoundError(f"--table {path}: no such file (give a findings index.json)")
@@ -116,7 +118,26 @@ def print_table(index_path: str, reports: str) -> None:
             f"--table {path}: not a findings index ({type(error).__name__}: {error}); give the "
             "index.json that python -m eval.findings writes"
         ) from None
+    missing = missing_report(index, Path(reports))
+    if missing:
+        raise FileNotFoundError(
+            f"--table REPORTS {reports}: {missing}, so the table's links would be broken; give "
+            "the folder that holds each finding's <name>/report.md (as the README links it, "
+            "from where the table is shown)"
+        )
     print(table)
+
+
+def missing_report(index: dict, reports: Path) -> str | None:
+    """What the table would link to that is not there (the REPORTS folder, or the first
+    finding's report.md it lacks), in words; None when every link resolves."""
+    if not reports.is_dir():
+        return "no such folder" if not reports.exists() else "not a folder"
+    for row in index["findings"]:
+        report = reports / row["name"] / "report.md"
+        if not report.is_file():
+            return f"it has no {row['name']}/report.md"
+    return None
 
 
 def costs() -> dict[str, str]:

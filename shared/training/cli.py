@@ -144,7 +144,8 @@ def _parse_bool(text: str) -> bool:
 
 def build_parser(preset: dict[str, dict[str, Any]] | None) -> argparse.ArgumentParser:
     parser = CommandParser(
-        description="Train the shared backbone under an objective (ar, mdm or bd).",
+        description="Train the shared backbone under an objective: ar (autoregressive), mdm "
+        "(masked diffusion), bd (block diffusion) or udm (uniform-state diffusion).",
     )
     parser.add_argument(
         "--preset", default="demo", help="named preset (shared/training/presets.py)"

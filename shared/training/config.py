@@ -227,6 +227,14 @@ class TrainConfig:
                 f"curriculum (objective udm); objective={self.objective!r} does not use it"
             )
         budgets = [name for name in ("max_tokens", "max_flops", "epochs") if getattr(self, name)]
+        # Only a budget in steps is known here; one in tokens, FLOPs or epochs becomes steps once
+        # the data is read, and -1 (half the run) always fits.
+        if not budgets and 0 < self.max_steps < self.curriculum_steps:
+            raise ConfigError(
+                f"curriculum_steps={self.curriculum_steps} is longer than the run's "
+                f"max_steps={self.max_steps} (the run would end inside it); give at most "
+                f"{self.max_steps}, or {CURRICULUM_HALF} for the first half of the run's steps"
+            )
         if len(budgets) > 1:
             raise ConfigError(f"set only one of {budgets} (each is a budget)")
         if not (self.max_steps or budgets):

@@ -82,7 +82,7 @@ def read_pickled(file: Path) -> Any:
         asked = re.search(r"GLOBAL (\S+)", str(error))
         what = f"it asks for {asked.group(1)}" if asked else str(error).strip().splitlines()[0]
         raise CheckpointError(
-            f"{file}: not converted: {what}, which no checkpoint of this project holds"
+            f"{file}: refused to unpickle: {what}, which no checkpoint of this project holds"
         ) from None
     except (OSError, RuntimeError, EOFError) as error:
         raise CheckpointError(f"{file}: unreadable ({error})") from None

@@ -14,7 +14,7 @@ from shared.errors import CheckpointError, ConfigError
 from shared.training.config import TrainConfig
 from shared.training.presets import resolve_config
 from shared.training.resume import resumed_config
-from shared.training.run_folder import holder_if_locked
+from shared.training.run_folder import holder_if_locked, holds_run, why_not_movable
 
 
 @dataclass(frozen=True)
@@ -141,10 +141,24 @@ def resumable_checkpoint(path: Path) -> Path:
         checkpoint = resolve_checkpoint(path)
     except CheckpointError as error:
         if path.is_dir() and not (path / "state.json").exists():
-            raise CheckpointError(
-                f"{error}: nothing to resume (the run stopped before its first checkpoint); "
-                f"start a new run there with --out {path} --overwrite"
-            ) from None
+            raise CheckpointError(f"{error}: {nothing_to_resume(path)}") from None
         raise
     check_training_state(checkpoint)  # before anything else: it may need converting first
     return checkpoint
+
+
+def nothing_to_resume(path: Path) -> str:
+    """Why a folder with no checkpoint cannot be resumed, and what to do instead. Starting over
+    it with ``--overwrite`` is suggested only where that would be allowed to move the old run
+    aside (``why_not_movable``, the rule ``claim_run_folder`` applies), and never for a folder
+    that holds no run at all."""
+    if not holds_run(path):
+        return (
+            f"nothing to resume: {path} holds no training run; give a run folder or one of its "
+            "checkpoints"
+        )
+    stopped = "nothing to resume (the run stopped before its first checkpoint)"
+    why_not = why_not_movable(path)
+    if why_not:
+        return f"{stopped}; start a new run in another folder ({path} {why_not})"
+    return f"{stopped}; start a new run there with --out {path} --overwrite"
