@@ -327,3 +327,21 @@ def test_an_import_cut_short_mid_tensor_names_its_file(tmp_path, capsys, monkeyp
     line = one_error_line(capsys)
     assert "No space left on device writing" in line and "model.safetensors" in line, line
     assert not out.exists()
+
+
+def test_a_run_folder_that_cannot_be_made_for_lack_of_room_says_how_much_is_free(
+    tmp_path, capsys, monkeypatch
+):
+    real_mkdir = Path.mkdir
+
+    def no_room(self, *args, **kwargs):
+        if self.name == "run":
+            raise full(self)
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", no_room)
+    flags = ["--preset", "tiny", "--objective", "ar", "--out", str(tmp_path / "run")]
+    assert train_cli.main(flags + ["--max-steps", "1", "--cache-dir", str(tmp_path / "c")]) == 2
+    line = one_error_line(capsys)
+    assert f"cannot write to the run folder {tmp_path / 'run'}: No space left" in line, line
+    assert "free of" in line and not (tmp_path / "run").exists()

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from shared.checkpoint import list_checkpoints, verify_checkpoint
-from shared.errors import CheckpointError, ConfigError
+from shared.errors import DISK_FULL, CheckpointError, ConfigError, free_space
 from shared.files import cache_root, current_umask
 from shared.formats.exported import EXPORT_INFO
 
@@ -159,8 +159,9 @@ class RunFolderLock:
             self._remove_created_folders()
             if isinstance(error, ConfigError):
                 raise
+            room = f" ({free_space(self.folder)})" if error.errno in DISK_FULL else ""
             raise ConfigError(
-                f"cannot write to the run folder {self.folder}: {error.strerror or error}"
+                f"cannot write to the run folder {self.folder}: {error.strerror or error}{room}"
             ) from error
         previous = _read_holder(handle)
         if previous and previous.get("pid") is not None:
