@@ -33,7 +33,7 @@ from shared.checkpoint import load_model_from_checkpoint
 from shared.cli_args import export_parser
 from shared.config import ModelConfig
 from shared.errors import ConfigError, report_user_errors
-from shared.files import follow_umask
+from shared.files import follow_umask, write_atomic
 from shared.formats.exported import EXPORT_INFO, export_record, export_refusal
 from shared.formats.hf_tokenizer import hf_tokenizer, require_transformers
 from shared.formats.llama import hf_weight_name, model_config_from_hf, our_weight_name
@@ -41,7 +41,7 @@ from shared.formats.llama import llama_config_fields as llama_fields
 from shared.formats.reader import open_safetensors, shard_files
 from shared.model import Transformer
 from shared.tokenizer import Tokenizer
-from shared.training.run_folder import claim_output_folder
+from shared.training.run_folder import claim_output_folder, removed_if_unfinished
 
 TOKENIZER_DIR = "duolm_tokenizer"
 
@@ -106,13 +106,16 @@ def export_model(
     hf.generation_config.pad_token_id = tokenizer.pad_id
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    hf.to(dtype).save_pretrained(out)
-    tokenizer.save(out / TOKENIZER_DIR)
-    hf_tokenizer(tokenizer, out / TOKENIZER_DIR, cfg.max_seq_len).save_pretrained(out)
-    record = {"format": "duolm-llama", "tokenizer_kind": tokenizer.kind, **(info or {})}
-    (out / EXPORT_INFO).write_text(json.dumps(record, indent=2))
-    follow_umask(out)  # save_pretrained writes its weights 0600; the rest of the folder is 0644
+    # The record that makes the folder an export is written last, whole; a write that fails (a
+    # full disk) removes what the export had written, and the folders it made.
+    with removed_if_unfinished(out):
+        out.mkdir(parents=True, exist_ok=True)
+        hf.to(dtype).save_pretrained(out)
+        tokenizer.save(out / TOKENIZER_DIR)
+        hf_tokenizer(tokenizer, out / TOKENIZER_DIR, cfg.max_seq_len).save_pretrained(out)
+        record = {"format": "duolm-llama", "tokenizer_kind": tokenizer.kind, **(info or {})}
+        write_atomic(out / EXPORT_INFO, json.dumps(record, indent=2))
+        follow_umask(out)  # save_pretrained writes its weights 0600; the rest is 0644
     return out
 
 

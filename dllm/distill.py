@@ -31,10 +31,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import shutil
 import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -48,7 +45,16 @@ from shared.cli_args import CommandParser, DefaultsHelpFormatter, device_argumen
 from shared.data.corpus import load_corpus
 from shared.data.rows import EpochSampler, tokenize_corpus
 from shared.errors import ConfigError, report_user_errors
+from shared.files import cache_root, write_atomic
 from shared.objective import loss_positions
+from shared.training.run_folder import (
+    RunFolderLock,
+    contents,
+    move_aside,
+    output_folder_is_used,
+    removed_if_unfinished,
+    what_it_holds,
+)
 from shared.validation import noise_generator
 
 
@@ -86,15 +92,33 @@ class DistillConfig:
         return [self.base_steps // 2**r for r in range(self.rounds)]
 
 
-def check_paths(run: Path, out: Path) -> None:
-    if out.exists():
-        raise ConfigError(f"{out} already exists; distill writes a new run folder")
+def check_paths(run: Path, out: Path, overwrite: bool = False) -> None:
+    """Refuse, before anything is read or written, an output folder that may not take the
+    student: one inside the run it distils, or one ``claim_output_folder`` refuses (in use by a
+    live run or compare, inside another run's ``checkpoints/``, or holding files without
+    ``--overwrite``)."""
     inside = out.resolve().is_relative_to(run.resolve()) if run.is_dir() else False
     if inside:
-        raise ConfigError(f"{out} is inside the run {run}; write the student elsewhere")
+        raise ConfigError(f"{out} is the run {run} or inside it; write the student elsewhere")
+    output_folder_is_used(out, overwrite, "distill", [run])
+
+
+def claim_locked_folder(out: Path, overwrite: bool, run: Path) -> str | None:
+    """Under ``out``'s lock, after ``check_paths`` passed: with ``overwrite``, move what is there
+    aside (returns where); a folder that took files since the check refuses without it."""
+    if not contents(out):
+        return None
+    if not overwrite:
+        raise ConfigError(
+            f"{out} already holds {what_it_holds(out)}; distill into a new folder, or pass "
+            "--overwrite to move what is there aside (not deleted)"
+        )
+    return move_aside(out, [run])
 
 
 def training_rows(state: dict, tokenizer, cache_dir: str | None) -> torch.Tensor:
+    """The run's training rows, tokenized into ``cache_dir`` or duolm's cache: never into the
+    folder a run's state names, which came with the run from wherever it was made."""
     config = state["train_config"]
     corpus = load_corpus(
         config["dataset"],
@@ -106,7 +130,7 @@ def training_rows(state: dict, tokenizer, cache_dir: str | None) -> torch.Tensor
         tokenizer,
         protocol=config["protocol"],
         seq_len=config["seq_len"],
-        cache_dir=Path(cache_dir or config["cache_dir"]),
+        cache_dir=Path(cache_dir) if cache_dir else cache_root(),
     )
     return splits["train"].tokens
 
@@ -147,13 +171,16 @@ def distill(
     *,
     device: torch.device | str = "cpu",
     cache_dir: str | None = None,
+    overwrite: bool = False,
     log=print,
 ) -> dict:
     """Distil the udm run ``run`` into a new run folder ``out``; returns the ``distilled``
-    record. Bad input raises before anything is written."""
+    record. Bad input raises before anything is written; ``out`` is locked (as a training run
+    locks its folder) from before the teacher loads until the student is written, and a
+    distillation that fails leaves nothing of it there."""
     config.validate()
     run, out = Path(run), Path(out)
-    check_paths(run, out)
+    check_paths(run, out, overwrite)
     source = ckpt.resolve_checkpoint(run)
     state = ckpt.read_state(source)
     if state.get("objective") != "udm":
@@ -161,6 +188,34 @@ def distill(
             f"{run} is an {state.get('objective')!r} run; discrete consistency distillation "
             "applies to uniform-state diffusion (objective udm) runs"
         )
+    # Taking the lock makes the folder: one that cannot be written refuses here, in a moment,
+    # not after the distillation.
+    lock = RunFolderLock(out).acquire()
+    try:
+        aside = claim_locked_folder(out, overwrite, run)
+        if aside:
+            log(f"moved what was in {out} aside to {aside}")
+        student, tokenizer, losses, record = distilled_student(
+            source, state, config, device, cache_dir, log
+        )
+        with removed_if_unfinished(out):
+            write_run(out, run, student.eval(), tokenizer, state, record, losses)
+    finally:
+        lock.release()
+    log(f"wrote {out}: a student distilled for {record['trained_for_steps']} sampler steps")
+    return record
+
+
+def distilled_student(
+    source: Path,
+    state: dict,
+    config: DistillConfig,
+    device: torch.device | str,
+    cache_dir: str | None,
+    log,
+) -> tuple[torch.nn.Module, object, list[dict], dict]:
+    """(the student, its tokenizer, the per-step losses, the ``distilled`` record) of the
+    checkpoint ``source``."""
     student, tokenizer, _ = ckpt.load_model_from_checkpoint(source, device)
     rows = training_rows(state, tokenizer, cache_dir)
     batch_size = config.batch_size or state["train_config"]["batch_size"]
@@ -202,36 +257,29 @@ def distill(
         **asdict(config),
         "batch_size": batch_size,
     }
-    write_run(out, run, student.eval(), tokenizer, state, record, losses)
-    log(f"wrote {out}: a student distilled for {record['trained_for_steps']} sampler steps")
-    return record
+    return student, tokenizer, losses, record
 
 
 def write_run(out: Path, run: Path, model, tokenizer, state, record, losses) -> None:
-    """The run folder, built beside ``out`` and renamed into place, so a failure leaves none."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.distilling.", dir=out.parent))
-    try:
-        steps = len(losses)
-        student_state = {
-            key: value for key, value in state.items() if key not in ("step", "schedule_history")
-        }
-        student_state |= {"total_steps": steps, "distilled": record}
-        ckpt.save_checkpoint(
-            staging / "checkpoints",
-            steps,
-            weights=ckpt.full_model_state(model),
-            tokenizer=tokenizer,
-            state=student_state,
-        )
-        config_file = run / "config.json"
-        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
-        (staging / "config.json").write_text(json.dumps({**config, "distilled": record}, indent=2))
-        (staging / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in losses))
-        os.rename(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    """The run folder's files, each whole (the checkpoint in one rename, the records by
+    ``write_atomic``), with the modes the user's umask gives, as every other writer's; the
+    checkpoint goes last, so a folder without one never looks like a finished student."""
+    steps = len(losses)
+    student_state = {
+        key: value for key, value in state.items() if key not in ("step", "schedule_history")
+    }
+    student_state |= {"total_steps": steps, "distilled": record}
+    config_file = run / "config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    write_atomic(out / "config.json", json.dumps({**config, "distilled": record}, indent=2))
+    write_atomic(out / "metrics.jsonl", "".join(json.dumps(x) + "\n" for x in losses))
+    ckpt.save_checkpoint(
+        out / "checkpoints",
+        steps,
+        weights=ckpt.full_model_state(model),
+        tokenizer=tokenizer,
+        state=student_state,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -242,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     defaults = DistillConfig()
     parser.add_argument("run", help="the udm run folder (or checkpoint) to distil")
-    parser.add_argument("out", help="the new run folder for the student (must not exist)")
+    parser.add_argument("out", help="the new run folder for the student (new or empty)")
     parser.add_argument("--rounds", type=int, default=defaults.rounds, help="teacher refreshes")
     parser.add_argument("--steps-per-round", type=int, default=defaults.steps_per_round)
     parser.add_argument("--lr", type=float, default=defaults.lr, help="AdamW learning rate")
@@ -254,7 +302,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="data order and noise")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 = default")
-    parser.add_argument("--cache-dir", default=None, help="tokenized rows (default: the run's)")
+    parser.add_argument(
+        "--cache-dir",
+        default=None,
+        help="where the run's rows are tokenized (default: duolm's cache, $DUOLM_CACHE or "
+        "~/.cache/duolm; never the folder the run's own state names)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="distil into a folder duolm made before, moving what is there aside (not deleted)",
+    )
     return parser
 
 
@@ -272,7 +330,14 @@ def main(argv: list[str] | None = None) -> int:
         ).validate()
         set_threads(args.threads)
         device = device_argument(args.device)
-        distill(Path(args.run), Path(args.out), config, device=device, cache_dir=args.cache_dir)
+        distill(
+            Path(args.run),
+            Path(args.out),
+            config,
+            device=device,
+            cache_dir=args.cache_dir,
+            overwrite=args.overwrite,
+        )
 
     return report_user_errors(job)
 

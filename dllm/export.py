@@ -17,19 +17,17 @@ import json
 import sys
 from pathlib import Path
 
-from safetensors.torch import save_file
-
 from dllm.canvas import mask_token_id
 from shared.checkpoint import full_model_state, load_model_from_checkpoint
 from shared.cli_args import export_parser
 from shared.errors import ConfigError, report_user_errors
-from shared.files import follow_umask
+from shared.files import follow_umask, save_tensors, write_atomic
 from shared.formats.diffusion import llada_config_fields, llada_weight_name
 from shared.formats.exported import EXPORT_INFO, export_record, export_refusal
 from shared.formats.hf_tokenizer import hf_tokenizer, require_transformers
 from shared.model import Transformer
 from shared.tokenizer import Tokenizer
-from shared.training.run_folder import claim_output_folder
+from shared.training.run_folder import claim_output_folder, removed_if_unfinished
 
 TOKENIZER_DIR = "duolm_tokenizer"
 LLADA_AUTO_MAP = {
@@ -63,15 +61,18 @@ def export_llada_model(
             ("model.transformer.wte.weight" if n == "model.transformer.ff_out.weight" else n): t
             for n, t in weights.items()
         }
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     config["auto_map"] = LLADA_AUTO_MAP
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    tokenizer.save(out / TOKENIZER_DIR)
-    hf_tokenizer(tokenizer, out / TOKENIZER_DIR, cfg.max_seq_len).save_pretrained(out)
-    record = {"format": "duolm-llada", "tokenizer_kind": tokenizer.kind, **(info or {})}
-    (out / EXPORT_INFO).write_text(json.dumps(record, indent=2))
-    follow_umask(out)  # save_file and save_pretrained write some files 0600
+    # The record that makes the folder an export is written last, whole; a write that fails (a
+    # full disk) removes what the export had written, and the folders it made.
+    with removed_if_unfinished(out):
+        out.mkdir(parents=True, exist_ok=True)
+        save_tensors(weights, out / "model.safetensors")
+        write_atomic(out / "config.json", json.dumps(config, indent=2))
+        tokenizer.save(out / TOKENIZER_DIR)
+        hf_tokenizer(tokenizer, out / TOKENIZER_DIR, cfg.max_seq_len).save_pretrained(out)
+        record = {"format": "duolm-llada", "tokenizer_kind": tokenizer.kind, **(info or {})}
+        write_atomic(out / EXPORT_INFO, json.dumps(record, indent=2))
+        follow_umask(out)  # save_file and save_pretrained write some files 0600
     return out
 
 

@@ -274,7 +274,10 @@ class Report:
         """Save a matplotlib figure as ``<out>/<name>.png`` and embed it."""
         self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / f"{name}.png"
-        figure.savefig(path, dpi=120, bbox_inches="tight")
+        # whole or not at all, as the report's other files (savefig takes an open file)
+        write_atomic(
+            path, lambda handle: figure.savefig(handle, format="png", dpi=120, bbox_inches="tight")
+        )
         import matplotlib.pyplot as plt
 
         plt.close(figure)

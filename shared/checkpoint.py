@@ -39,13 +39,13 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_model, save_file
+from safetensors.torch import load_model
 from torch import nn
 
 from shared.config import ModelConfig
 from shared.errors import CheckpointError
 from shared.faults import kill_now_if
-from shared.files import follow_umask, fsync_dir, fsync_tree
+from shared.files import follow_umask, fsync_dir, fsync_tree, save_tensors
 from shared.model import Transformer
 from shared.tokenizer import Tokenizer
 from shared.training_state import (
@@ -218,11 +218,12 @@ def save_checkpoint(
         shutil.rmtree(stale, ignore_errors=True)
     final = root / checkpoint_name(step)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    retired = staging.with_name(f"{staging.name}.retired")
     try:
         if callable(weights):
             weights(staging / "model.safetensors")
         else:
-            save_file(weights, str(staging / "model.safetensors"), metadata={"format": "pt"})
+            save_tensors(weights, staging / "model.safetensors")
         kill_now_if("kill_in_checkpoint", step)  # tests: a crash in the middle of a save
         write_training_state(
             staging,
@@ -237,13 +238,19 @@ def save_checkpoint(
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
         follow_umask(staging)
         fsync_tree(staging)
-        if final.exists():  # re-saving the same step (e.g. after a resume): replace it whole
-            shutil.rmtree(final)
+        # Re-saving the same step (e.g. after a resume) replaces it whole: the old one is renamed
+        # out of the way (a staging name, so a crash before the next line leaves it as garbage
+        # the next save clears) rather than deleted file by file before the new one is in place.
+        if final.exists():
+            os.rename(final, retired)
         os.rename(staging, final)
         fsync_dir(root)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        if retired.exists() and not final.exists():  # the step's old checkpoint stays
+            os.rename(retired, final)
         raise
+    shutil.rmtree(retired, ignore_errors=True)
     if keep_last > 0:
         kept = {Path(p).resolve() for p in protect}
         for old in list_checkpoints(root)[:-keep_last]:

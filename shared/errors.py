@@ -1,15 +1,24 @@
 """The errors a user can cause, and how every command line reports them.
 
 A user error (a bad value, a missing file, an unusable checkpoint, a resource this machine cannot
-reach) is one line on stderr and exit status 2; anything else is a bug and keeps its traceback.
+reach) is one line on stderr and exit status 2; so is a disk that cannot take what a command
+writes (full, over quota, read-only, not permitted), named with its path and the free space.
+Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
+import errno
+import getpass
 import os
+import re
+import shutil
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
+
+from safetensors import SafetensorError
 
 T = TypeVar("T")
 
@@ -32,20 +41,126 @@ class CheckpointError(RuntimeError):
 USER_ERRORS = (ValueError, FileNotFoundError, CheckpointError, ResourceUnavailableError)
 
 
+# The OS errors that say the disk cannot take a write, rather than that the command is wrong.
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+NOT_WRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+
+# safetensors' Rust code reports an OS error inside its message: "... (os error 28) at path
+# "/x"" (0.5 and later) or "IoError(Os { code: 28, kind: StorageFull, ... })" (earlier).
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)|Os \{ code: (\d+)")
+_RUST_PATH = re.compile(r'at path "([^"]+)"')
+
+
+def os_error_in(error: BaseException) -> OSError | None:
+    """The OS error ``error`` is or reports: itself, or the one in a ``SafetensorError``'s
+    message (with the path it names, if any); None for any other error."""
+    if isinstance(error, OSError):
+        return error
+    if not isinstance(error, SafetensorError):
+        return None
+    found = _RUST_OS_ERROR.search(str(error))
+    if not found:
+        return None
+    code = int(found.group(1) or found.group(2))
+    path = _RUST_PATH.search(str(error))
+    return OSError(code, os.strerror(code), path.group(1) if path else None)
+
+
+def with_path(error: BaseException, path: str | Path) -> BaseException:
+    """``error`` as an ``OSError`` naming ``path`` when it is (or reports) an OS error that names
+    none (a write to an open file, safetensors' temporary name): what the report can name."""
+    found = os_error_in(error)
+    if found is None:
+        return error
+    if found.filename is None or found is not error:
+        found = OSError(found.errno, found.strerror or os.strerror(found.errno), str(path))
+    return found
+
+
+def human_size(n_bytes: int) -> str:
+    """``n_bytes`` in bytes, KB, MB, GB or TB (powers of 1024)."""
+    if n_bytes < 1024:
+        return f"{n_bytes} bytes"
+    size, unit = n_bytes / 1024, "KB"
+    for larger in ("MB", "GB", "TB"):
+        if size < 1024:
+            break
+        size, unit = size / 1024, larger
+    return f"{size:.1f} {unit}"
+
+
+def nearest_existing(path: Path) -> Path:
+    """``path`` or the nearest folder above it that exists (where free space can be measured)."""
+    for candidate in [path, *path.parents]:
+        if candidate.exists():
+            return candidate
+    return Path(".")
+
+
+def free_space(path: Path) -> str:
+    """How much room the file system of ``path`` has left, in words."""
+    where = nearest_existing(path.absolute())
+    try:
+        usage = shutil.disk_usage(where)
+    except OSError:
+        return f"free space unknown on {where}"
+    return f"{human_size(usage.free)} free of {human_size(usage.total)} on {where}"
+
+
+def disk_error_message(error: BaseException) -> str | None:
+    """One line for an error that says the disk cannot take a write (full, over quota,
+    read-only, not permitted), naming the path and the free space or the permission problem;
+    None for any other error."""
+    found = os_error_in(error)
+    if found is None or found.errno not in DISK_FULL | NOT_WRITABLE:
+        return None
+    path = found.filename2 or found.filename
+    named = f" writing {path}" if path is not None else ""
+    reason = found.strerror or os.strerror(found.errno)
+    if found.errno in DISK_FULL:
+        room = free_space(Path(path)) if path is not None else "free space unknown"
+        return (
+            f"{reason}{named} ({room}); free some space or choose an output on another disk, "
+            "then run the command again"
+        )
+    if found.errno == errno.EROFS:
+        return f"{reason}{named}: choose an output folder on a writable disk"
+    # Permission is refused to readers too: the line names the path, not a direction.
+    on = f": {path}" if path is not None else ""
+    return (
+        f"{reason}{on} (running as {_user_name()}); change its permissions or choose another path"
+    )
+
+
+def _user_name() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}"
+
+
 def result_or_status(
     job: Callable[[], T], also: tuple[type[BaseException], ...] = ()
 ) -> tuple[T | None, int]:
     """Run a command line's ``job``: (its result, 0) when it returns, (None, 2) with one
-    ``error: ...`` line on stderr when it raises a user error (or one of ``also``).
+    ``error: ...`` line on stderr when it raises a user error (or one of ``also``) or meets a
+    disk that cannot take its writes (``disk_error_message``).
     ``DUOLM_DEBUG=1`` re-raises instead, to show the traceback."""
     try:
         return job(), 0
-    except (*USER_ERRORS, *also) as error:
-        if os.environ.get("DUOLM_DEBUG"):
+    except BaseException as error:
+        # The disk's errors first (a PermissionError is no user error of the other kinds); their
+        # notes (where a run can resume from) follow the line.
+        message = disk_error_message(error)
+        if message is not None:
+            message = "; ".join([message, *getattr(error, "__notes__", [])])
+        elif isinstance(error, (*USER_ERRORS, *also)):
+            message = str(error)
+        if message is None or os.environ.get("DUOLM_DEBUG"):
             raise
         # Under a launcher every process meets the same error; the first one reports it.
         if os.environ.get("RANK", "0") == "0":
-            print(f"error: {error}", file=sys.stderr)
+            print(f"error: {message}", file=sys.stderr)
         return None, 2
 
 

@@ -10,7 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from shared.errors import ConfigError
+from safetensors import SafetensorError
+
+from shared.errors import ConfigError, with_path
 
 
 def cache_root() -> Path:
@@ -95,15 +97,52 @@ def write_atomic(
                 os.fsync(handle.fileno())
         os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         Path(tmp).unlink(missing_ok=True)
-        raise
+        named = with_path(error, path)  # a write to the open file names no path
+        if named is error:
+            raise
+        raise named from error
 
 
 def write_json_atomic(path: Path, data: Any, *, durable: bool = True, **dumps: Any) -> None:
     """``data`` as indented JSON, written atomically (and durably unless asked otherwise)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(data, indent=2, **dumps), durable=durable)
+
+
+def save_tensors(tensors: dict[str, Any], path: Path) -> None:
+    """safetensors' ``save_file`` (with the ``{"format": "pt"}`` metadata torch readers expect);
+    an OS error it meets (a full disk) is raised as an ``OSError`` naming ``path`` rather than
+    as a ``SafetensorError`` naming its temporary file."""
+    from safetensors.torch import save_file  # imports torch: only writers of tensors pay for it
+
+    try:
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    except SafetensorError as error:
+        named = with_path(error, path)
+        if named is error:
+            raise
+        raise named from error
+
+
+def append_line(path: Path, line: str) -> None:
+    """Add ``line`` and a newline to the end of ``path`` whole or not at all: a write the disk
+    cuts short (full, over quota) is cut off again, so the file never ends in half a record
+    that its readers would fail on. (Unbuffered, so that closing the file has nothing left to
+    write after a failure.)"""
+    data = (line + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        end = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            while data:
+                data = data[os.write(fd, data) :]
+        except OSError as error:
+            os.ftruncate(fd, end)
+            raise with_path(error, path) from error
+    finally:
+        os.close(fd)
 
 
 def fsync_dir(path: Path) -> None:

@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from shared.errors import CheckpointError
+from shared.files import save_tensors
 
 OPTIMIZER_TENSORS = "optimizer.safetensors"
 OPTIMIZER_RECORD = "optimizer.json"
@@ -196,7 +197,7 @@ def write_training_state(
     written = []
     if optimizer_state is not None:
         tensors, record = split_optimizer_state(optimizer_state)
-        save_file(tensors, str(folder / OPTIMIZER_TENSORS), metadata={"format": "pt"})
+        save_tensors(tensors, folder / OPTIMIZER_TENSORS)
         record = {"format": FORMAT, **record, "scheduler": scheduler_state}
         (folder / OPTIMIZER_RECORD).write_text(json.dumps(record, indent=2))
         written += [OPTIMIZER_TENSORS, OPTIMIZER_RECORD]

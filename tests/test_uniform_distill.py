@@ -121,8 +121,9 @@ def test_distill_writes_a_run_every_command_reads(runs, capsys):
     "source, target, flags, message",
     [
         ("mdm", "new", [], "is an 'mdm' run; discrete consistency distillation applies"),
-        ("udm", "udm", [], "already exists"),
-        ("udm", "udm/inside", [], "is inside the run"),
+        ("udm", "udm", [], "or inside it; write the student elsewhere"),
+        ("udm", "udm/inside", [], "or inside it; write the student elsewhere"),
+        ("udm", "mdm", [], "already holds a training run; distill into a new folder"),
         ("udm", "new", ["--rounds", "0"], "--rounds=0 must be >= 1"),
         ("udm", "new", ["--base-steps", "6", "--rounds", "3"], "must be a multiple of 2"),
     ],

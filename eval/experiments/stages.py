@@ -20,6 +20,7 @@ from shared.data.corpus import load_corpus
 from shared.data.rows import tokenize_corpus
 from shared.errors import ConfigError, report_user_errors
 from shared.faults import StageInterrupted, StopRequest
+from shared.files import write_atomic
 from shared.tokenizer import Tokenizer
 from shared.training import new_run, resume_run, train
 from shared.training.cli import parse_args
@@ -115,15 +116,9 @@ class Stages:
                 "stored); rerun the same command to continue"
             ) from None
         elapsed = time.perf_counter() - start
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(
-            json.dumps(
-                {"key": key, "code": source, "seconds": elapsed, "result": result},
-                indent=2,
-                default=float,
-            )
-        )
-        tmp.replace(path)
+        record = {"key": key, "code": source, "seconds": elapsed, "result": result}
+        # whole or not at all: a stage cut short by a full disk is recomputed, never half-read
+        write_atomic(path, json.dumps(record, indent=2, default=float))
         print(f"[{name}] done in {elapsed:.1f} s")
         return result
 

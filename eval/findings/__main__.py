@@ -37,6 +37,7 @@ from eval.findings.table import findings_table
 from shared.cli_args import CommandParser
 from shared.errors import ConfigError, report_user_errors
 from shared.faults import StopRequest
+from shared.files import write_atomic
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             job = Job(args.scale, out / name, args.force, stop, extra)
             result = finding.run(finding.settings[args.scale], job)
             result.wall_seconds = time.perf_counter() - started
-            (out / name / "result.json").write_text(json.dumps(_row(result), indent=2))
+            write_atomic(out / name / "result.json", json.dumps(_row(result), indent=2))
             label = f" ({result.registration})" if result.registration else ""
             print(
                 f"[{name}] {result.verdict}{label}: {result.measured} ({result.wall_seconds:.0f} s)"

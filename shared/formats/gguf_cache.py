@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_model
 
 from shared.files import cache_root
@@ -94,7 +95,7 @@ def keep_converted(folder: Path, tokenizer, model) -> None:
         save_model(model, str(staging / "model.safetensors"))
         tokenizer.save_pretrained(staging)
         os.rename(staging, folder)
-    except OSError:
+    except (OSError, SafetensorError):  # safetensors reports a full disk in its own error
         pass
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import shutil
 import signal
 import struct
 import sys
@@ -39,7 +38,8 @@ import torch
 
 from shared.checkpoint import save_checkpoint, tied_copies
 from shared.cli_args import CommandParser
-from shared.errors import ConfigError, report_user_errors
+from shared.errors import ConfigError, report_user_errors, with_path
+from shared.files import write_atomic
 from shared.formats.diffusion import Format, checkpoint_format
 from shared.formats.reader import Source, open_source
 from shared.model import Transformer
@@ -48,8 +48,8 @@ from shared.tokenizer_backends import first_token_id
 from shared.training.config import TrainConfig
 from shared.training.run_folder import (
     claim_output_folder,
-    missing_folders,
     output_folder_is_used,
+    removed_if_unfinished,
 )
 
 IMPORT_RECORD = "import.json"
@@ -196,7 +196,7 @@ def write_safetensors(
         offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
-    with open(path, "wb") as handle:
+    with named_in_errors(path), open(path, "wb") as handle:
         handle.write(struct.pack("<Q", len(text)))
         handle.write(text)
         for name, origin in plan.items():
@@ -207,6 +207,18 @@ def write_safetensors(
                 tensor[[first, second]] = tensor[[second, first]]
             handle.write(tensor.reshape(-1).view(torch.uint8).numpy())  # a view: no copy
             del tensor
+
+
+@contextlib.contextmanager
+def named_in_errors(path: Path):
+    """An OS error inside the block (a write to an open file names no path) names ``path``."""
+    try:
+        yield
+    except OSError as error:
+        named = with_path(error, path)
+        if named is error:
+            raise
+        raise named from error
 
 
 # ---------------------------------------------------------------- the import
@@ -252,7 +264,6 @@ def import_checkpoint(
     rows = seq_len or source.seq_len or min(cfg.max_seq_len, 2048)
     if rows > cfg.max_seq_len:
         raise ConfigError(f"seq_len={rows} exceeds the model's context ({cfg.max_seq_len})")
-    created = missing_folders(out)
     aside = claim_output_folder(out, overwrite, "import", local)
     if aside:
         log(f"moved what was in {out} aside to {aside}")
@@ -280,43 +291,29 @@ def import_checkpoint(
     }
     wanted = None if dtype == "keep" else DTYPES[dtype]
     try:
-        checkpoint = save_checkpoint(
-            out / "checkpoints",
-            0,
-            weights=lambda path: write_safetensors(path, plan, source, wanted, swap),
-            tokenizer=tokenizer,
-            state=state,
-        )
-        record = origin | {"checkpoint": str(checkpoint)}
-        (out / IMPORT_RECORD).write_text(json.dumps(record, indent=2))
-    except BaseException as error:
-        # Everything in ``out`` is this import's (it was new, empty or moved aside): an import
-        # stopped half-way leaves nothing that would make its rerun refuse.
-        remove_partial_import(out, created)
-        if isinstance(error, KeyboardInterrupt):
-            kept = f"; what was there before is in {aside}" if aside else ""
-            raise ImportInterrupted(
-                f"import stopped by Ctrl-C (SIGINT) while writing {out}: nothing of it was "
-                f"left{kept}; rerun the command to import"
-            ) from None
-        raise
+        # Everything this import adds to ``out`` goes when it stops half-way (a full disk,
+        # Ctrl-C), with the folders it made: nothing is left that would make a rerun refuse.
+        with removed_if_unfinished(out):
+            checkpoint = save_checkpoint(
+                out / "checkpoints",
+                0,
+                weights=lambda path: write_safetensors(path, plan, source, wanted, swap),
+                tokenizer=tokenizer,
+                state=state,
+            )
+            record = origin | {"checkpoint": str(checkpoint)}
+            write_atomic(out / IMPORT_RECORD, json.dumps(record, indent=2))
+    except KeyboardInterrupt:
+        kept = f"; what was there before is in {aside}" if aside else ""
+        raise ImportInterrupted(
+            f"import stopped by Ctrl-C (SIGINT) while writing {out}: nothing of it was "
+            f"left{kept}; rerun the command to import"
+        ) from None
     return checkpoint
 
 
 class ImportInterrupted(Exception):
     """Ctrl-C stopped an import while it wrote; what it had written is gone."""
-
-
-def remove_partial_import(out: Path, created: list[Path]) -> None:
-    """Remove what an unfinished import wrote into ``out``, and the folders it created."""
-    for entry in out.iterdir() if out.is_dir() else []:
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
-    for folder in created:  # deepest first
-        with contextlib.suppress(OSError):
-            folder.rmdir()
 
 
 # ---------------------------------------------------------------- command line

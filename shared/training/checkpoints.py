@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
+from safetensors import SafetensorError
 
 from shared import checkpoint as ckpt
 from shared.files import write_json_atomic
@@ -62,20 +63,35 @@ class CheckpointKeeper:
         if accelerator.is_main_process:
             kept = {self.best["step"]} if self.best else set()
             protect = tuple(self.folder / ckpt.checkpoint_name(s) for s in kept | self.keep_steps)
-            ckpt.save_checkpoint(
-                self.folder,
-                step,
-                weights=weights,
-                tokenizer=self.tokenizer,
-                state=self.record,
-                optimizer_state=optimizer_state,
-                scheduler_state=scheduler.state_dict(),
-                keep_last=self.keep_last,
-                protect=protect,
-            )
+            try:
+                ckpt.save_checkpoint(
+                    self.folder,
+                    step,
+                    weights=weights,
+                    tokenizer=self.tokenizer,
+                    state=self.record,
+                    optimizer_state=optimizer_state,
+                    scheduler_state=scheduler.state_dict(),
+                    keep_last=self.keep_last,
+                    protect=protect,
+                )
+            except (OSError, SafetensorError) as error:
+                error.add_note(self.resume_point(step))
+                raise
             if is_best:
                 write_json_atomic(self.folder / ckpt.BEST_FILE, self.best)
             announce(f"saved {path}" + (" (best so far)" if is_best else ""))
         if healthy:
             self.last_good = path
         accelerator.wait_for_everyone()
+
+    def resume_point(self, failed_step: int) -> str:
+        """Where the run can go on from after the checkpoint of ``failed_step`` could not be
+        written (``save_checkpoint`` left nothing of it): the newest complete checkpoint."""
+        kept = ckpt.list_checkpoints(self.folder)
+        if not kept:
+            return f"no checkpoint of this run was written (step {failed_step} was the first)"
+        return (
+            f"the checkpoint of step {failed_step} was not kept; the run's newest checkpoint is "
+            f"{kept[-1]}: continue from it with --resume {self.folder.parent}"
+        )

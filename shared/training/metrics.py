@@ -8,7 +8,7 @@ from typing import Any
 
 from accelerate import Accelerator
 
-from shared.files import write_atomic
+from shared.files import append_line, write_atomic
 
 
 class Metrics:
@@ -36,7 +36,6 @@ class Metrics:
 
     def log(self, record: dict[str, Any]) -> None:
         if self.accelerator.is_main_process:
-            with open(self.path, "a") as handle:
-                handle.write(json.dumps(record) + "\n")
+            append_line(self.path, json.dumps(record))
         numeric = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
         self.accelerator.log(numeric, step=record.get("step"))

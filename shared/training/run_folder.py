@@ -13,9 +13,11 @@ A command refused before it wrote anything leaves no folder and no lock file beh
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+import shutil
 import socket
 import stat
 import sys
@@ -25,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from shared.checkpoint import list_checkpoints, verify_checkpoint
-from shared.errors import CheckpointError, ConfigError
+from shared.errors import DISK_FULL, CheckpointError, ConfigError, free_space
 from shared.files import cache_root, current_umask
 from shared.formats.exported import EXPORT_INFO
 
@@ -90,6 +92,38 @@ def missing_folders(folder: Path) -> list[Path]:
     return missing
 
 
+@contextlib.contextmanager
+def removed_if_unfinished(out: Path):
+    """Run the block that writes the output folder ``out``; when it raises (a full disk, a
+    read-only one, Ctrl-C), remove what it added there (entries that were not there before it)
+    and the folders it created, so that no half-written output is left for a reader (or a
+    rerun's refusal) to find. What was there before stays, and so does a lock file."""
+    created = missing_folders(out)
+    found = set(contents(out))
+    try:
+        yield
+    except BaseException:
+        remove_added(out, found, created)
+        raise
+
+
+def remove_added(out: Path, found: set[str], created: list[Path]) -> None:
+    """Remove the entries of ``out`` not named in ``found`` (never its lock file), then the
+    folders in ``created`` (deepest first) that are left empty."""
+    for name in set(contents(out)) - found:
+        entry = out / name
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                entry.unlink()
+    for folder in created:
+        try:
+            folder.rmdir()
+        except OSError:  # something else is in it (a lock file held by this command)
+            break
+
+
 def _describe(holder: dict) -> str:
     return f"PID {holder.get('pid', '?')} on host {holder.get('host', '?')}"
 
@@ -125,8 +159,9 @@ class RunFolderLock:
             self._remove_created_folders()
             if isinstance(error, ConfigError):
                 raise
+            room = f" ({free_space(self.folder)})" if error.errno in DISK_FULL else ""
             raise ConfigError(
-                f"cannot write to the run folder {self.folder}: {error.strerror or error}"
+                f"cannot write to the run folder {self.folder}: {error.strerror or error}{room}"
             ) from error
         previous = _read_holder(handle)
         if previous and previous.get("pid") is not None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import math
 import time
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from tqdm.auto import tqdm
 from shared import checkpoint as ckpt
 from shared.data.rows import EpochSampler
 from shared.faults import StopRequest, fault_active, run_out_of_memory_if, stall_if
+from shared.files import write_json_atomic
 from shared.hardware import peak_memory, total_memory
 from shared.model import Transformer
 from shared.objective import annealing_noise, loss_positions, objective_for_run, slice_noise
@@ -176,7 +176,7 @@ class Trainer:
         if accelerator.is_main_process:
             self.out.mkdir(parents=True, exist_ok=True)
             config = self.run_record() | {"preset": self.spec.preset}
-            (self.out / "config.json").write_text(json.dumps(config, indent=2))
+            write_json_atomic(self.out / "config.json", config, durable=False)
         accelerator.init_trackers("duolm", config={**self.run_config, **self.model_cfg.to_dict()})
         self.metrics = Metrics(self.out / "metrics.jsonl", accelerator)
         if self.spec.resume_from is not None and self.metrics.drop_after(self.start_step):
@@ -463,7 +463,7 @@ class Trainer:
                 f"{final['val_tokens']} tokens"
             )
         if self.accelerator.is_main_process:
-            (self.out / "final.json").write_text(json.dumps(summary, indent=2))
+            write_json_atomic(self.out / "final.json", summary, durable=False)
         return summary
 
     def summary(self) -> dict[str, Any]:
