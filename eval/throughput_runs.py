@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from eval.throughput import Record, Spread, Throughput
+from shared.received import read_json_file
 
 REPRODUCED = "reproduced"
 HOST_CHANGED = "host changed speed"
@@ -150,8 +151,8 @@ def load(path: Path) -> Throughput:
     """A measurement as ``Throughput.as_dict`` wrote it, bare or inside a stored stage's
     ``result``."""
     try:
-        data: dict[str, Any] = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
+        data: dict[str, Any] = read_json_file(path)
+    except (OSError, ValueError) as error:
         raise SystemExit(f"{path}: cannot read a throughput measurement ({error})") from None
     data = data.get("result", data)
     if "records" not in data:

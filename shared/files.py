@@ -19,6 +19,14 @@ def cache_root() -> Path:
     return Path(os.environ.get("DUOLM_CACHE", Path.home() / ".cache" / "duolm"))
 
 
+def cache_folder(typed: str | os.PathLike[str] | None) -> Path:
+    """Where a command writes tokenized corpora: the ``--cache-dir`` typed, else the user's
+    default (``cache_root``). Never the ``cache_dir`` a run recorded in its state.json: a run
+    folder may come from someone else, and its settings must not choose where this machine
+    writes."""
+    return Path(typed) if typed else cache_root()
+
+
 def current_umask() -> int:
     mask = os.umask(0)  # the only way to read it is to set it; put it straight back
     os.umask(mask)
