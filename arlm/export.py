@@ -38,8 +38,9 @@ from shared.formats.exported import EXPORT_INFO, export_record, export_refusal
 from shared.formats.hf_tokenizer import hf_tokenizer, require_transformers
 from shared.formats.llama import hf_weight_name, model_config_from_hf, our_weight_name
 from shared.formats.llama import llama_config_fields as llama_fields
-from shared.formats.reader import open_safetensors, shard_files
+from shared.formats.reader import check_folder_files, open_safetensors, shard_files
 from shared.model import Transformer
+from shared.received import read_json_file
 from shared.tokenizer import Tokenizer
 from shared.training.run_folder import claim_output_folder, removed_if_unfinished
 
@@ -139,10 +140,13 @@ def load_exported(
     The shape comes from ``config.json``, so a folder whose weights were changed on the Hugging
     Face side (fine-tuned, say) loads too, as long as it is still a plain Llama."""
     folder = Path(folder)
+    check_folder_files(folder)
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{folder}: no config.json (not a Hugging Face model folder)")
-    config = json.loads(config_path.read_text())
+    config = read_json_file(config_path)
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path}: holds a JSON {type(config).__name__}, not an object")
     if config.get("model_type") != "llama":
         raise ValueError(f"model_type={config.get('model_type')!r}: only 'llama' folders load")
     cfg = model_config_from_hf(config)

@@ -26,6 +26,7 @@ from shared.cli_args import (
     fitting_length,
     positive_argument,
     read_text_file,
+    seed_argument,
     set_threads,
     utf8_argument,
 )
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     parser.add_argument("--min-p", type=float, default=0.0, help="0 = off")
     parser.add_argument("--repetition-penalty", type=float, default=1.0, help="1 = off")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_argument, default=0)
     parser.add_argument(
         "--stop", action="append", default=[], help="stop string (repeat for several)"
     )

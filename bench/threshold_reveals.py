@@ -37,6 +37,7 @@ from dllm.generate import (
 from dllm.generator import DiffusionGenerator
 from dllm.predictors import CountingModel
 from dllm.strategies import FixedCount, StepContext, Threshold, token_probability
+from shared.cli_args import seed_argument
 from shared.config import ModelConfig
 from shared.model import Transformer
 from shared.training.presets import get_preset
@@ -89,7 +90,7 @@ def main() -> None:
     parser.add_argument("--thresholds", default="0.9,0.5,0.2")
     parser.add_argument("--gen-length", type=int, default=64)
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_argument, default=0)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

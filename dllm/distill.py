@@ -41,12 +41,19 @@ from dllm.objective import stratified_times
 from dllm.uniform_curriculum import GammaOfAlpha, coupled_states, row_normals
 from dllm.uniform_objective import alpha, support_ids, support_index
 from shared import checkpoint as ckpt
-from shared.cli_args import CommandParser, DefaultsHelpFormatter, device_argument, set_threads
+from shared.cli_args import (
+    CommandParser,
+    DefaultsHelpFormatter,
+    device_argument,
+    seed_argument,
+    set_threads,
+)
 from shared.data.corpus import load_corpus
 from shared.data.rows import EpochSampler, tokenize_corpus
 from shared.errors import ConfigError, report_user_errors
-from shared.files import cache_root, write_atomic
+from shared.files import cache_folder, write_atomic
 from shared.objective import loss_positions
+from shared.received import read_json_file
 from shared.training.run_folder import (
     RunFolderLock,
     contents,
@@ -130,7 +137,7 @@ def training_rows(state: dict, tokenizer, cache_dir: str | None) -> torch.Tensor
         tokenizer,
         protocol=config["protocol"],
         seq_len=config["seq_len"],
-        cache_dir=Path(cache_dir) if cache_dir else cache_root(),
+        cache_dir=cache_folder(cache_dir),
     )
     return splits["train"].tokens
 
@@ -270,7 +277,8 @@ def write_run(out: Path, run: Path, model, tokenizer, state, record, losses) -> 
     }
     student_state |= {"total_steps": steps, "distilled": record}
     config_file = run / "config.json"
-    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    config = read_json_file(config_file) if config_file.is_file() else {}
+    config = config if isinstance(config, dict) else {}
     write_atomic(out / "config.json", json.dumps({**config, "distilled": record}, indent=2))
     write_atomic(out / "metrics.jsonl", "".join(json.dumps(x) + "\n" for x in losses))
     ckpt.save_checkpoint(
@@ -299,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--base-steps", type=int, default=defaults.base_steps,
         help="dt of round r is 2^r / base-steps (the student ends at base/2^(rounds-1) steps)",
     )  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0, help="data order and noise")
+    parser.add_argument("--seed", type=seed_argument, default=0, help="data order and noise")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 = default")
     parser.add_argument(

@@ -43,6 +43,7 @@ from shared.cli_args import (
     device_argument,
     fitting_length,
     positive_argument,
+    seed_argument,
     set_threads,
     utf8_argument,
 )
@@ -147,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_argument, default=0)
     parser.add_argument(
         "--cache",
         choices=sorted(CACHES),

@@ -20,11 +20,11 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from shared.checkpoint import load_model_from_checkpoint
-from shared.cli_args import CommandParser, DefaultsHelpFormatter, writable_file
+from shared.cli_args import CommandParser, DefaultsHelpFormatter, seed_argument, writable_file
 from shared.data.corpus import load_corpus
 from shared.data.rows import protocol_record, tokenize_corpus
 from shared.errors import ConfigError, report_user_errors
-from shared.files import write_atomic
+from shared.files import cache_folder, write_atomic
 from shared.objective import Objective, loss_positions, objective_for_run
 from shared.validation import noise_generator
 
@@ -279,7 +279,7 @@ def evaluate_checkpoint(
     )
     corpus = evaluation_corpus(config, dataset, val_dataset)
     protocol = {"protocol": config["protocol"], "seq_len": config["seq_len"]}
-    cache = Path(cache_dir or config["cache_dir"])
+    cache = cache_folder(cache_dir)
     splits = tokenize_corpus(corpus, tokenizer, **protocol, cache_dir=cache)
     rows = splits[split].tokens[: max_rows or None]
     name = state["objective"]
@@ -414,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--max-rows", type=int, default=0, help="evaluate only the first rows")
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_argument, default=0)
     parser.add_argument("--cache-dir", default=None)
     parser.add_argument("--json", default=None, help="write the results to this file")
     args = parser.parse_args(argv)

@@ -47,10 +47,13 @@ from shared.errors import CheckpointError
 from shared.faults import kill_now_if
 from shared.files import follow_umask, fsync_dir, fsync_tree, save_tensors
 from shared.model import Transformer
+from shared.received import read_json_file, refuse_link, refuse_links_within
 from shared.tokenizer import Tokenizer
 from shared.training_state import (
+    OPTIMIZER_RECORD,
     PICKLED_FILES,
     RNG_RECORD,
+    read_optimizer_record,
     read_optimizer_state,
     read_rng_state,
     restore_rng_state,
@@ -267,15 +270,25 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(CHECKPOINT_PATTERN.match(p.name).group(1)))
 
 
+def refuse_checkpoint_links(path: Path) -> None:
+    """Refuse a checkpoint that is, holds, or sits in a ``checkpoints/`` folder that is a
+    symbolic link, before any of its files is opened: a run folder is something people pass
+    around, and a link in it (``rng.json`` to a file of this machine, ``step_000100`` to a
+    folder elsewhere) would make a resume read what the folder's author chose. Its files are
+    regular files, or folders of them."""
+    path = Path(path)
+    if path.parent.name == "checkpoints":
+        refuse_link(path.parent, "a run")
+    refuse_links_within(path, "a checkpoint")
+
+
 def read_manifest(path: Path) -> dict[str, str]:
     """{file name: sha256} of a checkpoint."""
+    refuse_checkpoint_links(path)
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
         raise CheckpointError(f"{path}: no {MANIFEST} (incomplete checkpoint)")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{path}: unreadable {MANIFEST}: {error}") from None
+    manifest = read_json_file(manifest_path, CheckpointError)
     if not isinstance(manifest, dict) or not all(isinstance(v, str) for v in manifest.values()):
         raise CheckpointError(f"{path}: {MANIFEST} is not a mapping of files to checksums")
     outside = [name for name in manifest if Path(name).is_absolute() or ".." in Path(name).parts]
@@ -305,6 +318,7 @@ def resolve_checkpoint(path: Path, log=print) -> Path:
     if (path / MANIFEST).exists() or CHECKPOINT_PATTERN.match(path.name):
         verify_checkpoint(path)
         return path
+    refuse_link(path / "checkpoints", "a run")
     root = path / "checkpoints" if (path / "checkpoints").is_dir() else path
     candidates = list_checkpoints(root)
     if not candidates:
@@ -319,10 +333,17 @@ def resolve_checkpoint(path: Path, log=print) -> Path:
 
 
 def read_state(path: Path) -> dict[str, Any]:
-    return json.loads((Path(path) / "state.json").read_text())
+    """A checkpoint's state.json (its step, configs, objective), which must be a JSON object."""
+    refuse_checkpoint_links(path)
+    file = Path(path) / "state.json"
+    state = read_json_file(file, CheckpointError)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{file}: holds a JSON {type(state).__name__}, not an object")
+    return state
 
 
 def load_weights(path: Path, model: nn.Module) -> None:
+    refuse_checkpoint_links(path)
     file = Path(path) / "model.safetensors"
     with safe_open(str(file), framework="pt") as saved:
         shapes = {name: tuple(saved.get_slice(name).get_shape()) for name in saved.keys()}
@@ -358,6 +379,28 @@ def check_training_state(path: Path) -> None:
         )
     if RNG_RECORD not in listed:
         raise CheckpointError(f"{path}: no training state ({RNG_RECORD}) in its {MANIFEST}")
+    # The records a resume restores are read and checked now, before the run writes anything:
+    # a value out of range would otherwise fail mid-run, after config.json was rewritten.
+    check_step(read_state(path), path)
+    read_rng_state(path)
+    if OPTIMIZER_RECORD in listed:
+        read_optimizer_record(path)
+
+
+def check_step(state: dict[str, Any], path: Path) -> None:
+    """A checkpoint's state.json names its step: a whole number >= 0, the one in the folder's
+    name (``step_000120`` holds step 120)."""
+    step = state.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**63:
+        shown = repr(step) if len(repr(step)) <= 40 else repr(step)[:37] + "..."
+        raise CheckpointError(
+            f"{path / 'state.json'}: step is {shown}; it must be a whole number >= 0"
+        )
+    named = CHECKPOINT_PATTERN.match(path.name)
+    if named and int(named.group(1)) != step:
+        raise CheckpointError(
+            f"{path / 'state.json'}: step is {step}, but the checkpoint's folder is {path.name}"
+        )
 
 
 def load_training_state(
@@ -409,5 +452,5 @@ def read_best(root: Path) -> dict[str, Any] | None:
         return None
     try:
         return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # not JSON (ValueError covers bad text and bytes)
         return None

@@ -109,6 +109,26 @@ def device_argument(name: str, flag: str = "--device") -> torch.device:
     return device
 
 
+SEED_END = 2**63  # torch's generators take a signed 64-bit seed
+
+
+def seed_argument(text: str) -> int:
+    """argparse type of a generator seed (``--seed``): a whole number from 0 to 2**63 - 1.
+    argparse names the flag in its error, which is one line instead of an overflow deep in
+    torch (or a seed some commands take and others refuse)."""
+    shown = text if len(text) <= 30 else f"{text[:27]}... ({len(text)} characters)"
+    digits = text.strip().removeprefix("-").removeprefix("+")
+    if not digits.isdecimal():
+        raise argparse.ArgumentTypeError(
+            f"{shown!r} is not a whole number (a seed is from 0 to 2**63 - 1)"
+        )
+    # compare lengths first: int() refuses texts of over 4300 digits
+    value = int(text) if len(digits) <= 19 else SEED_END
+    if not 0 <= value < SEED_END:
+        raise argparse.ArgumentTypeError(f"{shown} is outside 0 to 2**63 - 1 (a seed's range)")
+    return value
+
+
 def positive_argument(value: int, flag: str) -> int:
     if value < 1:
         raise ConfigError(f"{flag}={value} must be >= 1")

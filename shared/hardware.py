@@ -103,7 +103,7 @@ def read_peaks(path: Path | None) -> dict[str, float]:
         return {}
     try:
         peaks = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}  # a damaged cache is measured again
     return {k: float(v) for k, v in peaks.items() if isinstance(v, int | float)}
 

@@ -30,8 +30,9 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers, trainers
 
 from shared.config import HF_TOKENIZER_PREFIX
-from shared.errors import ResourceUnavailableError
+from shared.errors import ConfigError, ResourceUnavailableError
 from shared.files import write_atomic
+from shared.received import read_json_file
 from shared.tokenizer_backends import (
     BACKEND_FILE,
     byte_level_backend,
@@ -198,7 +199,9 @@ class Tokenizer:
         meta_path = directory / META_FILE
         if not meta_path.is_file():
             raise FileNotFoundError(f"no {META_FILE} in {directory}; not a saved tokenizer")
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta = read_json_file(meta_path)
+        if not isinstance(meta, dict):
+            raise ConfigError(f"{meta_path}: not the record of a saved tokenizer")
         kind = meta.get("kind")
         if kind == "byte":
             tok = cls.byte()

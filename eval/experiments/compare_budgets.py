@@ -15,7 +15,6 @@ The multiplier these points give is ``eval.budgets``' (the compute-gap finding u
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ from eval.experiments.stages import (
 from shared.checkpoint import checkpoint_name
 from shared.errors import ConfigError
 from shared.objective import objective_class
+from shared.received import read_json_file
 from shared.training import resolve_config, resume_run, train
 from shared.training.config import TrainConfig
 from shared.training.run_folder import move_aside
@@ -145,7 +145,7 @@ def check_budgets(plan: dict[str, list[int]], cfg: TrainConfig) -> None:
 def train_branch(trunk: Path, branch: Path, steps: int, force: bool) -> dict[str, Any]:
     """The run of ``steps`` steps that branches off ``trunk`` at its cooldown start: reused when
     it finished from the trunk's checkpoint, resumed when it was interrupted, else started."""
-    trunk_config = json.loads((trunk / "config.json").read_text())["train_config"]
+    trunk_config = read_json_file(trunk / "config.json")["train_config"]
     point = (
         trunk
         / "checkpoints"
@@ -153,7 +153,7 @@ def train_branch(trunk: Path, branch: Path, steps: int, force: bool) -> dict[str
     )
     final = branch / "final.json"
     if final.is_file() and not force:
-        summary = json.loads(final.read_text())
+        summary = read_json_file(final)
         if summary.get("finished") and summary.get("branched_from") == str(point):
             print(f"[train {branch.name}] reusing the finished branch in {branch}")
             return summary | {"reused": True}

@@ -4,12 +4,12 @@ run's samples come from, from its own validation records (its best one when it o
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from eval.report import Report, Table
 from shared.checkpoint import checkpoint_name, read_best
+from shared.training.metrics import metric_records
 from shared.validation import standard_error
 
 # Nie et al. 2024 ("Scaling up Masked Diffusion Models on Text", SMDM): an MDM needs about 16x
@@ -24,8 +24,7 @@ def eval_records(run_dir: Path) -> list[dict[str, Any]]:
     """The run's validation records in step order, one per step and kind (curve point or not,
     rows validated on); a resumed run's last word wins."""
     by_step: dict[tuple[int, bool, int], dict[str, Any]] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
+    for _, record in metric_records(run_dir / "metrics.jsonl"):
         if record.get("kind") == "eval":
             by_step[record["step"], bool(record.get("on_curve")), record.get("val_tokens", 0)] = (
                 record

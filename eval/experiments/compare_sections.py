@@ -3,7 +3,6 @@ samples: the generation table, the judge-perplexity frontiers and the examples."
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,14 +11,15 @@ from typing import Any
 from eval.experiments.compare_budgets import attention_pattern, family_analyses, seed_folder
 from eval.experiments.compare_settings import CompareSettings, diffusion_families
 from eval.report import Report, Table, frontier_figure
+from shared.received import read_json_file
 
 
 def model_config(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / "config.json").read_text())["model_config"]
+    return read_json_file(run_dir / "config.json")["model_config"]
 
 
 def train_config(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / "config.json").read_text())["train_config"]
+    return read_json_file(run_dir / "config.json")["train_config"]
 
 
 @dataclass

@@ -30,7 +30,7 @@ from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.strategies import Ancestral, FixedCount, Threshold
 from dllm.uniform_generate import UniformSamplerConfig
-from shared.cli_args import CommandParser, set_threads, utf8_argument
+from shared.cli_args import CommandParser, seed_argument, set_threads, utf8_argument
 from shared.errors import CheckpointError, result_or_status
 from shared.sampling import SamplingConfig
 
@@ -157,7 +157,7 @@ def build_parser() -> CommandParser:
         "--greedy-tail", action="store_true", help="udm: the last step takes the argmax"
     )
     parser.add_argument("--temperature", type=float, default=0.8)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_argument, default=0)
     parser.add_argument("--width", type=int, default=48, help="column width")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
     return parser

@@ -20,7 +20,8 @@ from shared.data.corpus import load_corpus
 from shared.data.rows import tokenize_corpus
 from shared.errors import ConfigError, report_user_errors
 from shared.faults import StageInterrupted, StopRequest
-from shared.files import write_atomic
+from shared.files import cache_folder, use_cache_root, write_atomic
+from shared.received import read_json_file
 from shared.tokenizer import Tokenizer
 from shared.training import new_run, resume_run, train
 from shared.training.cli import parse_args
@@ -188,8 +189,12 @@ def locked_job(out: Path, force: bool, job: Callable[[StopRequest], None]):
 
 def training_overrides(flags: list[str]) -> dict[str, Any]:
     """The training settings among an experiment's command-line flags (``--max-steps 800`` ->
-    ``{"max_steps": 800}``), parsed and checked as ``train.py`` parses them."""
-    return parse_args(flags)[1]
+    ``{"max_steps": 800}``), parsed and checked as ``train.py`` parses them. A typed
+    ``--cache-dir`` becomes the job's cache root (``shared.files.use_cache_root``), so the
+    stages' own row loading goes there too."""
+    overrides = parse_args(flags)[1]
+    use_cache_root(overrides.get("cache_dir"))
+    return overrides
 
 
 def train_or_reuse(
@@ -205,7 +210,7 @@ def train_or_reuse(
     the run) plus ``overrides``."""
     final = run_dir / "final.json"
     if final.exists() and not force:
-        summary = json.loads(final.read_text())
+        summary = read_json_file(final)
         if summary.get("finished") and same_settings(run_dir, overrides):
             print(f"[train {label}] reusing the finished run in {run_dir}")
             summary["reused"] = True
@@ -252,12 +257,12 @@ def continue_refused(run_dir: Path, refused: ConfigError) -> str:
 
 def training_seed(run_dir: Path) -> int:
     """The seed the run in ``run_dir`` was trained with (its saved training config)."""
-    return json.loads((run_dir / "config.json").read_text())["train_config"]["seed"]
+    return read_json_file(run_dir / "config.json")["train_config"]["seed"]
 
 
 def same_settings(run_dir: Path, overrides: dict[str, Any]) -> bool:
     """Whether the run in ``run_dir`` was trained with ``overrides`` (a budget, a shape...)."""
-    saved = json.loads((run_dir / "config.json").read_text())
+    saved = read_json_file(run_dir / "config.json")
     config = saved["model_config"] | saved["train_config"]
     return all(config.get(name) == value for name, value in overrides.items())
 
@@ -321,7 +326,7 @@ def split_rows(state: dict[str, Any], tokenizer: Tokenizer, split: str) -> np.nd
         tokenizer,
         protocol=config["protocol"],
         seq_len=config["seq_len"],
-        cache_dir=Path(config["cache_dir"]),
+        cache_dir=cache_folder(None),  # the user's cache, never one the run's record names
     )[split].tokens
 
 

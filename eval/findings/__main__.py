@@ -37,7 +37,8 @@ from eval.findings.table import findings_table
 from shared.cli_args import CommandParser
 from shared.errors import ConfigError, report_user_errors
 from shared.faults import StopRequest
-from shared.files import write_atomic
+from shared.files import use_cache_root, write_atomic
+from shared.received import read_json_file
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = {"num_threads": args.num_threads} if args.num_threads else {}
         if args.cache_dir:
             extra["cache_dir"] = args.cache_dir
+            use_cache_root(args.cache_dir)  # the findings' own row loading goes there too
         for name in names:
             started = time.perf_counter()
             finding = FINDINGS[name]
@@ -108,12 +110,11 @@ def print_table(index_path: str, reports: str) -> None:
     if not path.is_file():
         raise FileNotFoundError(f"--table {path}: no such file (give a findings index.json)")
     try:
-        index = json.loads(path.read_text())
+        index = read_json_file(path)
+    except ConfigError as error:
+        raise ConfigError(f"--table {error}; give a findings index.json") from None
+    try:
         table = findings_table(index, reports, costs())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ConfigError(
-            f"--table {path}: not JSON ({error}); give a findings index.json"
-        ) from None
     except (KeyError, TypeError, AttributeError) as error:
         raise ConfigError(
             f"--table {path}: not a findings index ({type(error).__name__}: {error}); give the "
@@ -155,12 +156,12 @@ def stored(out: Path, name: str) -> FindingResult:
     """A finding's last result as its folder holds it (so the index covers every finding run
     into ``out``, not only this invocation's), its report where the folder now is and its
     provenance from that report (a result written before rows carried their own)."""
-    row = json.loads((out / name / "result.json").read_text())
+    row = read_json_file(out / name / "result.json")
     result = FindingResult(claim=FINDINGS[name].claim, **row)
     report = out / name / "report.json"
     if report.is_file():
         result.report = str(out / name / "report.md")
-        result.provenance = row_provenance(json.loads(report.read_text()))
+        result.provenance = row_provenance(read_json_file(report))
     return result
 
 
@@ -172,7 +173,7 @@ def reindex(out: Path) -> None:
         raise ConfigError(
             f"--reindex {out}: no finding's result.json there (give the --out of a findings run)"
         )
-    scales = {json.loads((out / n / "result.json").read_text())["scale"] for n in names}
+    scales = {read_json_file(out / n / "result.json")["scale"] for n in names}
     if len(scales) != 1:
         raise ConfigError(f"--reindex {out}: findings of several scales {sorted(scales)}")
     results = [stored(out, name) for name in names]

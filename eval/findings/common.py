@@ -22,6 +22,7 @@ from eval.findings.verdicts import RULES, LearnedCheck, learned_gate, one_seed_g
 from eval.report import Report, Table, code_state, provenance
 from shared.faults import StopRequest
 from shared.files import write_atomic
+from shared.received import read_json_file
 
 SCALES = ("smoke", "cpu", "gpu")
 
@@ -106,7 +107,7 @@ def runs_origin(out: Path, state: dict[str, Any]) -> tuple[dict[str, Any], str]:
     the report's sentence when that is another commit than ``state``'s: a re-render from
     stored runs, which keeps the runs' commit."""
     path = out / JOB_STAMP
-    stamp = json.loads(path.read_text()) if path.is_file() else {}
+    stamp = read_json_file(path) if path.is_file() else {}
     origin = {"git_commit": stamp.get("git_commit"), "git_dirty": stamp.get("git_dirty")}
     if not stamp or origin["git_commit"] == state["git_commit"]:
         return origin, ""
@@ -202,7 +203,7 @@ def finish_report(
     )
     report.results.setdefault("numbers", {}).update(result.numbers)
     result.report = str(report.write()["markdown"])
-    result.provenance = row_provenance(json.loads((report.out / "report.json").read_text()))
+    result.provenance = row_provenance(read_json_file(report.out / "report.json"))
     return result
 
 

@@ -4,7 +4,6 @@ sizes with the main job's budget points and multiplier (``eval.experiments.compa
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from eval.findings.verdicts import (
     magnitude_verdict,
 )
 from eval.report import Table
+from shared.received import read_json_file
 
 CLAIM = Claim(
     "Compute gap on fresh data",
@@ -153,7 +153,7 @@ def run(settings: GapSettings, job: Job) -> FindingResult:
             key,
             lambda f=main: entropy_of_counts(token_frequencies(*load(f, "ar")[1:])),
         )
-        window = json.loads((main / "ar" / "config.json").read_text())["model_config"]
+        window = read_json_file(main / "ar" / "config.json")["model_config"]
         measured.append(
             measure_size(runs, size, unigram, settings)
             | {"window": int(window.get("sliding_window") or 0)}

@@ -10,7 +10,6 @@ constant rate after warmup for >= 150 epochs. The AR's data-reuse half-life R* (
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from eval.findings.verdicts import (
     seed_interval,
 )
 from eval.report import Report, Table
+from shared.received import read_json_file
 from shared.training import resolve_config
 
 CLAIM = Claim(
@@ -210,7 +210,7 @@ def read_periodic(run_dir: Path, unique_rows: int) -> list[dict[str, Any]]:
     with the epoch of the unique rows each was taken at."""
     records = eval_records(run_dir)
     size = Counter(r["val_tokens"] for r in records).most_common(1)[0][0]
-    config = json.loads((run_dir / "config.json").read_text())["train_config"]
+    config = read_json_file(run_dir / "config.json")["train_config"]
     by_step = {r["step"]: r for r in records if r["val_tokens"] == size}
     return [
         by_step[step] | {"epoch": step * config["batch_size"] / unique_rows}

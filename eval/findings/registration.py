@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.files import write_atomic
+from shared.received import read_json_file
 from shared.training import resolve_config
 from shared.training.run_folder import FINDINGS_STAMP, move_aside
 
@@ -203,7 +204,7 @@ def fresh_job_folder(out: Path, stamp: dict[str, Any], force: bool) -> None:
     job keeps its stamp, so its reports name the commit that trained its runs."""
     path = out / JOB_STAMP
     if out.is_dir() and any(out.iterdir()):
-        earlier = json.loads(path.read_text()) if path.exists() else None
+        earlier = read_json_file(path) if path.exists() else None
         same = earlier is not None and all(earlier.get(k) == stamp.get(k) for k in REUSE_KEYS)
         if same and not force:
             return  # reused: its stamp keeps the commit that trained its runs

@@ -160,7 +160,7 @@ def _load_cache(folder: Path, protocol: str, seq_len: int) -> dict[str, Tokenize
             out[name] = TokenizedSplit(
                 tokens, int(info["n_bytes"]), int(info["n_loss_tokens"]), protocol, seq_len
             )
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         log.warning("ignoring unreadable tokenized cache %s: %s", folder, exc)
         return None
     return out

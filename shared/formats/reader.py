@@ -11,7 +11,7 @@ operating system caches. That is what lets an 8B checkpoint (16 GB in bf16) be c
 from __future__ import annotations
 
 import importlib.metadata
-import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +24,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from shared.errors import ConfigError, ResourceUnavailableError
 from shared.formats.exported import EXPORT_INFO
 from shared.formats.gguf_cache import load_gguf
+from shared.received import check_inside, read_json_file
 
 SAFETENSORS_DTYPES = {
     "F64": torch.float64,
@@ -53,12 +54,49 @@ class Source:
 # ---------------------------------------------------------------- safetensors folders
 
 
+# the files of a model folder that an import reads by name (besides the shards an index names)
+FOLDER_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer_config.json",
+    "tokenizer.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    EXPORT_INFO,
+)
+
+
+def source_root(folder: Path) -> Path:
+    """The folder whose files a model folder may use: the folder itself, or for a snapshot in
+    the Hugging Face cache (``models--owner--name/snapshots/<revision>``, whose files are links
+    to ``../../blobs``) its repository's cache folder."""
+    folder = Path(folder)
+    repository = folder.parent.parent
+    if folder.parent.name == "snapshots" and (repository / "blobs").is_dir():
+        return repository
+    return folder
+
+
+def folder_file(folder: Path, name: str) -> Path:
+    """``folder / name``, refused with one line when it lies outside the folder (a name that
+    climbs out, an absolute path, a symbolic link that leaves it) before anything opens it:
+    a model folder someone sent must not make an import read other files of this machine."""
+    return check_inside(Path(folder) / name, source_root(folder), "an import")
+
+
+def check_folder_files(folder: Path) -> None:
+    """Refuse a model folder whose files (``FOLDER_FILES`` that are there) leave it."""
+    for name in FOLDER_FILES:
+        if os.path.lexists(folder / name):
+            folder_file(folder, name)
+
+
 def shard_files(folder: Path) -> list[Path]:
     """The safetensors files of a folder: ``model.safetensors``, or every shard an index names
-    (each must exist)."""
+    (each must exist, inside the folder)."""
     single = folder / "model.safetensors"
     if single.is_file():
-        return [single]
+        return [folder_file(folder, single.name)]
     index = folder / "model.safetensors.index.json"
     if not index.is_file():
         found = sorted(p.name for p in folder.glob("*.safetensors"))
@@ -70,10 +108,13 @@ def shard_files(folder: Path) -> list[Path]:
             f"safetensors checkpoints are read{convert}"
         )
     try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        weight_map = read_json_file(folder_file(folder, index.name))["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (KeyError, TypeError, AttributeError) as error:
         raise ConfigError(f"{index}: not a safetensors index ({error!r})") from None
-    shards = [folder / name for name in sorted(set(weight_map.values()))]
+    if not all(isinstance(name, str) and name for name in names):
+        raise ConfigError(f"{index}: its weight_map names shards by something other than a name")
+    shards = [folder_file(folder, name) for name in names]
     missing = [p.name for p in shards if not p.is_file()]
     if missing:
         raise ConfigError(
@@ -118,10 +159,7 @@ def read_json(path: Path) -> dict[str, Any]:
     """A JSON object file ({} when it is missing)."""
     if not path.is_file():
         return {}
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ConfigError(f"{path}: not valid JSON ({error})") from None
+    data = read_json_file(path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: holds a JSON {type(data).__name__}, not an object")
     return data
@@ -171,6 +209,7 @@ def read_folder(folder: Path, description: str | None = None) -> Source:
             "it as it is, so there is nothing to import (duolm export writes it in a public "
             "format)"
         )
+    check_folder_files(folder)
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ConfigError(f"{folder}: no config.json (not a Hugging Face model folder)")

@@ -5,7 +5,6 @@ blocks its rerun, a step that cannot be fast is announced, an out-of-memory erro
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import torch
 from shared import checkpoint as ckpt
 from shared.errors import ConfigError
 from shared.hardware import peak_flops
+from shared.received import read_json_file
 from shared.training.config import TrainConfig
 from shared.training.run import RunSpec
 
@@ -117,8 +117,8 @@ def check_budget_left(step: int, total_steps: int, spec: RunSpec) -> None:
         )
     final = spec.out / "final.json"
     if step == total_steps and final.is_file():
-        summary = json.loads(final.read_text())
-        if summary.get("finished") and summary.get("step") == step:
+        summary = read_json_file(final)
+        if isinstance(summary, dict) and summary.get("finished") and summary.get("step") == step:
             raise ConfigError(
                 f"{where}, and the run in {spec.out} already finished its budget of "
                 f"{total_steps} steps there: {keep} (raise the budget, e.g. --max-steps, to "

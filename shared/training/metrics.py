@@ -8,7 +8,32 @@ from typing import Any
 
 from accelerate import Accelerator
 
+from shared.errors import ConfigError
 from shared.files import append_line, write_atomic
+from shared.received import parse_json
+
+
+def metric_records(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(line, record) for each record of a metrics file. A run folder may have come from
+    someone else: a line that is not a JSON object with a whole-number step (when it has one)
+    is one line naming the file and line."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text (not a metrics file of this project)") from None
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        record = parse_json(line, f"{path} line {number}")
+        step = record.get("step", 0) if isinstance(record, dict) else None
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise ConfigError(
+                f"{path} line {number}: not a metrics record (a JSON object with a whole-number "
+                "step)"
+            )
+        records.append((line, record))
+    return records
 
 
 class Metrics:
@@ -20,8 +45,8 @@ class Metrics:
         log can run ahead of the newest checkpoint). Returns how many were dropped."""
         if not self.accelerator.is_main_process or not self.path.is_file():
             return 0
-        lines = self.path.read_text().splitlines()
-        kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= step]
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        kept = [line for line, record in metric_records(self.path) if record.get("step", 0) <= step]
         if len(kept) != len(lines):
             write_atomic(self.path, "".join(line + "\n" for line in kept))
         return len(lines) - len(kept)
@@ -31,7 +56,7 @@ class Metrics:
         no step, so its summary reports the throughput its earlier invocations measured)."""
         if not self.path.is_file():
             return []
-        records = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        records = [record for _, record in metric_records(self.path)]
         return [r["tokens_per_s"] for r in records if r.get("kind") == "train"]
 
     def log(self, record: dict[str, Any]) -> None:

@@ -34,6 +34,8 @@ def config_differences(
 # checkpoint's run trained with. (udm's curriculum is now on by default; a run saved before the
 # field existed trained without it, and resuming it must not switch it on.)
 PREDATED_DEFAULTS = {"curriculum_steps": 0}
+# Settings a resume takes from the command line or the default, never from the checkpoint.
+MACHINE_CHOICES = ("cache_dir",)
 
 
 def resumed_config(
@@ -45,7 +47,10 @@ def resumed_config(
     else today's default."""
     model_over, train_over = split_overrides(overrides)
     model_cfg = ModelConfig(**{**saved["model_config"], **model_over}).validate()
-    train_cfg = TrainConfig(**{**PREDATED_DEFAULTS, **saved["train_config"], **train_over})
+    # Where caches go is this machine's choice (--cache-dir, else the default), never the
+    # folder a run recorded: the run may come from someone else.
+    kept = {k: v for k, v in saved["train_config"].items() if k not in MACHINE_CHOICES}
+    train_cfg = TrainConfig(**{**PREDATED_DEFAULTS, **kept, **train_over})
     train_cfg = train_cfg.validate()
     shape_fields = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name != "vocab_size")
     changed = config_differences(

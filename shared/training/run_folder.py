@@ -275,7 +275,7 @@ def _read_holder(handle) -> dict:
     handle.seek(0)
     try:
         return json.loads(handle.read() or "{}")
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # a damaged lock record (ValueError: text or bytes)
         return {}
 
 

@@ -18,7 +18,6 @@ it is never a prediction and gets no gradient, and zero is the neutral value.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,7 +100,7 @@ def source_record(init_from: str, checkpoint: Path, state: dict[str, Any]) -> di
     ``compute_unknown`` saying why), never 0, and so is every total that includes it."""
     train_cfg = state["train_config"]
     model_cfg = ModelConfig.from_dict(state["model_config"])
-    manifest = json.loads((checkpoint / ckpt.MANIFEST).read_text())
+    manifest = ckpt.read_manifest(checkpoint)
     record = {
         "path": init_from,
         "checkpoint": str(checkpoint.resolve()),
