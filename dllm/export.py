@@ -21,11 +21,12 @@ from dllm.canvas import mask_token_id
 from shared.checkpoint import full_model_state, load_model_from_checkpoint
 from shared.cli_args import export_parser
 from shared.errors import ConfigError, report_user_errors
-from shared.files import follow_umask, save_tensors, write_atomic
+from shared.files import follow_umask, write_atomic
 from shared.formats.diffusion import llada_config_fields, llada_weight_name
 from shared.formats.exported import EXPORT_INFO, export_record, export_refusal
 from shared.formats.hf_tokenizer import hf_tokenizer, require_transformers
 from shared.model import Transformer
+from shared.tensor_files import save_tensors
 from shared.tokenizer import Tokenizer
 from shared.training.run_folder import claim_output_folder, removed_if_unfinished
 

@@ -45,9 +45,10 @@ from torch import nn
 from shared.config import ModelConfig
 from shared.errors import CheckpointError
 from shared.faults import kill_now_if
-from shared.files import follow_umask, fsync_dir, fsync_tree, save_tensors
+from shared.files import follow_umask, fsync_dir, fsync_tree
 from shared.model import Transformer
 from shared.received import read_json_file, refuse_link, refuse_links_within
+from shared.tensor_files import save_tensors
 from shared.tokenizer import Tokenizer
 from shared.training_state import (
     OPTIMIZER_RECORD,

@@ -10,8 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from safetensors import SafetensorError
-
 from shared.errors import ConfigError, with_path
 
 
@@ -126,21 +124,6 @@ def write_json_atomic(path: Path, data: Any, *, durable: bool = True, **dumps: A
     """``data`` as indented JSON, written atomically (and durably unless asked otherwise)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(data, indent=2, **dumps), durable=durable)
-
-
-def save_tensors(tensors: dict[str, Any], path: Path) -> None:
-    """safetensors' ``save_file`` (with the ``{"format": "pt"}`` metadata torch readers expect);
-    an OS error it meets (a full disk) is raised as an ``OSError`` naming ``path`` rather than
-    as a ``SafetensorError`` naming its temporary file."""
-    from safetensors.torch import save_file  # imports torch: only writers of tensors pay for it
-
-    try:
-        save_file(tensors, str(path), metadata={"format": "pt"})
-    except SafetensorError as error:
-        named = with_path(error, path)
-        if named is error:
-            raise
-        raise named from error
 
 
 def append_line(path: Path, line: str) -> None:

@@ -30,8 +30,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from shared.errors import CheckpointError
-from shared.files import save_tensors
 from shared.received import read_json_file
+from shared.tensor_files import save_tensors
 
 OPTIMIZER_TENSORS = "optimizer.safetensors"
 OPTIMIZER_RECORD = "optimizer.json"

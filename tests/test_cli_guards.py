@@ -67,7 +67,7 @@ def test_duolm_export_writes_an_mdm_as_llada_and_the_llama_export_refuses_it(
     assert '"model_type": "llada"' in (tmp_path / "llada" / "config.json").read_text()
     assert ar_export.main([str(runs["mdm"]), str(tmp_path / "hf")]) == 2
     line = error_line(capsys)
-    assert "'mdm' checkpoint" in line and "LlamaForCausalLM" in line
+    assert "'mdm' checkpoint" in line and "Hugging Face Llama folder" in line and "LLaDA" in line
 
 
 def test_sample_finds_its_checkpoint_after_a_flag_value(runs, capsys):

@@ -33,6 +33,7 @@ def judged_set(name: str, log_ppl: float, entropy: float) -> dict:
         "few": int(steps) in SETTINGS.few_steps,
         "mean_length": 16.0,
         "per_sample_nats": per_sample,
+        "per_sample_tokens": [16] * len(per_sample),
         "log_ppl": Interval(log_ppl, log_ppl - 0.02, log_ppl + 0.02).as_dict(),
         "unigram_entropy": entropy,
         "repetition_rate_4gram": 0.0,
