@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from shared.checkpoint import list_checkpoints, verify_checkpoint
-from shared.errors import DISK_FULL, CheckpointError, ConfigError, free_space
+from shared.errors import DISK_FULL, CheckpointError, ConfigError, free_space, with_path
 from shared.files import cache_root, current_umask
 from shared.formats.exported import EXPORT_INFO
 
@@ -102,9 +102,13 @@ def removed_if_unfinished(out: Path):
     found = set(contents(out))
     try:
         yield
-    except BaseException:
+    except BaseException as error:
         remove_added(out, found, created)
-        raise
+        # a library's write (save_pretrained) may fail naming no file: name the folder
+        named = with_path(error, out)
+        if named is error:
+            raise
+        raise named from error
 
 
 def remove_added(out: Path, found: set[str], created: list[Path]) -> None:
