@@ -63,6 +63,8 @@ class Point:
     entropy_floor: float | None = None
     repetition: float | None = None
     repetition_ceiling: float | None = None
+    tpf: float | None = None  # valid tokens per network evaluation (the leaderboard's TPF)
+    nfe: float | None = None  # network evaluations per sample
 
     def __post_init__(self) -> None:
         for name in ("tokens_per_s", "judge_ppl"):
@@ -143,7 +145,16 @@ def frontier(points: Sequence[Point]) -> Frontier:
 
 def front_rows(front: Frontier, *, unmarked: bool = True) -> tuple[list[str], list[list]]:
     """(columns, rows) of the front (without marked points by default), fastest first."""
-    columns = ["family", "setting", "tokens/s", "judge ppl [95%]", "entropy (floor)", "mark"]
+    columns = [
+        "family",
+        "setting",
+        "tokens/s",
+        "TPF",
+        "NFE",
+        "judge ppl [95%]",
+        "entropy (floor)",
+        "mark",
+    ]
     rows = []
     for p in front.front_unmarked if unmarked else front.front:
         interval = (
@@ -154,6 +165,8 @@ def front_rows(front: Frontier, *, unmarked: bool = True) -> tuple[list[str], li
                 p.family,
                 p.setting,
                 f"{p.tokens_per_s:,.0f}",
+                "-" if p.tpf is None else f"{p.tpf:.3g}",
+                "-" if p.nfe is None else f"{p.nfe:.4g}",
                 f"{p.judge_ppl:.4g}{interval}",
                 entropy_cell(p),
                 front.marks.get(p.key, ""),
@@ -271,8 +284,9 @@ def points_from_stages(
     entry with its "objective"), ``scores`` (name -> quality row with "judge_ppl",
     "judge_ppl_ci95", "unigram_entropy", "repetition_rate_4gram" and their held-out bounds
     "entropy_floor", "repetition_ceiling") and the fair ``throughput`` measurement of the same
-    names. Families in ``exclude`` (the unigram floor: no network, no speed to compare) and
-    settings without a record at that batch are left out."""
+    names; TPF and NFE per sample from the generation entry. Families in ``exclude`` (the
+    unigram floor: no network, no speed to compare) and settings without a record at that batch
+    are left out."""
     points = []
     for name, entry in sets.items():
         if entry["objective"] in exclude or name not in scores:
@@ -295,6 +309,8 @@ def points_from_stages(
                 entropy_floor=row.get("entropy_floor"),
                 repetition=row.get("repetition_rate_4gram"),
                 repetition_ceiling=row.get("repetition_ceiling"),
+                tpf=entry.get("tpf"),
+                nfe=entry.get("nfe_per_sample"),
             )
         )
     return points

@@ -67,6 +67,8 @@ def seed_means(runs: Mapping[int, Sequence[Point]], batch_size: int) -> list[Poi
             entropy_floor=mean_or_none([p.entropy_floor for p in group]),
             repetition=mean_or_none([p.repetition for p in group]),
             repetition_ceiling=mean_or_none([p.repetition_ceiling for p in group]),
+            tpf=mean_or_none([p.tpf for p in group]),
+            nfe=mean_or_none([p.nfe for p in group]),
         )
         for (family, setting), group in grouped.items()
     ]

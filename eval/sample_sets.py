@@ -52,10 +52,24 @@ class SampleSet:
     seconds: float
     steps: int | None = None  # the sampler's steps as run (block diffusion rounds them up)
     approximate: bool = False  # drawn with an approximate cache
+    # network evaluations each sample took: AR one per token it generated (its EOS included),
+    # a canvas sampler every evaluation of the canvas (None: nfe for every sample)
+    sample_nfe: list[int] | None = None
 
     @property
     def lengths(self) -> list[int]:
         return [len(row) for row in self.ids]
+
+    @property
+    def nfe_per_sample(self) -> list[int]:
+        return self.sample_nfe if self.sample_nfe is not None else [self.nfe] * len(self.ids)
+
+    @property
+    def tokens_per_forward(self) -> float | None:
+        """TPF as the dLLM leaderboard defines it: valid generated tokens (before the first
+        EOS) over network evaluations, both summed over the samples. AR is at most 1."""
+        evaluations = sum(self.nfe_per_sample)
+        return sum(self.lengths) / evaluations if evaluations else None
 
     def record(self) -> dict[str, Any]:
         """The set as the stages store it."""
@@ -67,6 +81,8 @@ class SampleSet:
             "seconds": self.seconds,
             "steps": self.steps,
             "approximate": self.approximate,
+            "nfe_per_sample": statistics.fmean(self.nfe_per_sample) if self.ids else None,
+            "tpf": self.tokens_per_forward,
         }
 
 
@@ -87,7 +103,11 @@ def ar_sample_set(
     result = engine.generate([[eos]] * count, config, seed=seed)
     seconds = time.perf_counter() - start
     ids = [before_eos(row, eos) for row in result.tokens]
-    return SampleSet(result.texts, ids, result.forward_passes, seconds, steps=length)
+    # each generated token (the EOS that ends a sample too) took one evaluation of its row
+    sample_nfe = [len(row) for row in result.tokens]
+    return SampleSet(
+        result.texts, ids, result.forward_passes, seconds, steps=length, sample_nfe=sample_nfe
+    )
 
 
 def sampler_steps(config: DiffusionSampler) -> int | None:

@@ -5,6 +5,7 @@ headline rule's sentence (ties in speed and in quality, one point per family, ev
 several seeds, no AR); and the held-out bounds the marks use (eval/sample_sets.py)."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -124,11 +125,11 @@ def test_frontier_refuses_mixed_batches_duplicates_and_bad_values():
 def test_markdown_table_lists_the_front_with_entropy_and_interval():
     points = [
         point("ar", "ar T=1", 12000, 620.0, ci=(560.0, 690.0), entropy=3.85),
-        point("mdm", "fixed 64", 430, 133.5, entropy=2.804),
+        replace(point("mdm", "fixed 64", 430, 133.5, entropy=2.804), tpf=2.0, nfe=32),
     ]
     text = front_markdown(frontier(points))
-    assert "| ar | ar T=1 | 12,000 | 620 [560, 690] | 3.850 (3.600) |  |" in text
-    assert "| mdm | fixed 64 | 430 | 133.5 | 2.804 (3.600) | low-entropy |" in text
+    assert "| ar | ar T=1 | 12,000 | - | - | 620 [560, 690] | 3.850 (3.600) |  |" in text
+    assert "| mdm | fixed 64 | 430 | 2 | 32 | 133.5 | 2.804 (3.600) | low-entropy |" in text
     assert "1 of 2 points marked" in text
 
 

@@ -17,7 +17,7 @@ from eval.experiments import stages as stages_module
 from eval.experiments.stages import Stages, held_out_documents
 from eval.quality import JudgeScore, log_perplexity_interval
 from eval.report import closure_hash, imported_names
-from eval.sample_sets import ar_sample_set, diffusion_sample_set, judged
+from eval.sample_sets import SampleSet, ar_sample_set, diffusion_sample_set, judged
 from shared.config import ModelConfig
 from shared.model import Transformer
 from shared.sampling import SamplingConfig
@@ -59,6 +59,9 @@ def test_one_eos_policy_gives_equal_lengths_for_ar_and_diffusion():
     drawn_mdm = diffusion_sample_set(mdm, SamplerConfig(Ancestral(LENGTH)), COUNT, LENGTH, 0)
     assert drawn_ar.lengths == drawn_mdm.lengths == [0] * COUNT
     assert drawn_ar.texts == drawn_mdm.texts == [""] * COUNT
+    # the AR spent one evaluation per sample (its EOS), the canvas sampler all its steps
+    assert drawn_ar.nfe_per_sample == [1] * COUNT and drawn_ar.tokens_per_forward == 0.0
+    assert drawn_mdm.nfe_per_sample == [drawn_mdm.nfe] * COUNT and drawn_mdm.nfe > 0
     # run through EOS (the main job's old AR policy), the AR's samples were whole rows of EOS
     config = GenerationConfig(max_new_tokens=LENGTH, stop_on_eos=False)
     through = ar.generate([[TOKENIZER.eos_id]] * COUNT, config, seed=0)
@@ -142,3 +145,12 @@ def test_a_stored_stage_is_recomputed_when_its_code_changed(tmp_path, monkeypatc
     # a damaged stage file is recomputed, not trusted
     (tmp_path / "stages" / "s.json").write_text("[" * 100_000)
     assert Stages(tmp_path, False).run("s", {"k": 1}, compute) == {"value": 3}
+
+
+def test_tokens_per_forward_is_valid_tokens_over_evaluations_summed_over_samples():
+    canvas = SampleSet(["abc", "a"], [[1, 2, 3], [1]], nfe=2, seconds=0.0)
+    assert canvas.tokens_per_forward == 4 / (2 + 2)  # every row took the canvas's 2
+    ar = SampleSet(["abc", "a"], [[1, 2, 3], [1]], nfe=4, seconds=0.0, sample_nfe=[4, 2])
+    assert ar.tokens_per_forward == 4 / 6  # each row's tokens and its EOS, one each
+    assert ar.record()["tpf"] == 4 / 6 and ar.record()["nfe_per_sample"] == 3
+    assert SampleSet([], [], nfe=0, seconds=0.0).tokens_per_forward is None
