@@ -25,9 +25,9 @@ every point is checked against held-out text cut to the same lengths as its samp
 unigram entropy is below the floor held-out text sets, *repetitive* when its mean 4-gram
 repetition rate is above held-out text's ceiling, and *unknown* when either quantity or its bound
 was not measured. Floor and ceiling are held-out text's own mean over windows of the samples'
-lengths, minus (plus) 1.96 standard errors of a set of that many samples: a set whose samples
-were held-out text passes 97.5% of the time, and the bound comes from held-out text alone, never
-from the samplers being judged. The front is given with and without the marked points; the
+lengths, minus (plus) 1.96 standard errors of a set of the report's largest size: a set of that
+many samples of held-out text passes 97.5% of the time, no set's bound is widened by drawing
+fewer samples, and the bound comes from held-out text alone, never from the samplers judged. The front is given with and without the marked points; the
 headline never picks a marked (or unknown) one.
 """
 

@@ -215,19 +215,21 @@ class HeldOutText:
             )
         return self._stats[length]
 
-    def bounds(self, lengths: Sequence[int]) -> dict[str, float]:
+    def bounds(self, lengths: Sequence[int], set_size: int = 0) -> dict[str, float]:
         """What a set of samples of ``lengths`` must meet to be unmarked: held-out text of the
-        same lengths has mean entropy (repetition) m with a standard error s for a set of that
-        many samples; the floor is m - 1.96 s and the ceiling m + 1.96 s, so a set that was
-        held-out text passes each with probability 0.975."""
+        same lengths has mean entropy (repetition) m, and a set of n such samples a standard
+        error s; the floor is m - 1.96 s and the ceiling m + 1.96 s, so a set of n samples of
+        held-out text passes each with probability 0.975. n is the set's size, or ``set_size``
+        when that is larger: one n for every set of a report, so that no set's bound is widened
+        by drawing fewer samples."""
         if not lengths:
             raise ValueError("no samples: a set needs at least one to be bounded")
         rows = [self.stats(length) for length in lengths]
-        count = len(rows)
+        count = max(len(rows), set_size)
         entropy = statistics.fmean(row[0] for row in rows)
         repetition = statistics.fmean(row[2] for row in rows)
-        entropy_se = math.sqrt(sum(row[1] for row in rows)) / count
-        repetition_se = math.sqrt(sum(row[3] for row in rows)) / count
+        entropy_se = math.sqrt(statistics.fmean(row[1] for row in rows) / count)
+        repetition_se = math.sqrt(statistics.fmean(row[3] for row in rows) / count)
         return {
             "held_out_entropy": entropy,
             "entropy_floor": entropy - Z95 * entropy_se,

@@ -318,6 +318,9 @@ def test_held_out_bounds_by_hand():
     spread = HeldOutText([1, 1, 2, 3] * 100, decode=str)
     stats = spread.stats(2)
     floor = spread.bounds([2] * 4)["entropy_floor"]
-    assert floor == pytest.approx(stats[0] - 1.959964 * math.sqrt(4 * stats[1]) / 4)
+    assert floor == pytest.approx(stats[0] - 1.959964 * math.sqrt(stats[1] / 4))
+    # a smaller set is held to the bound of the report's set size, not a wider one of its own
+    assert spread.bounds([2] * 2, set_size=4)["entropy_floor"] == pytest.approx(floor)
+    assert spread.bounds([2] * 2)["entropy_floor"] < floor
     with pytest.raises(ValueError, match="held-out text is empty"):
         HeldOutText([], decode=str)

@@ -254,7 +254,8 @@ def quality_stage(out: Path, sets: dict[str, Any], settings: CompareSettings) ->
     scores["reference"] = judged(judge, references, reference_ids_cut)
     for name, entry in tqdm(sets.items(), desc="judging samples", leave=False):
         # the bounds the frontier marks a set by: held-out text of the set's own lengths
-        row = judged(judge, entry["texts"], entry["ids"]) | held_out.bounds(entry["lengths"])
+        # (one set size for every set: the largest, so no bound is widened by fewer samples)
+        row = judged(judge, entry["texts"], entry["ids"]) | held_out.bounds(entry["lengths"], count)
         if settings.mauve and name in headline_sets(settings):
             row["mauve"] = mauve_score(row_texts(entry), references)
         scores["sets"][name] = row
