@@ -27,8 +27,9 @@ repetition rate is above held-out text's ceiling, and *unknown* when either quan
 was not measured. Floor and ceiling are held-out text's own mean over windows of the samples'
 lengths, minus (plus) 1.96 standard errors of a set of the report's largest size: a set of that
 many samples of held-out text passes 97.5% of the time, no set's bound is widened by drawing
-fewer samples, and the bound comes from held-out text alone, never from the samplers judged. The front is given with and without the marked points; the
-headline never picks a marked (or unknown) one.
+fewer samples, and the bound comes from held-out text alone, never from the samplers judged.
+The front is given with and without the marked points; the headline never picks a marked (or
+unknown) one.
 """
 
 from __future__ import annotations
