@@ -459,3 +459,24 @@ def test_the_bench_seed_flag_refuses_out_of_range(monkeypatch, capsys):
         threshold_reveals.main()
     assert exited.value.code == 2
     assert "argument --seed:" in capsys.readouterr().err
+
+
+def test_a_record_cut_short_by_a_kill_is_dropped_and_the_run_resumes(
+    tiny_run, tmp_path, cache_dir, capsys
+):
+    from shared.training.metrics import metric_records
+
+    run = copy_of(tiny_run, tmp_path)
+    metrics = run / "metrics.jsonl"
+    whole = metric_records(metrics)
+    with metrics.open("a") as handle:
+        handle.write('{"step": 99, "kind": "tra')  # kill -9 in the middle of an append
+    assert metric_records(metrics) == whole  # the torn tail is left out, not an error
+    status, line = resume_status(run, cache_dir, capsys)
+    assert status == 0, line
+    assert all(record.get("step", 0) <= 40 for _, record in metric_records(metrics))
+    assert metrics.read_text().endswith("\n")  # rewritten without the torn record
+    # a damaged line that is not the unfinished last one is still one line naming it
+    metrics.write_text('{"step": 1, "kin\n{"step": 2}\n')
+    with pytest.raises(ConfigError, match="line 1"):
+        metric_records(metrics)

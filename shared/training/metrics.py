@@ -16,11 +16,17 @@ from shared.received import parse_json
 def metric_records(path: Path) -> list[tuple[str, dict[str, Any]]]:
     """(line, record) for each record of a metrics file. A run folder may have come from
     someone else: a line that is not a JSON object with a whole-number step (when it has one)
-    is one line naming the file and line."""
+    is one line naming the file and line. The one exception is a last line without its newline
+    that does not parse: every record is appended whole with its newline in one write, so that
+    is a record a killed run was writing, and it is left out (``drop_after`` then rewrites the
+    file without it)."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text (not a metrics file of this project)") from None
+    lines = text.splitlines()
+    if lines and not text.endswith("\n") and not parses(lines[-1]):
+        lines = lines[:-1]
     records = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -34,6 +40,14 @@ def metric_records(path: Path) -> list[tuple[str, dict[str, Any]]]:
             )
         records.append((line, record))
     return records
+
+
+def parses(line: str) -> bool:
+    try:
+        json.loads(line)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 class Metrics:
