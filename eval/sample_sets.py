@@ -157,11 +157,17 @@ def diffusion_sample_set(
     )
 
 
+def judged_texts(texts: Sequence[str]) -> list[str]:
+    """The texts as the judge (and MAUVE) read them: an empty sample (EOS first) as one space,
+    so it still counts as a sample."""
+    return [text if text.strip() else " " for text in texts]
+
+
 def judged(judge: Judge, texts: list[str], ids: list[list[int]]) -> dict[str, Any]:
     """A sample set's judge perplexity (token-weighted, with its interval over samples), its
     per-sample nats and tokens (what pools over seeds), its lengths and diversity statistics.
     An empty sample (EOS first) is judged as one space, so it still counts as a sample."""
-    texts = [text if text.strip() else " " for text in texts]
+    texts = judged_texts(texts)
     score = judge.score(texts)
     return {
         "judge_ppl": score.perplexity,

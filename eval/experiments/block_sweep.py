@@ -37,10 +37,9 @@ from dllm.strategies import Ancestral
 from eval.experiments.stages import (
     Stages,
     check_equal_budgets,
+    held_out,
     load,
     locked_job,
-    reference_ids,
-    reference_texts,
     run_stoppable,
     train_or_reuse,
     training_overrides,
@@ -196,10 +195,10 @@ def quality_stage(out: Path, sets: dict[str, Any], settings: SweepSettings) -> d
     way (``eval.sample_sets.judged``)."""
     judge = load_judge(settings.judge)
     count = max(settings.samples, 2)
-    reference = reference_ids(out, count, settings.gen_length)
+    reference_ids, references, _ = held_out(out, count, settings.gen_length)
     scores: dict[str, Any] = {"judge": judge.identity, "eos_policy": EOS_POLICY, "sets": {}}
     scores["perplexity"] = PERPLEXITY_DEFINITION
-    scores["reference"] = judged(judge, reference_texts(out, count, settings.gen_length), reference)
+    scores["reference"] = judged(judge, references, reference_ids)
     for name, entry in sets.items():
         scores["sets"][name] = judged(judge, entry["texts"], entry["ids"])
     return scores

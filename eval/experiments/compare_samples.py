@@ -19,10 +19,8 @@ from dllm.uniform_generate import UniformSamplerConfig
 from eval.experiments.compare_curves import sampling_checkpoint
 from eval.experiments.compare_settings import CompareSettings, diffusion_families, headline_sets
 from eval.experiments.stages import (
-    held_out_text,
+    held_out,
     load,
-    reference_ids,
-    reference_texts,
     training_rows,
     validation_rows,
 )
@@ -35,6 +33,7 @@ from eval.sample_sets import (
     diffusion_sample_set,
     fit_to_blocks,
     judged,
+    judged_texts,
     sampler_steps,
 )
 from shared.checkpoint import load_model_from_checkpoint
@@ -242,28 +241,24 @@ def quality_stage(out: Path, sets: dict[str, Any], settings: CompareSettings) ->
     the way the samples are (its first EOS, the samples' length) as the reference."""
     judge = load_judge(settings.judge)
     count = max(settings.samples, settings.headline_samples, 2)
-    reference_ids_cut = reference_ids(out, count, settings.gen_length)
-    references = reference_texts(out, count, settings.gen_length)
+    reference_ids, references, held_out_text = held_out(out, count, settings.gen_length)
     scores: dict[str, Any] = {
         "judge": judge.identity,
         "eos_policy": EOS_POLICY,
         "perplexity": PERPLEXITY_DEFINITION,
         "sets": {},
     }
-    held_out = held_out_text(out)
-    scores["reference"] = judged(judge, references, reference_ids_cut)
+    scores["reference"] = judged(judge, references, reference_ids)
     for name, entry in tqdm(sets.items(), desc="judging samples", leave=False):
         # the bounds the frontier marks a set by: held-out text of the set's own lengths
         # (one set size for every set: the largest, so no bound is widened by fewer samples)
-        row = judged(judge, entry["texts"], entry["ids"]) | held_out.bounds(entry["lengths"], count)
+        row = judged(judge, entry["texts"], entry["ids"]) | held_out_text.bounds(
+            entry["lengths"], count
+        )
         if settings.mauve and name in headline_sets(settings):
-            row["mauve"] = mauve_score(row_texts(entry), references)
+            row["mauve"] = mauve_score(judged_texts(entry["texts"]), references)
         scores["sets"][name] = row
     return scores
-
-
-def row_texts(entry: dict[str, Any]) -> list[str]:
-    return [text if text.strip() else " " for text in entry["texts"]]
 
 
 def examples_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:

@@ -330,20 +330,19 @@ def split_rows(state: dict[str, Any], tokenizer: Tokenizer, split: str) -> np.nd
     )[split].tokens
 
 
-def reference_texts(out: Path, count: int, length: int) -> list[str]:
-    """Held-out text cut to the samples' length in tokens, for MAUVE and the judge."""
-    _, tokenizer, _ = load(out, "ar")
-    return [tokenizer.decode(ids) for ids in reference_ids(out, count, length)]
-
-
-def reference_ids(out: Path, count: int, length: int) -> list[list[int]]:
-    """The token ids of ``reference_texts``: held-out documents from their start, each cut at
-    its EOS and at ``length`` tokens, as every sample is (``eval.sample_sets``: a sample starts
-    after a document boundary and ends at its first EOS). The held-out rows after their BOS,
-    padding dropped, read as one stream of documents."""
+def held_out(out: Path, count: int, length: int) -> tuple[list[list[int]], list[str], HeldOutText]:
+    """What samples are compared with, from one load of the AR run's tokenizer and held-out
+    rows: the token ids and texts of the first ``count`` held-out documents from their start,
+    each cut at its EOS and at ``length`` tokens, as every sample is (``eval.sample_sets``: a
+    sample starts after a document boundary and ends at its first EOS), and the held-out split
+    as one stream for the frontier's marks (``HeldOutText``)."""
     _, tokenizer, state = load(out, "ar")
     rows = validation_rows(state, tokenizer)
-    return held_out_documents(rows, tokenizer.eos_id, tokenizer.pad_id, count, length)
+    ids = held_out_documents(rows, tokenizer.eos_id, tokenizer.pad_id, count, length)
+    boundaries = (tokenizer.eos_id, tokenizer.pad_id)
+    stream = [int(t) for row in rows for t in row[1:] if t not in boundaries]
+    texts = [tokenizer.decode(row) for row in ids]
+    return ids, texts, HeldOutText(stream, tokenizer.decode)
 
 
 def held_out_documents(
@@ -364,13 +363,3 @@ def held_out_documents(
     if current and len(documents) < count:
         documents.append(current[:length])
     return documents
-
-
-def held_out_text(out: Path) -> HeldOutText:
-    """The held-out split as one stream (each row after its BOS, EOS and padding dropped), for
-    the frontier's marks (``eval.sample_sets.HeldOutText``)."""
-    _, tokenizer, state = load(out, "ar")
-    rows = validation_rows(state, tokenizer)
-    boundaries = (tokenizer.eos_id, tokenizer.pad_id)
-    stream = [int(t) for row in rows for t in row[1:] if t not in boundaries]
-    return HeldOutText(stream, tokenizer.decode)
