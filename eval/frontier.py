@@ -38,6 +38,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from eval.speed_ratios import RatioEstimate, process_ratios, ratio_estimate
 from eval.throughput import Throughput
 
 UNKNOWN, LOW_ENTROPY, REPETITIVE = "unknown", "low-entropy", "repetitive"
@@ -52,6 +53,8 @@ class Point:
     ``entropy_floor``: the lowest such mean held-out text of the same lengths passes.
     ``repetition``: mean per-sample 4-gram repetition rate; ``repetition_ceiling``: the highest
     held-out text passes. None: not measured, and the point is marked unknown.
+    ``speed_ratios``: per seed, the tokens/s over the AR's at T=1 in the same rounds of each
+    measuring process (``eval.speed_ratios``); empty when the AR was not measured with it.
     """
 
     family: str
@@ -66,6 +69,7 @@ class Point:
     repetition_ceiling: float | None = None
     tpf: float | None = None  # valid tokens per network evaluation (the leaderboard's TPF)
     nfe: float | None = None  # network evaluations per sample
+    speed_ratios: tuple[tuple[float, ...], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("tokens_per_s", "judge_ppl"):
@@ -76,6 +80,11 @@ class Point:
     @property
     def key(self) -> tuple[str, str]:
         return self.family, self.setting
+
+    @property
+    def speed_ratio(self) -> RatioEstimate | None:
+        """Its tokens/s over the AR's, mean with the 95% interval over processes (seeds)."""
+        return ratio_estimate(self.speed_ratios) if self.speed_ratios else None
 
 
 @dataclass
@@ -150,6 +159,7 @@ def front_rows(front: Frontier, *, unmarked: bool = True) -> tuple[list[str], li
         "family",
         "setting",
         "tokens/s",
+        "x AR [95%]",
         "TPF",
         "NFE",
         "judge ppl [95%]",
@@ -166,6 +176,7 @@ def front_rows(front: Frontier, *, unmarked: bool = True) -> tuple[list[str], li
                 p.family,
                 p.setting,
                 f"{p.tokens_per_s:,.0f}",
+                ratio_cell(p),
                 "-" if p.tpf is None else f"{p.tpf:.3g}",
                 "-" if p.nfe is None else f"{p.nfe:.4g}",
                 f"{p.judge_ppl:.4g}{interval}",
@@ -174,6 +185,16 @@ def front_rows(front: Frontier, *, unmarked: bool = True) -> tuple[list[str], li
             ]
         )
     return columns, rows
+
+
+def ratio_cell(point: Point) -> str:
+    """The speed ratio to the AR with its interval, "-" when not measured."""
+    estimate = point.speed_ratio
+    if estimate is None:
+        return "-"
+    if estimate.interval is None:
+        return f"{estimate.mean:.3g}"
+    return f"{estimate.mean:.3g} [{estimate.interval[0]:.3g}, {estimate.interval[1]:.3g}]"
 
 
 def entropy_cell(point: Point) -> str:
@@ -285,7 +306,8 @@ def points_from_stages(
     entry with its "objective"), ``scores`` (name -> quality row with "judge_ppl",
     "judge_ppl_ci95", "unigram_entropy", "repetition_rate_4gram" and their held-out bounds
     "entropy_floor", "repetition_ceiling") and the fair ``throughput`` measurement of the same
-    names; TPF and NFE per sample from the generation entry. Families in ``exclude`` (the
+    names, with each process's ratio to the AR (``eval.speed_ratios``); TPF and NFE per sample
+    from the generation entry. Families in ``exclude`` (the
     unigram floor: no network, no speed to compare) and settings without a record at that batch
     are left out."""
     points = []
@@ -312,6 +334,15 @@ def points_from_stages(
                 repetition_ceiling=row.get("repetition_ceiling"),
                 tpf=entry.get("tpf"),
                 nfe=entry.get("nfe_per_sample"),
+                speed_ratios=ratios_of(throughput, name, batch_size),
             )
         )
     return points
+
+
+def ratios_of(throughput: Throughput, name: str, batch_size: int) -> tuple[tuple[float, ...], ...]:
+    """One seed's process ratios of ``name`` to the AR, () when the AR was not measured."""
+    try:
+        return (tuple(process_ratios(throughput, name, batch_size)),)
+    except KeyError:
+        return ()

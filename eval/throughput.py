@@ -113,15 +113,22 @@ class Throughput:
     # batch sizes and rounds (``eval.experiments.compare_speed.measured_setup``); empty in a
     # measurement written before it was recorded, or one made outside a comparison.
     setup: dict[str, Any] = field(default_factory=dict)
+    # A measurement pooled from several fresh processes (``merge_runs``) keeps each process's
+    # own run here: what a setting's ratio to the AR is replicated over (``eval.speed_ratios``).
+    # Empty for one process's run.
+    processes: list[Throughput] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "records": [r.as_dict() for r in self.records],
             "machine": self.machine,
             "notes": list(self.notes),
             "probes": [r.as_dict() for r in self.probes],
             "setup": dict(self.setup),
         }
+        if self.processes:
+            data["processes"] = [run.as_dict() for run in self.processes]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Throughput:
@@ -143,6 +150,7 @@ class Throughput:
             list(data.get("notes", [])),
             [record(r) for r in data.get("probes", [])],
             dict(data.get("setup", {})),
+            [cls.from_dict(run) for run in data.get("processes", [])],
         )
 
     def record(self, name: str, batch_size: int) -> Record:
@@ -358,9 +366,10 @@ def merge_runs(runs: Sequence[Throughput]) -> Throughput:
     """One measurement from several runs of the same settings (e.g. in separate fresh processes,
     so that the stated spread covers what changes from one process to the next, not only from
     one round to the next): each record's rounds are pooled in run order and its median, min and
-    max taken over all of them. Records are matched by (name, batch size); one missing from any
-    run is refused, as the pooled spread would silently cover fewer runs, and so are runs whose
-    recorded setups differ (they measured different models or settings)."""
+    max taken over all of them; the runs themselves are kept (``Throughput.processes``), as the
+    ratios to the AR are replicated over them. Records are matched by (name, batch size); one
+    missing from any run is refused, as the pooled spread would silently cover fewer runs, and
+    so are runs whose recorded setups differ (they measured different models or settings)."""
     if not runs:
         raise ValueError("nothing to merge: give at least one measurement")
     if any(run.setup != runs[0].setup for run in runs):
@@ -392,6 +401,7 @@ def merge_runs(runs: Sequence[Throughput]) -> Throughput:
         notes,
         pooled([run.probes for run in runs]),
         dict(runs[0].setup),
+        list(runs),
     )
 
 

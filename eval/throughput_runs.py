@@ -22,6 +22,14 @@ A [min, max] over 5 rounds covers the noise within a run, not the drift between 
 summary also gives how close the runs came: the ratio of medians, median [min, max] over the
 settings.
 
+**Ratios to the AR.** What the frontier states is each setting's tokens/s over the AR's at T=1
+in the same rounds, replicated over fresh processes (``eval.speed_ratios``). For runs that kept
+their processes' runs (the main job's, from three processes), every setting's ratio in each run
+is given as the mean over its processes with the 95% t-interval, and a second verdict: ``ratios
+reproduced`` when every setting's second-run ratio lies inside the first run's interval, ``ratios
+not reproduced`` otherwise; not compared when the first run has fewer than two processes (no
+interval) or no AR at T=1 at that batch size.
+
 Only two runs of the same measurement are compared: runs whose recorded setups differ (the
 preset, a model's shape, the generation length or prompt, the sampler settings: ``SAME_SETUP``),
 that ran with different torch threads, or in which a setting generated a different number of
@@ -36,14 +44,15 @@ outside its [min, max]) is one line naming the file and the field; user errors e
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eval.speed_ratios import REFERENCE, RatioEstimate, process_ratios, ratio_estimate
 from eval.throughput import Record, Spread, Throughput
+from eval.throughput_files import load
 from shared.cli_args import CommandParser, writable_file
 from shared.errors import ConfigError, report_user_errors
 from shared.files import write_atomic
@@ -52,6 +61,11 @@ REPRODUCED = "reproduced"
 HOST_CHANGED = "host changed speed"
 NOT_REPRODUCED = "not reproduced"
 NO_PROBES = "not reproduced (no host probes)"
+# The verdict on the ratios to the AR (eval.speed_ratios), given beside the one on tokens/s.
+RATIOS_REPRODUCED = "ratios reproduced"
+RATIOS_NOT_REPRODUCED = "ratios not reproduced"
+NO_RATIO_INTERVAL = "ratios not compared (the first run has no interval: fewer than 2 processes)"
+NO_REFERENCE = "ratios not compared (no AR T=1 at this batch size)"
 
 # The setup fields two runs must share to be runs of the same measurement (what sets the speed
 # of a setting of a given name). Batch sizes are compared one by one (those both runs measured),
@@ -94,11 +108,28 @@ class Pair:
 
 
 @dataclass(frozen=True)
+class RatioPair:
+    """One setting's tokens/s over the AR's in the same rounds, in both runs: each the mean
+    over that run's processes with its 95% t-interval (``eval.speed_ratios``)."""
+
+    name: str
+    first: RatioEstimate
+    second: RatioEstimate
+
+    @property
+    def inside(self) -> bool:
+        """The second run's ratio lies inside the first run's stated interval."""
+        return self.first.holds(self.second.mean)
+
+
+@dataclass(frozen=True)
 class BatchAgreement:
     batch_size: int
     settings: list[Pair]
     probes: list[Pair]
     verdict: str
+    ratios: list[RatioPair] = field(default_factory=list)
+    ratio_verdict: str = NO_REFERENCE
 
     def ratio_spread(self) -> Spread:
         return Spread.of([p.ratio for p in self.settings])
@@ -132,6 +163,32 @@ def verdict(settings: list[Pair], probes: list[Pair]) -> str:
     faster = statistics.median(p.ratio for p in settings) > 1
     host_moved = any(not p.within and (p.ratio > 1) == faster for p in probes)
     return HOST_CHANGED if host_moved else NOT_REPRODUCED
+
+
+def ratio_pairs(first: Throughput, second: Throughput, batch: int) -> list[RatioPair]:
+    """Every setting but the AR reference that both runs measured at ``batch`` with it, as
+    ratio estimates over each run's processes ([] when a run lacks the reference)."""
+    names = [p.name for p in pairs(first.records, second.records, batch) if p.name != REFERENCE]
+    try:
+        return [
+            RatioPair(
+                name,
+                ratio_estimate([process_ratios(first, name, batch)]),
+                ratio_estimate([process_ratios(second, name, batch)]),
+            )
+            for name in names
+        ]
+    except KeyError:
+        return []
+
+
+def ratio_verdict(ratios: list[RatioPair]) -> str:
+    """Reproduced when every setting's second ratio lies inside the first run's interval."""
+    if not ratios:
+        return NO_REFERENCE
+    if any(pair.first.interval is None for pair in ratios):
+        return NO_RATIO_INTERVAL
+    return RATIOS_REPRODUCED if all(p.inside for p in ratios) else RATIOS_NOT_REPRODUCED
 
 
 def setup_differences(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
@@ -223,7 +280,13 @@ def compare_runs(
         settings = pairs(first.records, second.records, batch)
         if settings:
             probes = pairs(first.probes, second.probes, batch)
-            agreements.append(BatchAgreement(batch, settings, probes, verdict(settings, probes)))
+            ratios = ratio_pairs(first, second, batch)
+            agreements.append(
+                BatchAgreement(
+                    batch, settings, probes, verdict(settings, probes), ratios,
+                    ratio_verdict(ratios),
+                )
+            )  # fmt: skip
     if not agreements:
         raise ConfigError("the two runs share no setting at any batch size: nothing to compare")
     return agreements
@@ -253,154 +316,39 @@ def markdown(agreements: list[BatchAgreement], recorded_setup: bool = True) -> s
             f"ratio of medians {ratios.median:.3f} [{ratios.low:.3f}, {ratios.high:.3f}].",
             "",
         ]
+        lines += ratio_markdown(a)
     return "\n".join(lines)
+
+
+def ratio_markdown(agreement: BatchAgreement) -> list[str]:
+    """The ratios to the AR in both runs, whether each rerun's lies inside the first's interval,
+    and the verdict on them."""
+    lines = [f"Ratios to the AR ({REFERENCE}) in the same rounds: {agreement.ratio_verdict}.", ""]
+    if not agreement.ratios:
+        return lines
+    lines += [
+        "| setting | first run ratio [95%] | second run ratio [95%] | second inside first's |",
+        "| --- | --- | --- | --- |",
+    ]
+    for pair in agreement.ratios:
+        lines.append(
+            f"| {pair.name} | {ratio_text(pair.first)} | {ratio_text(pair.second)} | "
+            f"{'yes' if pair.inside else 'no'} |"
+        )
+    inside = sum(pair.inside for pair in agreement.ratios)
+    lines += ["", f"Second-run ratios inside the first's interval: {inside} of "
+              f"{len(agreement.ratios)}.", ""]  # fmt: skip
+    return lines
+
+
+def ratio_text(estimate: RatioEstimate) -> str:
+    if estimate.interval is None:
+        return f"{estimate.mean:.3f} (1 process)"
+    return f"{estimate.mean:.3f} [{estimate.interval[0]:.3f}, {estimate.interval[1]:.3f}]"
 
 
 def spread_text(s: Spread) -> str:
     return f"{s.median:,.0f} [{s.low:,.0f}, {s.high:,.0f}]"
-
-
-def load(path: Path) -> Throughput:
-    """A measurement as ``Throughput.as_dict`` wrote it, bare or inside a stored stage's
-    ``result``; anything else is one line naming the file (and the field)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no such file; give a throughput stage's JSON") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"{path}: cannot read a throughput measurement ({error})") from None
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as error:
-        raise ConfigError(f"{path}: not JSON ({error}); give a throughput stage's JSON") from None
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"{path}: a JSON {json_kind(data)}, not a throughput measurement (an object with "
-            "'records'); give a throughput stage's JSON"
-        )
-    if isinstance(data.get("result"), dict):
-        data = data["result"]
-    if "records" not in data:
-        raise ConfigError(f"{path}: no 'records' in it; give a throughput stage's JSON")
-    try:
-        return checked_measurement(data)
-    except ConfigError as error:
-        raise ConfigError(f"{path}: {error}") from None
-
-
-def json_kind(value: Any) -> str:
-    """What a JSON value is, in JSON's words."""
-    kinds = ((dict, "object"), (list, "list"), (str, "string"), (bool, "boolean"))
-    kinds += (((int, float), "number"),)
-    return next((name for kind, name in kinds if isinstance(value, kind)), "null")
-
-
-def checked_measurement(data: dict[str, Any]) -> Throughput:
-    """``data`` as a ``Throughput``, every field the comparison reads checked first."""
-    records = checked_list(data, "records", "")
-    probes = checked_list(data, "probes", "") if "probes" in data else []
-    machine = data.get("machine")
-    if not isinstance(machine, dict):
-        raise ConfigError(f"'machine' is {describe(machine)}; expected an object")
-    setup = data.get("setup", {})
-    if not isinstance(setup, dict):
-        raise ConfigError(f"'setup' is {describe(setup)}; expected an object")
-    notes = data.get("notes", [])
-    if not isinstance(notes, list):
-        raise ConfigError(f"'notes' is {describe(notes)}; expected a list")
-    return Throughput(
-        [checked_record(r, f"records[{i}]") for i, r in enumerate(records)],
-        machine,
-        [str(note) for note in notes],
-        [checked_record(r, f"probes[{i}]") for i, r in enumerate(probes)],
-        setup,
-    )
-
-
-def describe(value: Any) -> str:
-    return "missing" if value is None else f"{value!r} (a {json_kind(value)})"
-
-
-def checked_list(data: dict[str, Any], field: str, where: str) -> list[Any]:
-    value = data.get(field)
-    if not isinstance(value, list):
-        raise ConfigError(f"'{where}{field}' is {describe(value)}; expected a list")
-    return value
-
-
-def field_of(record: dict[str, Any], field: str, where: str) -> Any:
-    if field not in record:
-        raise ConfigError(f"{where} has no field '{field}'")
-    return record[field]
-
-
-def checked_integer(record: dict[str, Any], field: str, where: str, least: int) -> int:
-    value = field_of(record, field, where)
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ConfigError(f"{where}.{field} is {value!r}; expected an integer >= {least}")
-    return value
-
-
-def checked_number(value: Any, where: str) -> float:
-    """A finite JSON number (NaN and infinities, which Python's json reads, are refused)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{where} is {describe(value)}; expected a number")
-    if not math.isfinite(value):
-        raise ConfigError(f"{where} is {value}; expected a finite number")
-    return float(value)
-
-
-def checked_spread(record: dict[str, Any], field: str, where: str) -> Spread:
-    """A median with its [low, high]: finite numbers, 0 <= low <= median <= high, the median
-    above 0 (the comparison divides by it)."""
-    spread = field_of(record, field, where)
-    if not isinstance(spread, dict):
-        raise ConfigError(f"{where}.{field} is {describe(spread)}; expected an object")
-    median, low, high = (
-        checked_number(field_of(spread, key, f"{where}.{field}"), f"{where}.{field}.{key}")
-        for key in ("median", "low", "high")
-    )
-    if not low <= median <= high:
-        raise ConfigError(
-            f"{where}.{field}: median {median:g} outside [low {low:g}, high {high:g}]; expected "
-            "low <= median <= high"
-        )
-    if low < 0:
-        raise ConfigError(f"{where}.{field}.low is {low:g}; a speed cannot be below 0")
-    if median == 0:
-        raise ConfigError(f"{where}.{field}.median is 0; the ratio of medians needs it above 0")
-    return Spread(median, low, high)
-
-
-def checked_record(record: Any, where: str) -> Record:
-    """One record of a measurement, checked field by field."""
-    if not isinstance(record, dict):
-        raise ConfigError(f"{where} is {describe(record)}; expected an object")
-    name = field_of(record, "name", where)
-    if not isinstance(name, str):
-        raise ConfigError(f"{where}.name is {describe(name)}; expected text")
-    round_tokens = field_of(record, "round_tokens", where)
-    if not isinstance(round_tokens, list) or any(
-        isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in round_tokens
-    ):
-        raise ConfigError(
-            f"{where}.round_tokens is {round_tokens!r}; expected a list of integers >= 0"
-        )
-    round_seconds = field_of(record, "round_seconds", where)
-    if not isinstance(round_seconds, list):
-        raise ConfigError(f"{where}.round_seconds is {describe(round_seconds)}; expected a list")
-    positions = record.get("positions", [])
-    return Record(
-        name=name,
-        batch_size=checked_integer(record, "batch_size", where, 1),
-        rounds=checked_integer(record, "rounds", where, 1),
-        warmup=checked_integer(record, "warmup", where, 0),
-        tokens_per_s=checked_spread(record, "tokens_per_s", where),
-        seconds_per_sample=checked_spread(record, "seconds_per_sample", where),
-        round_seconds=[checked_number(t, f"{where}.round_seconds") for t in round_seconds],
-        round_tokens=round_tokens,
-        positions=positions if isinstance(positions, list) else [],
-    )
 
 
 def summary(agreements: list[BatchAgreement]) -> list[dict[str, Any]]:
@@ -413,6 +361,11 @@ def summary(agreements: list[BatchAgreement]) -> list[dict[str, Any]]:
             "ratio_of_medians": vars(a.ratio_spread()),
             "probe_ratios": {p.name: p.ratio for p in a.probes},
             "probes_within": {p.name: p.within for p in a.probes},
+            "ratio_verdict": a.ratio_verdict,
+            "ratios": {
+                p.name: {"first": vars(p.first), "second": vars(p.second), "inside": p.inside}
+                for p in a.ratios
+            },
         }
         for a in agreements
     ]

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from eval.experiments import compare, stages
-from eval.frontier_headline import t_interval
+from eval.speed_ratios import ratio_estimate
 from eval.throughput import PROBE_DISPATCH, PROBE_MATMUL
 
 
@@ -81,14 +81,22 @@ def test_smoke_report_has_the_speed_quality_frontier_at_both_batch_sizes(smoke):
     assert timed == {(name, batch) for name in settings for batch in (1, 4)}
     for record in frontier["throughput"]["records"]:
         speed = record["tokens_per_s"]
-        assert speed["low"] <= speed["median"] <= speed["high"] and record["rounds"] == 2
-        assert record["round_tokens"] == [record["batch_size"] * 24] * 2  # every position
+        # frontier_rounds=2 over three processes: one round each, pooled
+        assert speed["low"] <= speed["median"] <= speed["high"] and record["rounds"] == 3
+        assert record["round_tokens"] == [record["batch_size"] * 24] * 3  # every position
+    # each process's run is kept: a ratio to the AR per process and setting
+    assert len(frontier["throughput"]["processes"]) == 3
+    for batch in (1, 4):
+        for p in frontier[f"batch {batch}"]["points"]:
+            assert len(p["speed_ratios"]) == 1 and len(p["speed_ratios"][0]) == 3, p["setting"]
+            if p["setting"] == "ar T=1":
+                assert p["speed_ratios"] == [[1.0, 1.0, 1.0]]
     # the host probes ran in the same rounds beside each batch size (eval.throughput_runs)
     probes = {(r["name"], r["batch_size"]) for r in frontier["throughput"]["probes"]}
     assert probes == {(name, batch) for name in (PROBE_MATMUL, PROBE_DISPATCH) for batch in (1, 4)}
     # what was measured, so that eval.throughput_runs can refuse a rerun of something else
     setup = frontier["throughput"]["setup"]
-    assert setup["preset"] == "smoke" and setup["gen_length"] == 24 and setup["processes"] == 2
+    assert setup["preset"] == "smoke" and setup["gen_length"] == 24 and setup["processes"] == 3
     assert set(setup["models"]) == {"ar", "mdm"} and setup["models"]["mdm"]["objective"] == "mdm"
     # held-out text's own entropy, not a placeholder: what low-entropy points are measured by
     assert data["results"]["quality"]["reference"]["unigram_entropy"] > 1.0
@@ -267,7 +275,6 @@ def test_two_seeds_are_each_sampled_judged_and_timed(tmp_path):
         if section["per_seed"]["headline_setting"] is None:
             assert "no setting qualifies" in section["headline"] and ratios == []
         else:
-            low, high = t_interval(ratios)
-            assert (
-                len(ratios) == 2 and f"[{low:.3g}, {high:.3g}] over 2 seeds" in section["headline"]
-            )
+            low, high = ratio_estimate(ratios).interval
+            assert len(ratios) == 2 and all(len(seed) == 3 for seed in ratios)
+            assert f"[{low:.3g}, {high:.3g}] over 2 seeds" in section["headline"]

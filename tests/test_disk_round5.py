@@ -91,7 +91,7 @@ def test_a_refused_write_names_the_path_and_the_problem(tmp_path, code, words):
 def test_safetensors_os_errors_are_read_from_their_message():
     found = os_error_in(rust_full(Path("/somewhere/model.safetensors")))
     assert found.errno == errno.ENOSPC and found.filename == "/somewhere/.tmpQ1w2e3"
-    older = SafetensorError('Error while serializing: IoError(Os { code: 122, kind: Other })')
+    older = SafetensorError("Error while serializing: IoError(Os { code: 122, kind: Other })")
     assert os_error_in(older).errno == errno.EDQUOT
     assert os_error_in(SafetensorError("Error while deserializing header: too large")) is None
     assert disk_error_message(OSError(errno.EIO, "Input/output error", "/x")) is None
@@ -289,9 +289,7 @@ def test_a_llama_export_failing_at_its_last_file_removes_the_rest(
     assert not out.exists()
 
 
-def test_an_import_on_a_full_disk_leaves_no_folder_and_a_rerun_works(
-    tmp_path, capsys, monkeypatch
-):
+def test_an_import_on_a_full_disk_leaves_no_folder_and_a_rerun_works(tmp_path, capsys, monkeypatch):
     pytest.importorskip("transformers")
     source = save(tmp_path / "ar" / "checkpoints", 3)
     exported = ar_export.export_checkpoint(source, tmp_path / "exported")

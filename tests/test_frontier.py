@@ -22,7 +22,7 @@ from eval.frontier import (
     pareto_front,
     points_from_stages,
 )
-from eval.frontier_headline import HEADLINE_RULE, headline, report_frontier, seed_means, t_interval
+from eval.frontier_headline import HEADLINE_RULE, headline, report_frontier, seed_means
 
 FLOOR, CEILING = 3.6, 0.05  # held-out text's entropy floor and repetition ceiling
 
@@ -128,8 +128,11 @@ def test_markdown_table_lists_the_front_with_entropy_and_interval():
         replace(point("mdm", "fixed 64", 430, 133.5, entropy=2.804), tpf=2.0, nfe=32),
     ]
     text = front_markdown(frontier(points))
-    assert "| ar | ar T=1 | 12,000 | - | - | 620 [560, 690] | 3.850 (3.600) |  |" in text
-    assert "| mdm | fixed 64 | 430 | 2 | 32 | 133.5 | 2.804 (3.600) | low-entropy |" in text
+    assert "| ar | ar T=1 | 12,000 | - | - | - | 620 [560, 690] | 3.850 (3.600) |  |" in text
+    assert "| mdm | fixed 64 | 430 | - | 2 | 32 | 133.5 | 2.804 (3.600) | low-entropy |" in text
+    measured = replace(points[1], speed_ratios=((0.03, 0.04, 0.05),))
+    text = front_markdown(frontier([points[0], measured]))
+    assert "| mdm | fixed 64 | 430 | 0.04 [0.0152, 0.0648] | 2 | 32 |" in text
     assert "1 of 2 points marked" in text
 
 
@@ -164,9 +167,9 @@ def test_headline_picks_the_fastest_qualifying_setting():
     assert text.startswith(
         "At batch 64, the fastest setting within 1.5x of the AR's judge perplexity (and "
         "unmarked) is ok-fast, at 2,000 tokens/s (judge perplexity 150) against the AR's "
-        "10,000 (judge perplexity 100): 0.2x"
+        "10,000 (judge perplexity 100): 0.2x in median tokens/s (no ratio measured in the same "
+        "rounds). No perplexity interval: ties in quality"
     )
-    assert "(1 seed, no interval over seeds). No perplexity interval: ties in quality" in text
 
 
 def test_headline_ties():
@@ -177,16 +180,44 @@ def test_headline_ties():
     assert "are a and b, at 800 tokens/s" in headline({0: both}, 64)
 
 
-def test_headline_interval_over_seeds():
+def measured(p, *per_seed):
+    """``p`` with each seed's process ratios to the AR."""
+    return replace(p, speed_ratios=tuple(tuple(ratios) for ratios in per_seed))
+
+
+def test_headline_interval_over_seeds_of_the_process_means():
     def seed(ratio):
-        return [point("ar", "ar T=1", 1000, 100), point("mdm", "m", 1000 * ratio, 120)]
+        m = point("mdm", "m", 1000 * ratio, 120)
+        # three processes per seed, their mean the seed's ratio
+        return [point("ar", "ar T=1", 1000, 100), measured(m, (ratio - 0.02, ratio, ratio + 0.02))]
 
     text = headline({0: seed(0.5), 1: seed(0.6), 2: seed(0.7)}, 64)
-    low, high = t_interval([0.5, 0.6, 0.7])
     half = 4.302652729911275 * 0.1 / math.sqrt(3)  # t(0.975, 2) * sd / sqrt(n)
-    assert low == pytest.approx(0.6 - half) and high == pytest.approx(0.6 + half)
     assert "is m, at 600 tokens/s" in text
-    assert f"[{low:.3g}, {high:.3g}] over 3 seeds" in text and "per-seed ratio 0.6x" in text
+    assert f"0.6x (95% t-interval [{0.6 - half:.3g}, {0.6 + half:.3g}] over 3 seeds)" in text
+
+
+def test_headline_interval_over_processes_with_one_seed():
+    m = measured(point("mdm", "m", 600, 120), (0.55, 0.6, 0.65))
+    text = headline({0: [point("ar", "ar T=1", 1000, 100), m]}, 64)
+    half = 4.302652729911275 * 0.05 / math.sqrt(3)
+    assert f"0.6x (95% t-interval [{0.6 - half:.3g}, {0.6 + half:.3g}] over 3 processes)" in text
+    one = measured(point("mdm", "m", 600, 120), (0.6,))
+    assert "0.6x (1 process, no interval)" in headline(
+        {0: [point("ar", "ar T=1", 1000, 100), one]}, 64
+    )
+
+
+def test_headline_ranks_by_the_ratio_in_the_same_rounds():
+    # "pooled" has the higher median tokens/s of the pooled rounds, but in the rounds it shared
+    # with the AR it was the slower one: the ratio decides.
+    ar = point("ar", "ar T=1", 1000, 100)
+    pooled = measured(point("mdm", "pooled", 900, 120), (0.7, 0.72, 0.71))
+    paired = measured(point("mdm", "paired", 850, 120), (0.8, 0.82, 0.81))
+    assert "is paired, at 850 tokens/s" in headline({0: [ar, pooled, paired]}, 64)
+    # one without a ratio: every candidate is ranked by tokens/s
+    unpaired = point("mdm", "unpaired", 880, 120)
+    assert "is pooled, at 900 tokens/s" in headline({0: [ar, pooled, paired, unpaired]}, 64)
 
 
 def test_headline_when_nothing_qualifies():
@@ -218,7 +249,8 @@ def test_points_from_the_compare_stages_take_the_fair_median():
 
     def record(name, batch, median):
         spread = Spread(median, median / 2, median * 2)
-        return Record(name, batch, 3, 1, spread, spread, [1.0] * 3, [1] * 3, [0, 1, 2])
+        tokens = [int(median)] * 3
+        return Record(name, batch, 3, 1, spread, spread, [1.0, 2.0, 1.0], tokens, [0, 1, 2])
 
     sets = {
         "ar T=1": {"objective": "ar", "tokens_per_s": 1.0},  # the cold number is not used
@@ -245,9 +277,16 @@ def test_points_from_the_compare_stages_take_the_fair_median():
     )
     points = points_from_stages(sets, scores, measured, 64)
     assert points == [
-        Point("ar", "ar T=1", 64, 9000.0, 600.0, (560.0, 680.0), 3.8, 3.5, 0.02, 0.04),
-        Point("mdm", "mdm fixed", 64, 900.0, 130.0, None, 2.8),  # bounds unknown
-    ]
+        Point(
+            "ar", "ar T=1", 64, 9000.0, 600.0, (560.0, 680.0), 3.8, 3.5, 0.02, 0.04,
+            speed_ratios=((1.0,),),
+        ),
+        # bounds unknown; its ratio to the AR from the rounds they shared
+        Point("mdm", "mdm fixed", 64, 900.0, 130.0, None, 2.8, speed_ratios=((0.1,),)),
+    ]  # fmt: skip
+    # without the AR at a batch size there is no ratio
+    alone = Throughput([record("mdm fixed", 64, 900.0)], {})
+    assert points_from_stages(sets, scores, alone, 64)[0].speed_ratios == ()
 
 
 def test_report_section_has_rule_headline_tables_and_figure(tmp_path):
@@ -255,10 +294,10 @@ def test_report_section_has_rule_headline_tables_and_figure(tmp_path):
 
     report = Report("frontier", tmp_path)
     runs = {
-        0: [point("ar", "ar T=1", 1000, 100), point("mdm", "m", 500, 120)],
+        0: [point("ar", "ar T=1", 1000, 100), measured(point("mdm", "m", 500, 120), (0.5, 0.5))],
         1: [
             point("ar", "ar T=1", 1000, 100),
-            point("mdm", "m", 700, 130),
+            measured(point("mdm", "m", 700, 130), (0.6, 0.8)),
             point("mdm", "m", 9, 9, batch=1),  # no AR at batch 1: no headline there
         ],
     }
@@ -273,7 +312,10 @@ def test_report_section_has_rule_headline_tables_and_figure(tmp_path):
     assert results["batch 64"]["points"][1]["tokens_per_s"] == 600.0
     # report.json keeps what each seed measured and the per-seed ratios behind the interval
     per_seed = results["batch 64"]["per_seed"]
-    assert per_seed["headline_setting"] == "m" and per_seed["headline_ratios"] == [0.5, 0.7]
+    assert per_seed["headline_setting"] == "m"
+    assert per_seed["headline_ratios"] == [[0.5, 0.5], [0.6, 0.8]]
+    assert per_seed["headline_ratio"]["mean"] == pytest.approx(0.6)
+    assert per_seed["headline_ratio"]["over"] == "seeds"
     assert [p["tokens_per_s"] for p in per_seed["points"]["1"]] == [1000, 700]
 
 

@@ -12,7 +12,10 @@ from eval.throughput import Record, Spread, Throughput, merge_runs
 from eval.throughput_runs import (
     HOST_CHANGED,
     NO_PROBES,
+    NO_RATIO_INTERVAL,
     NOT_REPRODUCED,
+    RATIOS_NOT_REPRODUCED,
+    RATIOS_REPRODUCED,
     REPRODUCED,
     compare_runs,
     main,
@@ -314,3 +317,62 @@ def test_the_comparison_stage_records_what_it_measured(tmp_path, monkeypatch):
     assert recorded["temperatures"] == list(settings.temperatures)
     assert recorded["batch_sizes"] == list(settings.frontier_batches)
     assert json.loads(json.dumps(recorded)) == recorded  # stored as JSON in the stage
+
+
+def process(ratios: dict[str, float], ar_seconds: float = 1.0) -> Throughput:
+    """One process's run: the AR at 100 tokens per round, each setting ``ratio`` times as fast
+    in the same two rounds (the host's speed ``ar_seconds`` shared by the round)."""
+
+    def timed(name: str, seconds: float) -> Record:
+        spread = Spread(100 / seconds, 100 / seconds, 100 / seconds)
+        return Record(name, 1, 2, 1, spread, spread, [seconds] * 2, [100, 100], [0, 1])
+
+    records = [timed("ar T=1", ar_seconds)]
+    records += [timed(name, ar_seconds / ratio) for name, ratio in ratios.items()]
+    return Throughput(records, {"cpu": "test"})
+
+
+def test_reruns_are_compared_on_their_ratios_to_the_ar():
+    # The host ran 20% slower in the rerun: tokens/s do not reproduce, the ratios do.
+    first = merge_runs([process({"m": r}) for r in (2.9, 3.0, 3.1)])
+    slower = merge_runs([process({"m": r}, ar_seconds=1.25) for r in (2.95, 3.0, 3.05)])
+    (batch,) = compare_runs(first, slower)
+    assert batch.verdict == NO_PROBES
+    assert batch.ratio_verdict == RATIOS_REPRODUCED
+    (pair,) = batch.ratios
+    assert pair.name == "m" and pair.first.mean == pytest.approx(3.0) and pair.inside
+    assert pair.first.over == "processes" and pair.first.count == 3
+    # a rerun whose ratio moved past the first run's interval
+    moved = merge_runs([process({"m": r}) for r in (3.6, 3.7, 3.8)])
+    (batch,) = compare_runs(first, moved)
+    assert batch.ratio_verdict == RATIOS_NOT_REPRODUCED and not batch.ratios[0].inside
+    # one process: no interval to hold a rerun
+    (batch,) = compare_runs(process({"m": 3.0}), first)
+    assert batch.ratio_verdict == NO_RATIO_INTERVAL
+
+
+def test_the_command_prints_and_writes_the_ratio_verdict(tmp_path, capsys):
+    first = merge_runs([process({"m": r}) for r in (2.9, 3.0, 3.1)])
+    second = merge_runs([process({"m": r}, ar_seconds=1.1) for r in (3.0, 3.0, 3.1)])
+    paths = []
+    for name, measured in (("a.json", first), ("b.json", second)):
+        paths.append(tmp_path / name)
+        paths[-1].write_text(json.dumps({"result": measured.as_dict()}))
+    summary = tmp_path / "summary.json"
+    assert main([str(paths[0]), str(paths[1]), "--json", str(summary)]) == 0
+    out = capsys.readouterr().out
+    assert "Ratios to the AR (ar T=1) in the same rounds: ratios reproduced." in out
+    assert "| m | 3.000 [2.752, 3.248] | 3.033 [2.890, 3.177] | yes |" in out
+    written = json.loads(summary.read_text())[0]
+    assert written["ratio_verdict"] == RATIOS_REPRODUCED and written["ratios"]["m"]["inside"]
+
+
+def test_a_damaged_process_run_is_one_line(tmp_path, capsys):
+    data = merge_runs([process({"m": 3.0}), process({"m": 3.0})]).as_dict()
+    data["processes"][1]["records"][0]["tokens_per_s"]["median"] = "fast"
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    assert main([str(path), str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "processes[1]: records[0].tokens_per_s.median is 'fast'" in err
+    assert len(err.splitlines()) == 1

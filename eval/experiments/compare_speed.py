@@ -75,22 +75,25 @@ def diffusion_builder(engine: DiffusionGenerator, config, length: int):
     return build
 
 
-# Fresh processes the measurement runs in, its rounds split between them and pooled.
-MEASURING_PROCESSES = 2
+# Fresh processes the measurement runs in, its rounds split between them: pooled for the
+# tokens/s table, each process's own ratios to the AR the replicates of the frontier's speed.
+MEASURING_PROCESSES = 3
 
 
 def throughput_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
     """Every setting timed at every frontier batch size in ``MEASURING_PROCESSES`` fresh
     processes one after another (spawned, with this process's torch threads), each running its
     own warm-up and its share of ``frontier_rounds`` (rounded up); the rounds are pooled
-    (``eval.throughput.merge_runs``).
+    (``eval.throughput.merge_runs``) for the table of tokens/s, and each process's run is kept:
+    the frontier's speed is each setting's ratio to the AR in the same rounds, replicated over
+    the processes (``eval.speed_ratios``).
 
     Fresh, because measured in the job's own process, after training and generation had run
     there, the host probe of per-operation overhead was 20-25% slower than in a fresh process on
-    the same host minutes apart, and the batch-1 settings 6-10% slower. Two of them, because two
-    fresh processes minutes apart still differ by a few per cent, more than a [min, max] over
-    one process's rounds covers; pooled, the stated spread covers it
-    (docs/studies/throughput-repeats)."""
+    the same host minutes apart, and the batch-1 settings 6-10% slower. Several, because two
+    fresh processes minutes apart still differ by up to 10-25% in absolute tokens/s, more than a
+    [min, max] over one process's rounds covers (docs/studies/throughput-repeats); three, so
+    that a t-interval over them exists with one spare (docs/studies/frontier-reruns)."""
     rounds = math.ceil(settings.frontier_rounds / MEASURING_PROCESSES)
     spawn = multiprocessing.get_context("spawn")
     runs = []

@@ -305,8 +305,7 @@ def claim_run_folder(
     start_over = (
         f"start a new run in another folder ({folder} {why_not})"
         if why_not
-        else "start a new one over it with --overwrite (the old files are moved aside, not "
-        "deleted)"
+        else "start a new one over it with --overwrite (the old files are moved aside, not deleted)"
     )
     if not holds_run(folder):
         raise ConfigError(
