@@ -84,14 +84,24 @@ def test_an_unknown_flag_is_named(command, capsys):
     assert "unrecognized flag --bogus" in line and "does not exist" not in line
 
 
-@pytest.mark.parametrize("command", ["train", "sample", "likelihood", "export", "side-by-side"])
+@pytest.mark.parametrize("command", ["train", "likelihood", "export", "side-by-side"])
 def test_each_subcommands_usage_names_it(command, capsys):
-    argv = [command, "--help"]
-    if command == "sample":
-        pytest.skip("duolm sample prints its own usage naming both samplers")
     with pytest.raises(SystemExit):
-        duolm.main(argv)
+        duolm.main([command, "--help"])
     assert capsys.readouterr().out.startswith(f"usage: duolm {command} ")
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_sample_prints_its_own_usage_naming_both_samplers(flag, capsys):
+    # sample picks its sampler from the checkpoint, so its help points at both modules' flags
+    assert duolm.main(["sample", flag]) == 0
+    printed = capsys.readouterr()
+    assert printed.out.startswith("usage: duolm sample CHECKPOINT ") and printed.err == ""
+    assert "python -m arlm.sample --help" in printed.out
+    assert "python -m dllm.sample --help" in printed.out
+    # without a checkpoint and without asking for help, the same usage is a failure
+    assert duolm.main(["sample"]) == 2
+    assert capsys.readouterr().out.startswith("usage: duolm sample CHECKPOINT ")
 
 
 def test_the_docstrings_export_command_runs(runs, tmp_path):

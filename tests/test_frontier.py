@@ -5,6 +5,7 @@ headline rule's sentence (ties in speed and in quality, one point per family, ev
 several seeds, no AR); and the held-out bounds the marks use (eval/sample_sets.py)."""
 
 import math
+import re
 from dataclasses import replace
 
 import pytest
@@ -22,7 +23,13 @@ from eval.frontier import (
     pareto_front,
     points_from_stages,
 )
-from eval.frontier_headline import HEADLINE_RULE, headline, report_frontier, seed_means
+from eval.frontier_headline import (
+    HEADLINE_RULE,
+    headline,
+    passing_settings,
+    report_frontier,
+    seed_means,
+)
 
 FLOOR, CEILING = 3.6, 0.05  # held-out text's entropy floor and repetition ceiling
 
@@ -240,8 +247,22 @@ def test_headline_refuses_without_the_ar_reference():
         headline({0: [point("ar", "ar T=1", 1000, 100, batch=1)]}, 64)
 
 
-def test_rule_is_fixed_text():
-    assert HEADLINE_RULE["ppl_ratio"] == 1.5 and "1.5x" in HEADLINE_RULE["text"]
+def test_the_headline_applies_the_perplexity_bound_its_quoted_rule_states():
+    # the ratio is read from the sentence the report quotes, so the rule's text and the rule
+    # the headline applies cannot drift apart
+    quoted = float(re.search(r"at most ([\d.]+)x the AR's", HEADLINE_RULE["text"])[1])
+    ar = point("ar", "ar T=1", 1000, 80)
+    points = [
+        ar,
+        point("ar", "ar T=0.7", 5000, 60),  # the AR's own settings are never candidates
+        point("mdm", "at the bound", 400, quoted * 80),
+        point("mdm", "just over", 900, quoted * 80 * (1 + 1e-9)),
+        point("bd", "marked", 950, 70, repetition=CEILING * 2),
+    ]
+    assert names(passing_settings(points)) == ["at the bound"]
+    assert "is at the bound, at 400 tokens/s" in headline({0: points}, 64)
+    assert f"within {quoted:g}x of the AR's" in headline({0: points}, 64)
+    assert passing_settings(points[1:]) == []  # no AR point at T=1: nothing to compare against
 
 
 def test_points_from_the_compare_stages_take_the_fair_median():

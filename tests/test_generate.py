@@ -405,8 +405,15 @@ def test_bad_input_raises_a_clear_value_error(prompts, changes, words):
         assert word in str(error.value)
 
 
-def test_check_prompts_accepts_a_batch_that_exactly_fits():
-    check_prompts([[1] * 40, [2]], vocab_size=50, max_seq_len=48, max_new_tokens=8)
+def test_a_batch_that_exactly_fits_generates_to_the_end_of_the_context():
+    prompts = [[1] * 40, [2]]  # the longest prompt plus 8 new tokens is max_seq_len=48
+    assert check_prompts(prompts, vocab_size=50, max_seq_len=48, max_new_tokens=8) is None
+    result = ARGenerator(make_model(), eos_id=None).generate(prompts, greedy(8))
+    assert [len(row) for row in result.tokens] == [8, 8]
+    assert result.finish_reasons == ["length", "length"]
+    # one token more does not fit, and the message says how many do
+    with pytest.raises(ValueError, match="at most 8"):
+        check_prompts(prompts, vocab_size=50, max_seq_len=48, max_new_tokens=9)
 
 
 def test_a_single_string_is_not_a_prompt_list():

@@ -25,7 +25,7 @@ from shared.model import (
     rms_norm,
     rope_cos_sin,
 )
-from shared.training.presets import PRESETS, get_preset
+from shared.training.presets import PRESETS, get_preset, resolve_config
 
 TINY = ModelConfig(
     vocab_size=50, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=48, max_seq_len=16
@@ -326,9 +326,16 @@ def test_unknown_preset_lists_valid_ones():
         get_preset("huge")
 
 
-def test_presets_build_valid_models():
+def test_every_preset_resolves_to_its_own_shape_with_rows_that_fit_its_context():
     for name in PRESETS:
-        ModelConfig(**get_preset(name)["model"]).validate()
+        preset = get_preset(name)
+        model, train = resolve_config(name, {})
+        assert {field: getattr(model, field) for field in preset["model"]} == preset["model"]
+        assert train.seq_len <= model.max_seq_len, name
+    # a preset is handed out as a copy: changing it leaves the named preset as it was
+    handed = get_preset("tiny")
+    handed["model"]["dim"] += 1
+    assert get_preset("tiny")["model"]["dim"] == handed["model"]["dim"] - 1
 
 
 def test_flops_per_token_by_hand():

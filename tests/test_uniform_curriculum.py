@@ -192,6 +192,48 @@ def test_the_curriculum_loss_is_the_exact_udm_loss_for_one_hot_inputs_at_the_sam
     assert prior_nats(10) == prior_nats(10, DELTA) != prior_nats(10, 0.3)
 
 
+def test_the_curriculum_weight_is_the_time_derivative_of_alpha_over_duos_gamma_range():
+    """Over Duo's gamma range (span 1.75, not 1) the NELBO weight is d alpha / dt, which carries
+    the chain-rule factor d gamma / dt; here it is differenced in t from the map itself."""
+    pad, vocab = 3, 11
+    n_support = vocab - 1
+    recorder = Recorder(small_model(time_conditioning=True))
+    objective = curriculum_objective(pad, vocab)
+    low, high = objective.curriculum_gamma
+    assert high - low == pytest.approx(1.75)
+    generator = torch.Generator().manual_seed(13)
+    tokens = torch.randint(0, vocab, (4, 12), generator=generator)
+    tokens[tokens == pad] = 1
+    noise = objective.sample_noise(4, 12, generator) | objective.step_noise(0, 4, generator)
+    out = objective.loss(recorder, tokens, noise)
+    seen = vars(recorder.seen).copy()
+    noised = seen.pop("tokens")
+    with torch.no_grad():
+        logits = recorder.model(noised, **seen)
+    scored = loss_positions(tokens, pad)
+    support = support_ids(torch.arange(n_support), pad)
+
+    def alpha_at_time(t):
+        return argmax_alpha(low + t * (high - low), n_support)[0]
+
+    t = noise["t"].double()[scored.nonzero()[:, 0]]
+    step = 1e-6
+    dalpha_dt = (alpha_at_time(t + step) - alpha_at_time(t - step)) / (2 * step)
+
+    def total(weight):
+        return nelbo_at(
+            torch.log_softmax(logits[:, support].double(), -1),
+            support_index(tokens[scored], pad),
+            support_index(noised[scored], pad),
+            alpha_at_time(t),
+            weight,
+        ).sum() + scored.sum() * prior_nats(n_support, float(alpha_at_time(torch.tensor(1.0))))
+
+    torch.testing.assert_close(out.nats.double(), total(dalpha_dt), rtol=1e-4, atol=1e-4)
+    # the weight without the factor (d alpha / d gamma) is far off: the check can fail
+    assert not torch.allclose(out.nats.double(), total(dalpha_dt / (high - low)), rtol=1e-2)
+
+
 def test_the_curriculum_loss_is_the_same_for_any_split_of_the_batch_and_gives_gradients():
     pad, vocab = 3, 11
     model = small_model()
