@@ -105,7 +105,7 @@ def process_spread(numbers: list[int], batch: int) -> list[str]:
     """How far one run's processes are apart: per run, the median over settings of each
     setting's max/min over its processes, for the ratios and for absolute tokens/s."""
     lines = [
-        f"| run | batch | ratio: max/min over processes (median over settings) | "
+        "| run | batch | ratio: max/min over processes (median over settings) | "
         "tokens/s: the same |",
         "| --- | ---: | ---: | ---: |",
     ]
