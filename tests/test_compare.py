@@ -144,6 +144,42 @@ def test_matched_budget_both_models_saw_the_same_tokens(smoke):
     assert abs(flops_mdm - flops_ar) / flops_ar < 0.01
 
 
+def test_another_generation_length_evaluates_the_same_models_beside_them(smoke, capsys):
+    out, args = smoke
+    checkpoint = sorted((out / "seed-0" / "ar" / "checkpoints").glob("step_*"))[-1]
+    before = checkpoint.stat().st_mtime_ns, (out / "report.json").read_bytes()
+    assert compare.main([*args, "--gen-length", "40", "--no-mauve"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("reusing the finished run") == 2  # nothing retrained
+    folder = out / "gen-length-40"
+    report = json.loads((folder / "report.json").read_text())
+    assert report["config"]["settings"]["gen_length"] == 40
+    # diffusion step counts are cut to the length only where they exceed it (24 <= 40)
+    assert report["config"]["settings"]["diffusion_steps"] == [4, 24]
+    frontier = report["results"]["speed_frontier"]
+    assert frontier["throughput"]["setup"]["gen_length"] == 40
+    for record in frontier["throughput"]["records"]:
+        assert record["round_tokens"] == [record["batch_size"] * 40] * 3
+    # the preset's length keeps its own stages and report, untouched
+    assert (checkpoint.stat().st_mtime_ns, (out / "report.json").read_bytes()) == before
+    assert (folder / "stages" / "throughput.json").is_file()
+
+
+def test_a_generation_length_beyond_the_models_positions_is_one_line(tmp_path, capsys):
+    out = tmp_path / "long"
+    args = ["--preset", "smoke", "--out", str(out), "--cache-dir", str(tmp_path / "cache")]
+    assert compare.main([*args, "--gen-length", "64"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.endswith(
+        "--gen-length 64 does not fit the model: it has 64 positions, BOS takes one, so a "
+        "sample holds at most 63 generated tokens"
+    )
+    assert len(error.splitlines()) == 1 and not out.exists()
+    assert compare.main([*args, "--gen-length", "0"]) == 2
+    assert "give at least 1 generated token" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_rerun_reuses_every_stage_and_force_redoes_them(smoke, capsys):
     out, args = smoke
     checkpoint = sorted((out / "seed-0" / "ar" / "checkpoints").glob("step_*"))[-1]

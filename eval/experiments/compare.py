@@ -88,10 +88,12 @@ def run_comparison(
     force: bool = False,
     stop: StopRequest | None = None,
     tune_lr: bool = False,
+    evaluation: Path | None = None,
 ) -> tuple[dict[str, Any], dict[str, Path]]:
     """Train both models (or reuse them), run every stage and write the report; returns the
     likelihood results and the report's paths. ``tune_lr`` first sweeps each objective's
-    learning rate and trains each with its own choice."""
+    learning rate and trains each with its own choice. ``evaluation``: where the stages and
+    the report go (default ``out``; the models are always trained in ``out``)."""
     started = time.perf_counter()
     tuning, own = None, None
     if tune_lr:
@@ -109,7 +111,7 @@ def run_comparison(
     # Likelihood and the examples: the first seed's main-budget runs; every seed's are sampled,
     # judged and timed (the frontier's headline is a mean over them).
     main = seed_folder(out, settings.seeds[0])
-    stages = Stages(out, force, stop)
+    stages = Stages(evaluation or out, force, stop)
     key = stage_key(runs, settings, settings.seeds[0])
     likelihood = stages.run(
         "likelihood", key, lambda: likelihood_stage(main, settings), likelihood_stage.__module__
@@ -134,6 +136,7 @@ def run_comparison(
         tuning,
         first["throughput"],
         per_seed,
+        evaluation,
     )
     return likelihood, write_report(inputs)
 
@@ -184,6 +187,28 @@ def stage_suffix(seed: int, settings: CompareSettings) -> str:
     """The first seed's stages keep their plain names (``generate``); another seed's carry it
     (``generate-seed1``)."""
     return "" if seed == settings.seeds[0] else f"-seed{seed}"
+
+
+def with_gen_length(settings: CompareSettings, length: int, max_seq_len: int) -> CompareSettings:
+    """``settings`` generating ``length`` tokens per unconditional sample, the step counts cut to
+    at most ``length``; refused (one line) when BOS and ``length`` tokens do not fit the
+    model's ``max_seq_len`` positions."""
+    if length < 1:
+        raise ConfigError(f"--gen-length {length}: give at least 1 generated token")
+    if length > max_seq_len - 1:
+        raise ConfigError(
+            f"--gen-length {length} does not fit the model: it has {max_seq_len} positions, "
+            f"BOS takes one, so a sample holds at most {max_seq_len - 1} generated tokens"
+        )
+    steps = tuple(sorted({min(s, length) for s in settings.diffusion_steps}))
+    return dataclasses.replace(settings, gen_length=length, diffusion_steps=steps)
+
+
+def evaluation_folder(out: Path, length: int, preset_length: int) -> Path | None:
+    """Where a job generating ``length`` tokens keeps its stages and report: ``out`` itself at
+    the preset's length (None), ``out/gen-length-N`` at another, so that both lengths' reports
+    stand side by side over the same trained models."""
+    return None if length == preset_length else out / f"gen-length-{length}"
 
 
 def seeds_asked(seeds: str | None, seed: int | None) -> tuple[int, ...] | None:
@@ -273,6 +298,14 @@ def build_parser() -> argparse.ArgumentParser:
         "each trains every budget point of every objective",
     )
     parser.add_argument(
+        "--gen-length",
+        type=int,
+        default=None,
+        help="generated tokens per unconditional sample (default: the preset's, 64 for the "
+        "demo); at most the model's positions less one (BOS). Another length than the "
+        "preset's evaluates the same trained models into OUT/gen-length-N/",
+    )
+    parser.add_argument(
         "--objectives",
         default="ar,mdm",
         help="the families trained at the same budget points and compared, comma-separated: ar "
@@ -294,6 +327,9 @@ def settings_from_args(args: argparse.Namespace, overrides: dict[str, Any]) -> C
     seeds = seeds_asked(args.seeds, overrides.pop("seed", None))
     if seeds:
         settings = dataclasses.replace(settings, seeds=seeds)
+    if args.gen_length is not None:
+        max_seq_len = resolve_config(args.preset, overrides)[0].max_seq_len
+        settings = with_gen_length(settings, args.gen_length, max_seq_len)
     return dataclasses.replace(settings, objectives=objectives_asked(args.objectives))
 
 
@@ -309,6 +345,9 @@ def comparison_job(
     if not args.force:
         refuse_other_seeds(out, settings.seeds)
         refuse_other_families(out, settings.objectives)
+    preset_length = settings_for(
+        args.preset, resolve_config(args.preset, overrides)[0].max_seq_len
+    ).gen_length
     likelihood, paths = run_comparison(
         args.preset,
         out,
@@ -318,6 +357,7 @@ def comparison_job(
         force=args.force,
         stop=stop,
         tune_lr=args.tune_lr,
+        evaluation=evaluation_folder(out, settings.gen_length, preset_length),
     )
     ar = likelihood["ar"]["estimates"]["nll"]
     print(f"AR  {ar['nats_per_token']:.4f} nats/token, {ar['bits_per_byte']:.4f} bits/byte")

@@ -110,7 +110,7 @@ def new_report(inputs: ReportInputs) -> Report:
     )
     return Report(
         f"AR vs {against}: preset `{inputs.preset}`",
-        inputs.out,
+        inputs.evaluation or inputs.out,
         config={
             "preset": inputs.preset,
             "settings": dataclasses.asdict(settings),

@@ -269,7 +269,9 @@ def examples_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
     families = diffusion_families(settings)
     engines = {name: DiffusionGenerator(*load_for_sampling(out, name)) for name in families}
     rows = validation_rows(state, tokenizer)
-    k, length = settings.prompt_tokens, settings.gen_length
+    k = settings.prompt_tokens
+    # BOS, the prompt and the continuation fit the model (a long --gen-length is cut here)
+    length = min(settings.gen_length, ar_model.config.max_seq_len - 1 - k)
     step = max(1, len(rows) // max(settings.prompts, 1))
     prompts = [rows[i * step][1 : 1 + k].tolist() for i in range(settings.prompts)]
     engine = ARGenerator(ar_model, tokenizer)

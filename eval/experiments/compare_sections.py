@@ -43,6 +43,8 @@ class ReportInputs:
     # every seed's sample sets, their judged quality and timing (seed -> "sets", "quality",
     # "throughput"); None: the first seed's alone (the fields above)
     per_seed: dict[int, dict[str, Any]] | None = None
+    # where the report goes when not beside the trained runs (another generation length's)
+    evaluation: Path | None = None
     main: Path = field(init=False)
     summaries: dict[str, dict[str, Any]] = field(init=False)
     analysis: dict[str, Any] = field(init=False)
