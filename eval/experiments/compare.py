@@ -34,6 +34,7 @@ from eval.curves import entropy_of_counts
 from eval.experiments.compare_budgets import earlier_work, seed_folder, train_budget_points
 from eval.experiments.compare_report import write_report
 from eval.experiments.compare_samples import (
+    CACHE_BLOCKS,
     examples_stage,
     generation_stage,
     quality_stage,
@@ -192,13 +193,21 @@ def stage_suffix(seed: int, settings: CompareSettings) -> str:
 def with_gen_length(settings: CompareSettings, length: int, max_seq_len: int) -> CompareSettings:
     """``settings`` generating ``length`` tokens per unconditional sample, the step counts cut to
     at most ``length``; refused (one line) when BOS and ``length`` tokens do not fit the
-    model's ``max_seq_len`` positions."""
+    model's ``max_seq_len`` positions, or when the masked model's cached samplers cannot split
+    the canvas into ``CACHE_BLOCKS`` equal blocks."""
     if length < 1:
         raise ConfigError(f"--gen-length {length}: give at least 1 generated token")
     if length > max_seq_len - 1:
         raise ConfigError(
             f"--gen-length {length} does not fit the model: it has {max_seq_len} positions, "
             f"BOS takes one, so a sample holds at most {max_seq_len - 1} generated tokens"
+        )
+    if "mdm" in settings.objectives and length % CACHE_BLOCKS:
+        fits = CACHE_BLOCKS * ((max_seq_len - 1) // CACHE_BLOCKS)
+        raise ConfigError(
+            f"--gen-length {length}: the masked model's cached samplers decode the canvas in "
+            f"{CACHE_BLOCKS} blocks of equal length, so the length must be a multiple of "
+            f"{CACHE_BLOCKS} (at most {fits} for this model)"
         )
     steps = tuple(sorted({min(s, length) for s in settings.diffusion_steps}))
     return dataclasses.replace(settings, gen_length=length, diffusion_steps=steps)
@@ -327,10 +336,11 @@ def settings_from_args(args: argparse.Namespace, overrides: dict[str, Any]) -> C
     seeds = seeds_asked(args.seeds, overrides.pop("seed", None))
     if seeds:
         settings = dataclasses.replace(settings, seeds=seeds)
+    settings = dataclasses.replace(settings, objectives=objectives_asked(args.objectives))
     if args.gen_length is not None:
         max_seq_len = resolve_config(args.preset, overrides)[0].max_seq_len
         settings = with_gen_length(settings, args.gen_length, max_seq_len)
-    return dataclasses.replace(settings, objectives=objectives_asked(args.objectives))
+    return settings
 
 
 def comparison_job(
