@@ -179,9 +179,13 @@ def test_a_generation_length_beyond_the_models_positions_is_one_line(tmp_path, c
     assert "give at least 1 generated token" in capsys.readouterr().err
     # the masked model's cached samplers split the canvas into 4 equal blocks
     assert compare.main([*args, "--gen-length", "63"]) == 2
-    assert capsys.readouterr().err.strip().endswith(
-        "--gen-length 63: the masked model's cached samplers decode the canvas in 4 blocks of "
-        "equal length, so the length must be a multiple of 4 (at most 60 for this model)"
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            "--gen-length 63: the masked model's cached samplers decode the canvas in 4 blocks of "
+            "equal length, so the length must be a multiple of 4 (at most 60 for this model)"
+        )
     )
     assert not out.exists()
 
