@@ -2,6 +2,8 @@
 clock: the alternation, the warm-up exclusion, median/min/max and the token accounting are
 checked exactly, never against wall time."""
 
+import dataclasses
+
 import pytest
 
 from eval.throughput import (
@@ -258,7 +260,10 @@ def test_runs_in_separate_processes_pool_their_rounds():
     assert a.tokens_per_s == Spread(3.0, 1.0, 8.0)
     assert a.seconds_per_sample == Spread(1.5, 0.5, 4.0)
     assert merged.probes[0].tokens_per_s == Spread(3.0, 2.0, 4.0)
-    assert merge_runs([first]) == first
+    # one run merged is that run, which it keeps as its one process
+    single = merge_runs([first])
+    assert single.processes == [first] and dataclasses.replace(single, processes=[]) == first
+    assert merged.processes == [first, second]
     with pytest.raises(ValueError, match="at least one"):
         merge_runs([])
     other = measure([Setting("b", 2, lambda: 1)], rounds=1, warmup=0, clock=iter(range(9)).__next__)

@@ -91,10 +91,9 @@ def run_comparison(
     tune_lr: bool = False,
     evaluation: Path | None = None,
 ) -> tuple[dict[str, Any], dict[str, Path]]:
-    """Train both models (or reuse them), run every stage and write the report; returns the
+    """Train the models (or reuse them), run every stage and write the report; returns the
     likelihood results and the report's paths. ``tune_lr`` first sweeps each objective's
-    learning rate and trains each with its own choice. ``evaluation``: where the stages and
-    the report go (default ``out``; the models are always trained in ``out``)."""
+    learning rate; ``evaluation``: where the stages and report go (default ``out``)."""
     started = time.perf_counter()
     tuning, own = None, None
     if tune_lr:
