@@ -1,10 +1,10 @@
-"""The throughput measurement (eval/throughput.py) with fake generation callables and a fake
+"""The throughput measurement (eval/speed/throughput.py) with fake generation callables and a fake
 clock: the alternation, the warm-up exclusion, median/min/max and the token accounting are
 checked exactly, never against wall time."""
 
 import pytest
 
-from eval.throughput import (
+from eval.speed.throughput import (
     PROBE_DISPATCH,
     PROBE_MATMUL,
     Setting,
