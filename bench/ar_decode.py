@@ -19,6 +19,10 @@ forward) to the end. Prefill is the prompt forward plus the first token. Both ta
 --repeats runs. Recomputing without a cache is slow, so it generates only the last U tokens of the
 same sequences (its prompt is the cached run's prompt plus its first K - U tokens) and runs once.
 All tokens must agree across the three engines, which the script checks.
+
+Not timed by ``eval.speed.throughput.measure``: it times a whole generation call, and this
+benchmark splits each call into prefill and decode (the engine's own decode clock; for
+transformers, the first logits-processor call).
 """
 
 from __future__ import annotations

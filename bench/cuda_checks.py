@@ -25,6 +25,9 @@ on any device. Exit status 1 when a check fails.
                    boolean mask, for the block-diffusion step and an AR step under a sliding
                    window: equal losses, step times.
 9. ``compile``     the AR training step with ``--compile on`` against eager: equal loss, times.
+
+Not timed by ``eval.speed.throughput.measure``: it times generation, and the times here are a
+check's wall time and training steps (forward + backward).
 """
 
 from __future__ import annotations

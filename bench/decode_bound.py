@@ -15,6 +15,10 @@ a buffer of exactly that many bytes (best of many): the rate at which this machi
 step's bytes at best, from whichever cache level holds them. A 1 GiB buffer gives the DRAM rate
 for reference. The fraction is bound / step time: 1.0 would be a decode step doing nothing but
 streaming its weights. Run it on an idle machine.
+
+Not timed by ``eval.speed.throughput.measure``: it times a whole generation call, prefill
+included, and the bound needs the decode step alone (the engine's own decode tokens/s) and the
+best ``torch.sum`` over a buffer.
 """
 
 from __future__ import annotations

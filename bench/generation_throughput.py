@@ -1,4 +1,4 @@
-"""Generation throughput of AR and masked-diffusion samplers, measured by ``eval.throughput``:
+"""Generation throughput of AR and masked-diffusion samplers, measured by ``eval.speed.throughput``:
 the one measurement the report and the frontier use.
 
     python bench/generation_throughput.py                     # batches 1 and 32 (~2 min, 1 thread)
@@ -29,7 +29,7 @@ from arlm.generate import GenerationConfig, generate
 from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.strategies import Ancestral, FixedCount, Threshold
-from eval.throughput import measure_batches
+from eval.speed.throughput import measure_batches
 from shared.config import ModelConfig
 from shared.files import write_atomic
 from shared.model import Transformer

@@ -8,7 +8,7 @@ Each peer runs from a folder the user gives; nothing of it is copied into this p
 adapters in ``bench/peer_adapters.py`` import it from there (``transformers`` and ``einops``, the
 ``hf`` extra, are needed for Fast-dLLM's model code). A peer without a path is skipped with the
 reason. For every case the script first checks the two implementations against each other, then
-times both with ``eval.throughput.measure`` (warm-up, alternating rounds, median with min and
+times both with ``eval.speed.throughput.measure`` (warm-up, alternating rounds, median with min and
 max) and reports the paired ratio ours / theirs of tokens/s, round by round. The models are
 randomly initialised at the chosen shape (speed does not depend on what the weights say).
 
@@ -67,7 +67,7 @@ from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.strategies import FixedCount, Threshold
 from dllm.uniform_generate import UniformSamplerConfig
-from eval.throughput import Record, Setting, Spread, measure
+from eval.speed.throughput import Record, Setting, Spread, measure
 from shared.config import ModelConfig
 from shared.files import write_atomic
 from shared.model import Transformer
@@ -317,7 +317,8 @@ def bd3lms_pairs(args: argparse.Namespace, bd3lms) -> list[Pair]:
 
 
 def time_pair(pair: Pair, args: argparse.Namespace, sync) -> dict[str, Any]:
-    """Both timed by ``eval.throughput.measure`` (alternating rounds), with the paired ratio."""
+    """Both timed by ``eval.speed.throughput.measure`` (alternating rounds), with the paired
+    ratio."""
     settings = [
         Setting(f"ours {pair.case}", args.batch, pair.ours),
         Setting(f"{pair.peer} {pair.case}", args.batch, pair.theirs),

@@ -27,6 +27,11 @@ and precision: min and median tokens/s (data tokens, batch_size x seq_len, per s
 the median against a matmul peak measured in this run, and ratios of tokens/s paired by round
 (median, min, max). FLOPs per token are ``shared.model.flops_per_token`` for every
 configuration (the same math).
+
+Not timed by ``eval.speed.throughput.measure``: it times generation (a call that returns
+generated tokens), and a timed call here is an optimizer step as the training loop takes it
+(backward, clipping, AdamW, schedule), checked for equal losses first and counted in data
+tokens and MFU.
 """
 
 from __future__ import annotations

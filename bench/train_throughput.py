@@ -7,6 +7,10 @@ Both models are built from the preset (same shapes, same batch of real rows from
 corpus); timed optimizer steps alternate AR, MDM, AR, MDM, ... so machine noise hits both alike.
 Reports median tokens/s per objective, their ratio, achieved TFLOP/s by the config's FLOP count,
 and the machine and versions.
+
+Not timed by ``eval.speed.throughput.measure``: it times generation (a call that returns
+generated tokens), and a timed call here is an optimizer step (forward, backward, AdamW) on
+data tokens, its noise seeded by the step's index.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ DiffusionSampler = SamplerConfig | UniformSamplerConfig
 @dataclass
 class SampleSet:
     """What one sampler setting drew: texts, the ids before each sample's first EOS, network
-    evaluations and the seconds the draw took (not a fair timing: ``eval.throughput`` is)."""
+    evaluations and the seconds the draw took (not a fair timing: ``eval.speed.throughput`` is)."""
 
     texts: list[str]
     ids: list[list[int]]

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from eval.experiments import compare, stages
-from eval.speed_ratios import ratio_estimate
-from eval.throughput import PROBE_DISPATCH, PROBE_MATMUL
+from eval.speed.ratios import ratio_estimate
+from eval.speed.throughput import PROBE_DISPATCH, PROBE_MATMUL
 
 
 @pytest.fixture(scope="module")
@@ -91,10 +91,10 @@ def test_smoke_report_has_the_speed_quality_frontier_at_both_batch_sizes(smoke):
             assert len(p["speed_ratios"]) == 1 and len(p["speed_ratios"][0]) == 3, p["setting"]
             if p["setting"] == "ar T=1":
                 assert p["speed_ratios"] == [[1.0, 1.0, 1.0]]
-    # the host probes ran in the same rounds beside each batch size (eval.throughput_runs)
+    # the host probes ran in the same rounds beside each batch size (eval.speed.throughput_runs)
     probes = {(r["name"], r["batch_size"]) for r in frontier["throughput"]["probes"]}
     assert probes == {(name, batch) for name in (PROBE_MATMUL, PROBE_DISPATCH) for batch in (1, 4)}
-    # what was measured, so that eval.throughput_runs can refuse a rerun of something else
+    # what was measured, so that eval.speed.throughput_runs can refuse a rerun of something else
     setup = frontier["throughput"]["setup"]
     assert setup["preset"] == "smoke" and setup["gen_length"] == 24 and setup["processes"] == 3
     assert set(setup["models"]) == {"ar", "mdm"} and setup["models"]["mdm"]["objective"] == "mdm"

@@ -1,6 +1,6 @@
-"""The speed-quality frontier (eval/frontier.py, eval/frontier_headline.py) on constructed
-points: the Pareto rule and its ties, the marks (low-entropy at its floor, repetitive above its
-ceiling, unknown), the front with and without marked points, the table and figure, and the
+"""The speed-quality frontier (eval/speed/frontier.py, eval/speed/frontier_headline.py) on
+constructed points: the Pareto rule and its ties, the marks (low-entropy at its floor, repetitive
+above its ceiling, unknown), the front with and without marked points, the table and figure, and the
 headline rule's sentence (ties in speed and in quality, one point per family, everything marked,
 several seeds, no AR); and the held-out bounds the marks use (eval/sample_sets.py)."""
 
@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from eval.frontier import (
+from eval.speed.frontier import (
     LOW_ENTROPY,
     REPETITIVE,
     UNKNOWN,
@@ -23,7 +23,7 @@ from eval.frontier import (
     pareto_front,
     points_from_stages,
 )
-from eval.frontier_headline import (
+from eval.speed.frontier_headline import (
     HEADLINE_RULE,
     headline,
     passing_settings,
@@ -266,7 +266,7 @@ def test_the_headline_applies_the_perplexity_bound_its_quoted_rule_states():
 
 
 def test_points_from_the_compare_stages_take_the_fair_median():
-    from eval.throughput import Record, Spread, Throughput
+    from eval.speed.throughput import Record, Spread, Throughput
 
     def record(name, batch, median):
         spread = Spread(median, median / 2, median * 2)

@@ -2,8 +2,10 @@
 imports at module level except where a dependency is optional.
 
 Layers, bottom to top: ``shared`` (the library both objectives stand on), the objectives
-``arlm`` and ``dllm`` (independent of each other), ``eval`` (metrics), ``eval.experiments`` and
-the entry points (``train.py``, ``eval.cli``). ``bench`` measures library code only.
+``arlm`` and ``dllm`` (independent of each other), ``eval`` (metrics; speed in ``eval.speed``, the
+synthetic-language evaluation in ``eval.synthetic``), ``eval.experiments`` and the entry points
+(``train.py``, ``eval.cli``). ``bench`` measures library code only. Old module paths kept for one
+release after a move are imported by users' scripts only, never by the project.
 """
 
 import ast
@@ -96,6 +98,35 @@ def test_no_layer_imports_a_layer_above_it():
                 if within(imported, prefix):
                     violations.append(f"{name} imports {imported}")
     assert not violations, "\n".join(sorted(set(violations)))
+
+
+def moved_paths() -> set[str]:
+    """Old module paths kept for one release (they call ``eval.moved.warn_moved``): a module,
+    or a package whose old module names its ``__getattr__`` still answers."""
+    return {
+        module_name(path)
+        for path in project_files()
+        if module_name(path) != "eval.moved" and "warn_moved(" in path.read_text()
+    }
+
+
+def test_project_code_imports_no_moved_path():
+    """Our own code and tests use the new paths: a moved path's warning is for users' scripts.
+    From a package that answers old names, only its submodules may be imported."""
+    moved = moved_paths()
+    names = {module_name(path) for path in project_files()}
+    # the test of the old paths themselves imports them
+    tests = [p for p in sorted((ROOT / "tests").glob("*.py")) if p.name != "test_moved_modules.py"]
+    wrong = []
+    for path in project_files() + tests:
+        own = module_name(path) if path.parent.name != "tests" else path.stem
+        for imported, _ in imports(path):
+            package, _, leaf = imported.rpartition(".")
+            old_module = imported in moved and not (ROOT / imported.replace(".", "/")).is_dir()
+            old_name = package in moved and leaf and imported not in names
+            if (old_module or old_name) and own not in moved:
+                wrong.append(f"{own} imports {imported}")
+    assert not wrong, "\n".join(sorted(set(wrong)))
 
 
 def test_imports_are_at_module_level_except_optional_dependencies():

@@ -11,9 +11,9 @@ import torch
 from scipy import stats
 from torch import nn
 
-from eval.pathstar_probe import decoding_steps, path_scores, pathstar_probe
-from eval.synthetic import synthetic_report
-from eval.synthetic_likelihood import MASKED_LOGIT, symbol_ids
+from eval.synthetic.likelihood import MASKED_LOGIT, symbol_ids
+from eval.synthetic.pathstar_probe import decoding_steps, path_scores, pathstar_probe
+from eval.synthetic.report import synthetic_report
 from shared.checkpoint import full_model_state, save_checkpoint
 from shared.config import ModelConfig
 from shared.data.corpus import load_corpus

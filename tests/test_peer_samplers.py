@@ -18,7 +18,7 @@ import peer_checks  # noqa: E402
 import peer_samplers  # noqa: E402
 
 from dllm.strategies import FixedCount, Threshold  # noqa: E402
-from eval.throughput import Record, Spread  # noqa: E402
+from eval.speed.throughput import Record, Spread  # noqa: E402
 from shared.config import ModelConfig  # noqa: E402
 from shared.formats.diffusion import llada_config_fields  # noqa: E402
 from shared.model import Transformer  # noqa: E402

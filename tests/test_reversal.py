@@ -8,8 +8,8 @@ import torch
 from scipy import stats
 from torch import nn
 
-from eval.synthetic_likelihood import MASKED_LOGIT, TrueConditionalModel, symbol_ids
-from eval.synthetic_probes import reversal_probe
+from eval.synthetic.likelihood import MASKED_LOGIT, TrueConditionalModel, symbol_ids
+from eval.synthetic.probes import reversal_probe
 from shared.data.synthetic.facts import FactsLanguage
 from shared.data.synthetic.specs import build_language, parse_spec
 from shared.tokenizer import Tokenizer

@@ -1,13 +1,13 @@
 """A setting's speed as a ratio to the AR's in the same rounds, replicated over processes
-(eval/speed_ratios.py), and the per-process runs a pooled measurement keeps for it
-(eval.throughput.merge_runs)."""
+(eval/speed/ratios.py), and the per-process runs a pooled measurement keeps for it
+(eval.speed.throughput.merge_runs)."""
 
 import math
 
 import pytest
 
-from eval.speed_ratios import RatioEstimate, process_ratios, ratio_estimate, round_ratios
-from eval.throughput import Record, Spread, Throughput, merge_runs, record_of
+from eval.speed.ratios import RatioEstimate, process_ratios, ratio_estimate, round_ratios
+from eval.speed.throughput import Record, Spread, Throughput, merge_runs, record_of
 
 
 def run(rounds: dict[str, list[tuple[int, float]]], batch: int = 1) -> Throughput:

@@ -10,14 +10,13 @@ from scipy import stats
 
 from arlm.objective import AutoregressiveObjective
 from eval.likelihood import ar_nll
-from eval.synthetic import synthetic_report
-from eval.synthetic_likelihood import (
+from eval.synthetic.likelihood import (
     TrueConditionalModel,
     UniformModel,
     language_rows,
     likelihood_gap,
 )
-from eval.synthetic_probes import (
+from eval.synthetic.probes import (
     ar_complete,
     ar_prefix_infills,
     completion_metrics,
@@ -27,7 +26,8 @@ from eval.synthetic_probes import (
     prefix_log_prob,
     score_infills,
 )
-from eval.synthetic_samples import (
+from eval.synthetic.report import synthetic_report
+from eval.synthetic.samples import (
     ar_sample,
     monte_carlo_kl,
     sample_metrics,

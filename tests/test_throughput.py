@@ -1,4 +1,4 @@
-"""The throughput measurement (eval/throughput.py) with fake generation callables and a fake
+"""The throughput measurement (eval/speed/throughput.py) with fake generation callables and a fake
 clock: the alternation, the warm-up exclusion, median/min/max and the token accounting are
 checked exactly, never against wall time."""
 
@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from eval.throughput import (
+from eval.speed.throughput import (
     PROBE_DISPATCH,
     PROBE_MATMUL,
     Setting,

@@ -1,5 +1,5 @@
-"""Two throughput runs compared (eval/throughput_runs.py): the within-spread test, the ratios and
-the verdict rule on constructed measurements; runs that measured different things (another
+"""Two throughput runs compared (eval/speed/throughput_runs.py): the within-spread test, the ratios
+and the verdict rule on constructed measurements; runs that measured different things (another
 preset, model shape, length, sampler settings or threads) and files that are not measurements are
 refused with one line, exit status 2."""
 
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from eval.throughput import Record, Spread, Throughput, merge_runs
-from eval.throughput_runs import (
+from eval.speed.throughput import Record, Spread, Throughput, merge_runs
+from eval.speed.throughput_runs import (
     HOST_CHANGED,
     NO_PROBES,
     NO_RATIO_INTERVAL,

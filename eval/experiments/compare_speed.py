@@ -1,7 +1,8 @@
 """The comparison's speed-quality frontier: every sample set's setting timed by the one fair
-measurement (``eval.throughput``: warm-up, alternating rounds, median with min/max, generated
+measurement (``eval.speed.throughput``: warm-up, alternating rounds, median with min/max, generated
 tokens only) at each of ``CompareSettings.frontier_batches``, then joined with the set's judge
-perplexity and entropy into the frontier section (``eval.frontier``, ``eval.frontier_headline``).
+perplexity and entropy into the frontier section (``eval.speed.frontier``,
+``eval.speed.frontier_headline``).
 
 The samples themselves come from the generation stage (one seeded run per setting, which stops at
 EOS); the timing generates every position (``eos="none"`` for diffusion, no EOS stop for AR), so
@@ -25,11 +26,11 @@ from eval.experiments.compare_curves import sampling_checkpoint
 from eval.experiments.compare_samples import diffusion_sampler_configs, load_for_sampling
 from eval.experiments.compare_sections import ReportInputs
 from eval.experiments.compare_settings import CompareSettings, diffusion_families
-from eval.frontier import points_from_stages
-from eval.frontier_headline import report_frontier
 from eval.report import Report
 from eval.sample_sets import fit_to_blocks
-from eval.throughput import Throughput, host_probes, measure_batches, merge_runs
+from eval.speed.frontier import points_from_stages
+from eval.speed.frontier_headline import report_frontier
+from eval.speed.throughput import Throughput, host_probes, measure_batches, merge_runs
 from shared.checkpoint import read_state, resolve_checkpoint
 from shared.sampling import SamplingConfig
 
@@ -84,9 +85,9 @@ def throughput_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
     """Every setting timed at every frontier batch size in ``MEASURING_PROCESSES`` fresh
     processes one after another (spawned, with this process's torch threads), each running its
     own warm-up and its share of ``frontier_rounds`` (rounded up); the rounds are pooled
-    (``eval.throughput.merge_runs``) for the table of tokens/s, and each process's run is kept:
-    the frontier's speed is each setting's ratio to the AR in the same rounds, replicated over
-    the processes (``eval.speed_ratios``).
+    (``eval.speed.throughput.merge_runs``) for the table of tokens/s, and each process's run is
+    kept: the frontier's speed is each setting's ratio to the AR in the same rounds, replicated over
+    the processes (``eval.speed.ratios``).
 
     Fresh, because measured in the job's own process, after training and generation had run
     there, the host probe of per-operation overhead was 20-25% slower than in a fresh process on
@@ -109,7 +110,7 @@ def throughput_stage(out: Path, settings: CompareSettings) -> dict[str, Any]:
 def measured_setup(out: Path, settings: CompareSettings, processes: int) -> dict[str, Any]:
     """What the throughput stage measured, recorded beside its numbers so that two measurements
     can be checked to be of the same thing before their speeds are compared
-    (``eval.throughput_runs``): the preset and shape of every model timed (from the checkpoint
+    (``eval.speed.throughput_runs``): the preset and shape of every model timed (from the checkpoint
     its samples come from), the generation (length, no prompt, every position generated), the
     sampler settings behind the settings' names, and the batch sizes, rounds and processes."""
     models = {}
@@ -146,9 +147,9 @@ def run_preset(run_dir: Path) -> str | None:
 def measure_settings(
     out: Path, settings: CompareSettings, threads: int, rounds: int
 ) -> dict[str, Any]:
-    """Every setting timed at every frontier batch size (``eval.throughput.measure_batches``),
+    """Every setting timed at every frontier batch size (``eval.speed.throughput.measure_batches``),
     with the host probes in the same rounds (what tells a rerun's drift of the host from one of
-    the measurement: ``eval.throughput_runs``)."""
+    the measurement: ``eval.speed.throughput_runs``)."""
     torch.set_num_threads(threads)
     builders = timed_settings(out, settings)
     result = measure_batches(

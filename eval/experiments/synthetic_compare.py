@@ -5,7 +5,7 @@
 
 For every language of the preset (a hidden Markov model, a bracket grammar, a teacher
 transformer, a table of facts; see ``shared/data/synthetic/``) an AR and an MDM model are trained
-with the same shape, data and budget; ``eval.synthetic.synthetic_report`` then measures each
+with the same shape, data and budget; ``eval.synthetic.report.synthetic_report`` then measures each
 against the true distribution: the gap between its NLL/NELBO and the exact entropy, the exact
 log-probability and validity of its samples, and infilling (HMM), completion (grammar) or
 reversal (facts) probes. The report is written as ``report.md`` / ``report.json`` with plots,
@@ -22,7 +22,7 @@ from typing import Any
 
 from eval.experiments.stages import Stages, train_both, training_seed
 from eval.report import Report, Table
-from eval.synthetic import synthetic_report
+from eval.synthetic.report import synthetic_report
 from shared.errors import ConfigError
 from shared.faults import StopRequest
 

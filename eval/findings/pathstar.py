@@ -33,8 +33,8 @@ from eval.findings.verdicts import (
     accuracy_interval,
     combine,
 )
-from eval.pathstar_probe import pathstar_probe
 from eval.report import Table
+from eval.synthetic.pathstar_probe import pathstar_probe
 from shared.data.synthetic.base import derive_seed
 from shared.data.synthetic.specs import build_language
 

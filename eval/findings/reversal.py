@@ -29,7 +29,7 @@ from eval.findings.verdicts import (
     all_seeds_agree,
 )
 from eval.report import Table
-from eval.synthetic_probes import reversal_probe
+from eval.synthetic.probes import reversal_probe
 from shared.data.synthetic.specs import build_language
 
 CLAIM = Claim(

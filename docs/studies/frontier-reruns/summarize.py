@@ -1,6 +1,6 @@
 """The tables of docs/studies/frontier-reruns/README.md, from the files run.sh saved:
 run-K.json (each run's throughput stage), frontier-K.json (its report's frontier section) and
-compare-1-K.json (``eval.throughput_runs`` of run 1 against run K).
+compare-1-K.json (``eval.speed.throughput_runs`` of run 1 against run K).
 
     python docs/studies/frontier-reruns/summarize.py > docs/studies/frontier-reruns/summary.md
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from eval.speed_ratios import REFERENCE, process_ratios, ratio_estimate  # noqa: E402
-from eval.throughput_files import load  # noqa: E402
+from eval.speed.ratios import REFERENCE, process_ratios, ratio_estimate  # noqa: E402
+from eval.speed.throughput_files import load  # noqa: E402
 
 HERE = Path(__file__).parent
 
@@ -80,7 +80,8 @@ def ratio_table(numbers: list[int], batch: int) -> list[str]:
 
 
 def drift_table(numbers: list[int]) -> list[str]:
-    """The same pairs on absolute tokens/s (eval.throughput_runs' first verdict) and probes."""
+    """The same pairs on absolute tokens/s (eval.speed.throughput_runs' first verdict) and
+    probes."""
     lines = [
         "| pair | batch | tokens/s verdict | settings inside | ratio of medians, median "
         "[min, max] | matmul probe | dispatch probe | ratio verdict |",

@@ -1,5 +1,5 @@
 """Why batch-32 ratios do not reproduce: the demo's AR at T=1 and two MDM ancestral samplers at
-batch 32, timed by eval.throughput in fresh processes with 2 and with 1 torch threads, the two
+batch 32, timed by eval.speed.throughput in fresh processes with 2 and with 1 torch threads, the two
 alternating (2, 1, 1, 2, ...), 1 warm-up and 4 rounds each, with the KVM steal time
 (/proc/stat) over each process. Needs the demo job's models in runs/demo-r (run.sh's OUT).
 
@@ -27,7 +27,7 @@ def one(threads, rounds):
     torch.set_num_threads(threads)
     from eval.experiments.compare_settings import settings_for
     from eval.experiments.compare_speed import timed_settings
-    from eval.throughput import host_probes, measure_batches
+    from eval.speed.throughput import host_probes, measure_batches
 
     out = Path("runs/demo-r/seed-0")
     builders = timed_settings(out, settings_for("demo", 128))

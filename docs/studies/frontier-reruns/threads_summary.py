@@ -10,8 +10,8 @@ import math
 import statistics
 from pathlib import Path
 
-from eval.speed_ratios import round_ratios
-from eval.throughput import Throughput
+from eval.speed.ratios import round_ratios
+from eval.speed.throughput import Throughput
 
 SETTINGS = ("mdm ancestral 8 steps", "mdm ancestral 64 steps")
 

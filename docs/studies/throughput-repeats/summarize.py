@@ -6,8 +6,8 @@ stage as stored in runs/demo/stages/throughput.json):
 
 from pathlib import Path
 
-from eval.throughput import PROBE_DISPATCH, PROBE_MATMUL
-from eval.throughput_runs import compare_runs, load
+from eval.speed.throughput import PROBE_DISPATCH, PROBE_MATMUL
+from eval.speed.throughput_runs import compare_runs, load
 
 HERE = Path(__file__).parent
 # How each run was made: the code, and where its measurement ran.

@@ -28,7 +28,7 @@ class FactsLanguage(Language):
     The a's are the first ``pairs`` lowercase letters, the b's ``pairs`` distinct uppercase letters
     drawn and matched at random from ``seed`` (so no byte offset relates a fact's two symbols).
     The *held-out* facts (index >= ``both``) are seen forward only: asking for a_i after b_i is
-    the reversal probe of ``eval.synthetic_probes.reversal_probe``, a surface order the paired
+    the reversal probe of ``eval.synthetic.probes.reversal_probe``, a surface order the paired
     facts make familiar and the held-out fact never appeared in.
     """
 

@@ -5,7 +5,7 @@ A teacher-forced AR model can learn the Clever-Hans shortcut (each next node is 
 of the previous one) and then guesses the arm at the start, near 1/degree; a masked-diffusion
 model can decode the path from the goal end, where every node has a unique parent. ``solve`` is
 the exact solver, ``check_path`` the exact checker, ``shortcut_answer`` the shortcut baseline;
-``eval.pathstar_probe`` asks a model for the answers.
+``eval.synthetic.pathstar_probe`` asks a model for the answers.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """Exact metrics on synthetic languages (``shared.data.synthetic``), where the truth is known,
 for an AR and/or an MDM checkpoint in one report (``synthetic_report``):
 
-* Likelihood (``eval.synthetic_likelihood``): the true entropy of the language and, for a model,
+* Likelihood (``eval.synthetic.likelihood``): the true entropy of the language and, for a model,
   the gap between its NLL (AR) or NELBO (MDM) and the truth on held-out strings.
-* Samples (``eval.synthetic_samples``): their exact log-probability under the true distribution
+* Samples (``eval.synthetic.samples``): their exact log-probability under the true distribution
   (a perfect judge), the fraction that is valid, and KL(sample distribution || data) estimates.
-* Probes (``eval.synthetic_probes``): infilling (HMM) against the exact posterior mode,
-  constrained completion (PCFG), and the reversal probe (facts); ``eval.pathstar_probe`` on
-  the path-star planning task.
+* Probes (``eval.synthetic.probes``): infilling (HMM) against the exact posterior mode,
+  constrained completion (PCFG), and the reversal probe (facts); ``eval.synthetic.pathstar_probe``
+  on the path-star planning task.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any
 
 from torch import nn
 
-from eval.pathstar_probe import pathstar_probe
-from eval.synthetic_likelihood import language_rows, likelihood_gap, model_estimate, true_entropy
-from eval.synthetic_probes import (
+from eval.synthetic.likelihood import language_rows, likelihood_gap, model_estimate, true_entropy
+from eval.synthetic.pathstar_probe import pathstar_probe
+from eval.synthetic.probes import (
     InfillTask,
     ar_complete,
     ar_prefix_infills,
@@ -33,7 +33,7 @@ from eval.synthetic_probes import (
     reversal_probe,
     score_infills,
 )
-from eval.synthetic_samples import ar_sample, mdm_sample, sample_metrics
+from eval.synthetic.samples import ar_sample, mdm_sample, sample_metrics
 from shared.checkpoint import load_model_from_checkpoint
 from shared.data.synthetic.base import Language, derive_seed
 from shared.data.synthetic.facts import FactsLanguage
