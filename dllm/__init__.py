@@ -1,1 +1,16 @@
-"""Masked (absorbing-state) discrete diffusion objective and samplers."""
+"""Discrete diffusion language models: one folder per family over a shared core.
+
+The core (this folder): the family registry (``families``), the generator (``generator``),
+canvases, noise schedules and times, the sampling loop and its reveal rules and predictors,
+the command line (``sample``) and export. The families: ``masked`` (absorbing state, "mdm"),
+``block`` (block diffusion, "bd") and ``uniform`` (uniform state, "udm"). Importing the package
+registers every family's objective and sampler.
+"""
+
+# Each import registers one family; the order is the order messages list them in.
+# isort: off
+from dllm import masked  # noqa: F401
+from dllm import block  # noqa: F401
+from dllm import uniform  # noqa: F401
+
+# isort: on

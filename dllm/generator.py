@@ -1,4 +1,4 @@
-"""The diffusion generation engine (mdm and bd): the counterpart of ``arlm.generate.ARGenerator``.
+"""The diffusion generation engine: the counterpart of ``arlm.generate.ARGenerator``.
 
     generator = DiffusionGenerator.from_checkpoint("runs/demo/mdm")
     result = generator.generate(["In the beginning"], 64, SamplerConfig(FixedCount(64)), seed=0)
@@ -6,24 +6,25 @@
 
 The generator owns the whole chain from prompts to text, so no caller wires it up again:
 
-- the [MASK] id (``dllm.canvas.mask_token_id``: the model's last vocabulary row);
+- the family (``dllm.families``), looked up by the checkpoint's objective: it gives the id that
+  marks the positions to generate ([MASK] for the masked and block families: the model's last
+  vocabulary row) and the sampler (``dllm.masked``: semi-autoregressive blocks of any length;
+  ``dllm.block``: the training block grid, exact KV cache of the finished blocks;
+  ``dllm.uniform``: ancestral steps through the uniform-state posterior). An ancestral rule
+  without a schedule steps under the schedule the model was trained with
+  (``dllm.sampler.with_model_schedule``);
 - the canvas: ``[BOS] + prompt + [MASK] * gen_length``, optionally ``+ suffix`` (infilling), or
   any set of fixed positions (``infill_canvas``); prompts are texts or token ids;
-- the sampler, picked from the checkpoint's objective: ``dllm.generate.sample`` for a masked
-  diffusion (mdm) model, ``dllm.block_generate.sample_blocks`` (the training block grid, exact KV
-  cache of the finished blocks) for a block diffusion (bd) model. An ancestral rule without a
-  schedule steps under the schedule the model was trained with (``with_model_schedule``);
 - the EOS policy (``dllm.canvas.apply_eos_policy``) and decoding.
 
 Randomness is that of the samplers: ``seed`` becomes ``torch.Generator().manual_seed(seed)``, from
-which each row's stream is derived (``dllm.generate.row_generators``); pass ``generator`` (one,
+which each row's stream is derived (``dllm.sampler.row_generators``); pass ``generator`` (one,
 or one per row) to control the streams yourself. The same seed gives the same tokens as calling
 the samplers directly.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,56 +32,38 @@ from typing import Any
 
 import torch
 
-from dllm.block_generate import grid_blocks, sample_blocks
 from dllm.canvas import (
     Canvas,
     apply_eos_policy,
     check_eos_policy,
     infill_canvas,
-    mask_token_id,
     prompt_canvas,
 )
-from dllm.generate import SamplerConfig, SampleResult, row_generators, sample
-from dllm.strategies import Ancestral
-from dllm.uniform_generate import UniformSamplerConfig, sample_uniform, uniform_canvas
+from dllm.families import Generators, SampleRequest, family_names, family_of, spoken_names
+
+# with_model_schedule lived here before dllm.sampler; scripts may still import it from here
+from dllm.sampler import SampleResult, with_model_schedule  # noqa: F401
 from shared.checkpoint import load_model_from_checkpoint
 from shared.model import Transformer
 from shared.tokenizer import Tokenizer
 
-DIFFUSION_OBJECTIVES = ("mdm", "bd", "udm")
-
 Prompt = str | Sequence[int]
-Generators = torch.Generator | Sequence[torch.Generator] | None
 
 
-def free_position_id(model: Transformer, tokenizer: Tokenizer | None = None) -> int:
-    """The id that marks a udm canvas's positions to generate: one past the model's vocabulary,
-    which has exactly the tokenizer's ids (no [MASK] row)."""
-    vocab = model.config.vocab_size
-    if tokenizer is not None and tokenizer.vocab_size != vocab:
-        raise ValueError(
-            f"the model's vocabulary has {vocab} rows, but a udm model has exactly the "
-            f"tokenizer's {tokenizer.vocab_size} ids: is this a udm model with its own tokenizer?"
-        )
-    return vocab
-
-
-def with_model_schedule(config: SamplerConfig, state: Mapping[str, Any]) -> SamplerConfig:
-    """An ancestral rule without a schedule steps under the schedule the model was trained with."""
-    rule = config.strategy
-    if isinstance(rule, Ancestral) and rule.schedule is None:
-        schedule = state.get("train_config", {}).get("schedule", "linear")
-        return dataclasses.replace(config, strategy=dataclasses.replace(rule, schedule=schedule))
-    return config
+def settings_of_families() -> str:
+    """The sampler settings each family takes: "mdm model with SamplerConfig, ..."."""
+    return ", ".join(
+        f"{name} model with {family_of(name).config_type.__name__}" for name in family_names()
+    )
 
 
 def objective_of(state: Mapping[str, Any], source: str = "the checkpoint") -> str:
-    """The run's diffusion objective ("mdm", "bd" or "udm"); refuses anything else."""
+    """The run's diffusion objective (one with a registered family); refuses anything else."""
     objective = state.get("objective")
-    if objective not in DIFFUSION_OBJECTIVES:
+    if objective not in family_names():
         raise ValueError(
             f"{source} was trained with objective {objective!r}: diffusion generation needs an "
-            "'mdm', 'bd' or 'udm' checkpoint (an autoregressive model generates with "
+            f"{spoken_names()} checkpoint (an autoregressive model generates with "
             "arlm.generate.ARGenerator)"
         )
     return objective
@@ -111,11 +94,11 @@ class DiffusionResult:
 
 
 class DiffusionGenerator:
-    """Generation engine around one masked-diffusion (mdm) or block-diffusion (bd) ``Transformer``.
+    """Generation engine around one diffusion ``Transformer`` of any registered family.
 
-    ``state``: the checkpoint's saved state; its "objective" picks the sampler and its
-    "train_config" gives the noise schedule and (bd) the block size. None means an mdm model
-    trained under the linear schedule.
+    ``state``: the checkpoint's saved state; its "objective" picks the family (and so the
+    sampler) and its "train_config" gives the noise schedule and (bd) the block size. None means
+    an mdm model trained under the linear schedule.
     ``tokenizer`` is optional: without it prompts must be token ids and there is no text output;
     ``eos_id`` (which also opens every row as BOS) and ``pad_id`` then come from the arguments.
     """
@@ -133,19 +116,11 @@ class DiffusionGenerator:
         self.objective = objective_of(self.state)
         self.model = model
         self.tokenizer = tokenizer
-        # A uniform-state model has no [MASK] row: its canvas marks the positions to generate
-        # with the id one past its vocabulary, and the sampler replaces them with z_1 draws
-        # before the first forward.
-        self.mask_id = (
-            free_position_id(model, tokenizer)
-            if self.objective == "udm"
-            else mask_token_id(model, tokenizer)
-        )
+        self.family = family_of(self.objective)
+        self.mask_id = self.family.generation_id(model, tokenizer)
         self.eos_id = eos_id if eos_id is not None else getattr(tokenizer, "eos_id", None)
         self.pad_id = pad_id if pad_id is not None else getattr(tokenizer, "pad_id", None)
-        self.block_size = (
-            int(self.state["train_config"]["block_size"]) if self.objective == "bd" else None
-        )
+        self.block_size = self.family.block_size(self.state)
 
     @classmethod
     def from_checkpoint(
@@ -191,11 +166,9 @@ class DiffusionGenerator:
 
     def steps_per_position(self, canvas: Canvas) -> int:
         """One step per position the sampler decodes: the generation region of an mdm canvas,
-        every position of the training-grid blocks that cover it for a bd model."""
-        start, end = canvas.region
-        if self.block_size is None:
-            return end - start
-        return len(grid_blocks(canvas.region, self.block_size, canvas.length)) * self.block_size
+        every position of the training-grid blocks that cover it for a bd model (the family's
+        ``decoded_positions``)."""
+        return self.family.decoded_positions(canvas, self.state)
 
     # ---- sampling
 
@@ -203,7 +176,7 @@ class DiffusionGenerator:
         self,
         prompts: Sequence[Prompt],
         gen_length: int,
-        config: SamplerConfig,
+        config: Any,
         *,
         seed: int = 0,
         generator: Generators = None,
@@ -228,7 +201,7 @@ class DiffusionGenerator:
     def fill(
         self,
         canvas: Canvas,
-        config: SamplerConfig,
+        config: Any,
         *,
         seed: int = 0,
         generator: Generators = None,
@@ -266,61 +239,30 @@ class DiffusionGenerator:
     def _sample(
         self,
         canvas: Canvas,
-        config: SamplerConfig,
+        config: Any,
         generator: Generators,
         *,
         kv_cache: bool,
         stop_id: int | None,
     ) -> SampleResult:
-        """The sampler of this objective under the model's schedule (see the module docstring);
-        ``stop_id``: the EOS id a bd sampler stops after (None: decode every block)."""
-        if self.objective == "udm" or isinstance(config, UniformSamplerConfig):
-            return self._sample_uniform(canvas, config, generator, kv_cache=kv_cache)
-        config = with_model_schedule(config, self.state)
-        if self.block_size is None:
-            if not kv_cache:
-                raise ValueError(
-                    "kv_cache=False applies to block diffusion (bd) models only; this is an "
-                    "'mdm' model (its caches are chosen by SamplerConfig.cache)"
-                )
-            return sample(self.model, config, canvas, generator)
-        return sample_blocks(
-            self.model,
-            config,
-            canvas,
-            self.block_size,
-            generator,
-            kv_cache=kv_cache,
-            eos_id=stop_id,
-        )
-
-    def _sample_uniform(
-        self, canvas: Canvas, config: UniformSamplerConfig, generator: Generators, *, kv_cache
-    ) -> SampleResult:
-        """The uniform-state sampler (``dllm.uniform_generate``) on a udm model's canvas."""
-        if self.objective != "udm" or not isinstance(config, UniformSamplerConfig):
+        """The sampler of this model's family (see the module docstring); ``stop_id``: the EOS
+        id a sampler that can stop early stops after (None: decode the whole canvas)."""
+        if not isinstance(config, self.family.config_type):
             raise ValueError(
-                f"a {self.objective!r} model samples with SamplerConfig and a udm model with "
-                f"UniformSamplerConfig; got {type(config).__name__}"
+                f"a {self.objective!r} model cannot sample with {type(config).__name__}: each "
+                f"family takes its own settings ({settings_of_families()})"
             )
-        if not kv_cache:
-            raise ValueError("kv_cache=False applies to block diffusion (bd) models only")
-        free = canvas.masked
-        generators = row_generators(generator, canvas.batch_size)
-        n_support = self.model.config.vocab_size - 1
-        pad_id = self._pad_id()
-        noised = uniform_canvas(canvas.tokens, free, n_support, pad_id, generators)
-        result = sample_uniform(self.model, noised, free, config, generators, pad_id)
-        return SampleResult(
-            tokens=result.tokens,
-            region=canvas.region,
-            nfe=result.nfe,
-            revealed=result.changed,
-            nfe_per_step=[1] * config.steps,
-            block_of_step=[0] * config.steps,
-            cache="none",
-            approximate=False,
+        request = SampleRequest(
+            model=self.model,
+            state=self.state,
+            canvas=canvas,
+            config=config,
+            generator=generator,
+            kv_cache=kv_cache,
+            stop_id=stop_id,
+            pad_id=self.pad_id,
         )
+        return self.family.sample(request)
 
     # ---- helpers
 

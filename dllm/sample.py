@@ -33,10 +33,10 @@ import json
 import sys
 
 from dllm.canvas import EOS_POLICIES
-from dllm.generate import CACHES, SamplerConfig
 from dllm.generator import DiffusionGenerator
+from dllm.sampler import CACHES, SamplerConfig
 from dllm.strategies import REMASKING, Ancestral, FixedCount, Threshold
-from dllm.uniform_generate import UniformSamplerConfig, distilled_note
+from dllm.uniform.sampler import UniformSamplerConfig, distilled_note
 from shared.cli_args import (
     CommandParser,
     DefaultsHelpFormatter,

@@ -3,7 +3,7 @@
 A rule sees one step's ``StepContext`` (the still-masked positions of the block, the model's
 predictions for them, the per-row random streams) and returns a boolean ``reveal`` mask plus the
 proposed tokens. Everything else (blocks, caches, guidance, counting evaluations) belongs to the
-sampling loop in ``dllm.generate``, so a rule is a few lines of arithmetic:
+sampling loop in ``dllm.sampler``, so a rule is a few lines of arithmetic:
 
 - ``Ancestral``: the MDLM reverse process, exact for the model's schedule.
 - ``FixedCount``: LLaDA's sampler, a scheduled number of tokens per step picked by a remasking

@@ -47,6 +47,7 @@ from shared.errors import CheckpointError
 from shared.faults import kill_now_if
 from shared.files import follow_umask, fsync_dir, fsync_tree
 from shared.model import Transformer
+from shared.objective import added_vocab_rows
 from shared.received import read_json_file, refuse_link, refuse_links_within
 from shared.tensor_files import save_tensors
 from shared.tokenizer import Tokenizer
@@ -437,8 +438,9 @@ def load_model_from_checkpoint(path: Path, device: str | torch.device = "cpu"):
     model = Transformer(ModelConfig.from_dict(state["model_config"]))
     load_weights(path, model)
     tokenizer = Tokenizer.load(path / "tokenizer")
-    # The diffusion models (mdm, bd) have one extra row ([MASK]); anything else is a mismatch.
-    extra = 1 if state.get("objective") in ("mdm", "bd") else 0
+    # The absorbing-state diffusion models (mdm, bd) have one extra row ([MASK]), as their
+    # objective says; anything else is a mismatch.
+    extra = added_vocab_rows(state.get("objective"))
     if model.config.vocab_size != tokenizer.vocab_size + extra:
         raise CheckpointError(
             f"{path}: the model's vocabulary ({model.config.vocab_size} rows) does not fit its "

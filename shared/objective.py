@@ -176,6 +176,14 @@ def _load_installed_objectives() -> None:
         entry.load()
 
 
+def added_vocab_rows(name: str | None) -> int:
+    """Vocabulary rows a model of objective ``name`` has beyond its tokenizer's ids (1 for the
+    [MASK] row of the absorbing-state diffusion objectives, their class's ``added_rows``); 0
+    for an objective that adds none or that is not registered."""
+    _load_installed_objectives()
+    return getattr(_REGISTRY.get(name), "added_rows", 0)
+
+
 def objective_names() -> list[str]:
     _load_installed_objectives()
     return sorted(_REGISTRY)

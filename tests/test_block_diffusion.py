@@ -9,17 +9,17 @@ import pytest
 import torch
 
 from dllm import sample as sample_cli
-from dllm.block_generate import grid_blocks, sample_blocks
-from dllm.block_objective import (
+from dllm.block.objective import (
     BlockDiffusionObjective,
     block_causal_mask,
     stratified_block_times,
     two_stream_block_mask,
     two_stream_mask,
 )
+from dllm.block.sampler import grid_blocks, sample_blocks
 from dllm.canvas import prompt_canvas
-from dllm.generate import SamplerConfig
-from dllm.objective import MaskedDiffusionObjective
+from dllm.masked.objective import MaskedDiffusionObjective
+from dllm.sampler import SamplerConfig
 from dllm.strategies import Ancestral, FixedCount, Threshold
 from eval.likelihood import evaluate_checkpoint
 from shared.checkpoint import list_checkpoints

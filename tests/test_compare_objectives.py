@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dllm.generate import SamplerConfig
-from dllm.uniform_generate import UniformSamplerConfig
+from dllm.sampler import SamplerConfig
+from dllm.uniform.sampler import UniformSamplerConfig
 from eval.experiments import compare
 from eval.experiments.compare_budgets import family_analyses
 from eval.experiments.compare_curves import budgets_section

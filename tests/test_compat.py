@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from dllm import strategies
-from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
+from dllm.sampler import SamplerConfig
 from dllm.strategies import Ancestral
 from eval.likelihood import evaluate_checkpoint
 from shared.training import cli, convert, new_run, resume_run, train

@@ -18,7 +18,7 @@ import pytest
 import safetensors.torch
 from safetensors import SafetensorError
 
-from dllm import distill
+from dllm.uniform import distill
 from shared import checkpoint as ckpt
 from shared.training import run_folder
 

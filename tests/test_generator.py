@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from dllm import sample as sample_cli
-from dllm.block_generate import grid_blocks, sample_blocks
+from dllm.block.sampler import grid_blocks, sample_blocks
 from dllm.canvas import apply_eos_policy, infill_canvas, mask_token_id, prompt_canvas
-from dllm.generate import SamplerConfig, sample
-from dllm.generator import DiffusionGenerator, with_model_schedule
+from dllm.generator import DiffusionGenerator
+from dllm.masked.sampler import sample
+from dllm.sampler import SamplerConfig, with_model_schedule
 from dllm.strategies import Ancestral, FixedCount, Threshold
 from shared.checkpoint import full_model_state, save_checkpoint
 from shared.config import ModelConfig

@@ -16,7 +16,8 @@ from tokenizers import Tokenizer as Backend
 from dllm.canvas import mask_token_id, prompt_canvas
 from dllm.export import export_llada_model
 from dllm.export import main as export_main
-from dllm.generate import SamplerConfig, sample
+from dllm.masked.sampler import sample
+from dllm.sampler import SamplerConfig
 from dllm.strategies import FixedCount, front_loaded_counts, reveal_counts
 from eval.cli import main as duolm
 from shared.checkpoint import load_model_from_checkpoint

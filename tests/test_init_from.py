@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dllm.objective import MaskedDiffusionObjective
+from dllm.masked.objective import MaskedDiffusionObjective
 from shared import checkpoint as ckpt
 from shared.config import ModelConfig
 from shared.errors import CheckpointError, ConfigError

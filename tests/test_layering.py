@@ -201,3 +201,62 @@ def test_commands_start_without_the_slow_imports_they_do_not_need():
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", done.stdout
+
+
+# ---- diffusion families ------------------------------------------------------------------------
+#
+# dllm/ is a core (the generator, canvas, schedules, the sampling loop, predictors, the command
+# line) with one folder per diffusion family over it. A family stands on the core and shared/
+# alone, so it can be read, changed or copied as the start of a new one without the others.
+
+FAMILIES = ("dllm.masked", "dllm.block", "dllm.uniform")
+# Module paths from before the family folders, kept one release: each re-exports its new home.
+MOVED = (
+    "dllm.objective",
+    "dllm.generate",
+    "dllm.block_objective",
+    "dllm.block_generate",
+    "dllm.uniform_objective",
+    "dllm.uniform_generate",
+    "dllm.uniform_curriculum",
+    "dllm.distill",
+)
+# Above the families: the package (importing it registers each family) and the command line.
+ABOVE_FAMILIES = ("dllm", "dllm.sample")
+PROJECT = ("shared", "arlm", "dllm", "eval", "bench", "train")
+
+
+def family_folder(module: str) -> str | None:
+    return next((f for f in FAMILIES if within(module, f)), None)
+
+
+def test_each_family_imports_only_the_dllm_core_and_shared():
+    violations = []
+    for path in project_files():
+        name = module_name(path)
+        own = family_folder(name)
+        if own is None:
+            continue
+        for imported, _ in imports(path):
+            if not any(within(imported, p) for p in PROJECT) or within(imported, "shared"):
+                continue
+            core = within(imported, "dllm") and family_folder(imported) is None
+            if within(imported, own) or (core and imported not in MOVED + ABOVE_FAMILIES[1:]):
+                continue
+            violations.append(f"{name} imports {imported}")
+    assert not violations, "\n".join(sorted(set(violations)))
+
+
+def test_the_dllm_core_never_names_a_family():
+    """The generator finds a family through ``dllm.families``; only the package (which imports
+    each family to register it), the command line and the old module paths name one."""
+    violations = [
+        f"{name} imports {imported}"
+        for path in project_files()
+        if within(name := module_name(path), "dllm")
+        and family_folder(name) is None
+        and name not in ABOVE_FAMILIES + MOVED
+        for imported, _ in imports(path)
+        if family_folder(imported) is not None
+    ]
+    assert not violations, "\n".join(sorted(set(violations)))

@@ -8,7 +8,7 @@ import pytest
 import torch
 from exact_mdm import TableDenoiser, exact_nelbo, true_posterior_denoiser
 
-from dllm.objective import MaskedDiffusionObjective
+from dllm.masked.objective import MaskedDiffusionObjective
 from eval.likelihood import ar_nll, continuation_rows, mdm_chain_rule_nll, mdm_nelbo
 from shared.config import ModelConfig
 from shared.model import Transformer

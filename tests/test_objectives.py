@@ -7,7 +7,8 @@ import pytest
 import torch
 from exact_mdm import TableDenoiser, exact_nelbo, true_posterior_denoiser
 
-from dllm.objective import MaskedDiffusionObjective, stratified_times
+from dllm.masked.objective import MaskedDiffusionObjective
+from dllm.noise import stratified_times
 from dllm.schedules import CosineSchedule, LinearSchedule, get_schedule
 from shared.config import ModelConfig
 from shared.model import Transformer

@@ -381,7 +381,7 @@ def caught_cache(monkeypatch, module) -> list[Path]:
 def test_likelihood_distill_and_stages_never_cache_where_the_run_says(
     tiny_run, tmp_path, monkeypatch
 ):
-    from dllm import distill
+    from dllm.uniform import distill
     from eval import likelihood
     from eval.experiments import stages
     from shared.files import cache_root
@@ -425,8 +425,8 @@ def test_the_seed_type_takes_0_to_2_to_the_63_minus_1():
 
 def seed_commands(tmp_path: Path):
     from arlm import sample as ar_sample
-    from dllm import distill
     from dllm import sample as diffusion_sample
+    from dllm.uniform import distill
     from eval import likelihood
     from eval.experiments import side_by_side
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from arlm.generate import ARGenerator, GenerationConfig
-from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
+from dllm.sampler import SamplerConfig
 from dllm.strategies import Ancestral
 from eval.experiments import stages as stages_module
 from eval.experiments.stages import Stages, held_out_documents

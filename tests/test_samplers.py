@@ -20,17 +20,10 @@ from torch import nn
 
 import dllm.strategies
 from dllm.canvas import Canvas, apply_eos_policy, infill_canvas, mask_token_id, prompt_canvas
-from dllm.generate import (
-    SamplerConfig,
-    block_bounds,
-    build_predictor,
-    check_inputs,
-    row_generators,
-    run,
-    sample,
-)
-from dllm.generator import DiffusionGenerator, with_model_schedule
+from dllm.generator import DiffusionGenerator
+from dllm.masked.sampler import block_bounds, build_predictor, check_inputs, sample
 from dllm.predictors import CountingModel, FullForward
+from dllm.sampler import SamplerConfig, row_generators, run, with_model_schedule
 from dllm.strategies import Ancestral, FixedCount, Threshold, reveal_counts
 from shared.checkpoint import list_checkpoints, load_model_from_checkpoint
 from shared.config import ModelConfig

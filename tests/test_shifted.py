@@ -10,8 +10,9 @@ import torch
 from exact_mdm import TableDenoiser, exact_nelbo
 
 from dllm.canvas import mask_token_id, prompt_canvas
-from dllm.generate import SamplerConfig, sample
-from dllm.objective import MaskedDiffusionObjective
+from dllm.masked.objective import MaskedDiffusionObjective
+from dllm.masked.sampler import sample
+from dllm.sampler import SamplerConfig
 from dllm.strategies import FixedCount
 from shared.checkpoint import load_model_from_checkpoint
 from shared.config import ModelConfig

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from dllm.canvas import Canvas
-from dllm.generate import SamplerConfig, sample
+from dllm.masked.sampler import sample
+from dllm.sampler import SamplerConfig
 from dllm.strategies import FixedCount, Threshold
 from shared.config import ModelConfig
 from shared.model import Transformer

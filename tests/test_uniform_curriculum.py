@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dllm.uniform_curriculum import AlphaMap, argmax_alpha, gaussian_latents
-from dllm.uniform_objective import (
+from dllm.uniform.curriculum import AlphaMap, argmax_alpha, gaussian_latents
+from dllm.uniform.objective import (
     DELTA,
     alpha,
     alpha_derivative,

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from dllm import distill
-from dllm.uniform_curriculum import GammaOfAlpha, argmax_alpha, coupled_states
-from dllm.uniform_objective import alpha
+from dllm.uniform import distill
+from dllm.uniform.curriculum import GammaOfAlpha, argmax_alpha, coupled_states
+from dllm.uniform.objective import alpha
 from shared import checkpoint as ckpt
 
 
@@ -84,7 +84,7 @@ def test_the_loss_is_zero_when_the_student_is_the_teacher_at_zero_gap(runs):
 def test_distill_writes_a_run_every_command_reads(runs, capsys):
     from dllm import sample
     from dllm.generator import DiffusionGenerator
-    from dllm.uniform_generate import UniformSamplerConfig
+    from dllm.uniform.sampler import UniformSamplerConfig
     from eval import cli
 
     out = runs / "student"

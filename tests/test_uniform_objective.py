@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from dllm.uniform_objective import (
+from dllm.uniform.objective import (
     UniformDiffusionObjective,
     alpha,
     position_nelbo,
@@ -225,7 +225,7 @@ def test_bad_configurations_name_what_fits():
 
 
 def test_the_posterior_is_bayes_with_x_drawn_from_x_theta():
-    from dllm.uniform_generate import posterior
+    from dllm.uniform.sampler import posterior
 
     generator = torch.Generator().manual_seed(4)
     theta = torch.rand(3, N, generator=generator, dtype=torch.float64)
@@ -243,8 +243,8 @@ def test_the_posterior_is_bayes_with_x_drawn_from_x_theta():
 
 
 def run_sampler(model, rows: int, steps: int, seed: int, **options):
-    from dllm.generate import row_generators
-    from dllm.uniform_generate import UniformSamplerConfig, sample_uniform, uniform_canvas
+    from dllm.sampler import row_generators
+    from dllm.uniform.sampler import UniformSamplerConfig, sample_uniform, uniform_canvas
 
     tokens = CLEAN.repeat(rows, 1)
     free = torch.tensor([[False, True, True]]).repeat(rows, 1)
@@ -287,7 +287,7 @@ def test_greedy_tail_ends_on_the_argmax_of_x_theta():
     result = run_sampler(model, 50, 3, seed=1, greedy_tail=True)
     # every final canvas is a fixed point of x_theta's argmax at the position it was taken from:
     # the last step's input differs per row, so check the rule directly on one step
-    from dllm.uniform_generate import UniformSamplerConfig, sample_uniform
+    from dllm.uniform.sampler import UniformSamplerConfig, sample_uniform
 
     free = torch.tensor([[False, True, True]]).repeat(50, 1)
     one_step = sample_uniform(
@@ -299,7 +299,7 @@ def test_greedy_tail_ends_on_the_argmax_of_x_theta():
 
 
 def test_sampler_options_that_do_not_apply_are_refused():
-    from dllm.uniform_generate import UniformSamplerConfig
+    from dllm.uniform.sampler import UniformSamplerConfig
     from shared.sampling import SamplingConfig
 
     with pytest.raises(ValueError, match="steps=0 must be a positive integer"):
@@ -324,10 +324,10 @@ def udm_run(tmp_path_factory):
 
 
 def test_the_generator_keeps_the_prompt_and_fills_every_free_position(udm_run):
-    from dllm.generate import SamplerConfig
     from dllm.generator import DiffusionGenerator
+    from dllm.sampler import SamplerConfig
     from dllm.strategies import FixedCount
-    from dllm.uniform_generate import UniformSamplerConfig
+    from dllm.uniform.sampler import UniformSamplerConfig
 
     generator = DiffusionGenerator.from_checkpoint(udm_run)
     vocab = generator.model.config.vocab_size
@@ -420,7 +420,7 @@ def test_a_time_conditioned_run_trains_resumes_samples_and_refuses_other_objecti
     from safetensors.torch import load_file
 
     from dllm.generator import DiffusionGenerator
-    from dllm.uniform_generate import UniformSamplerConfig
+    from dllm.uniform.sampler import UniformSamplerConfig
     from shared import checkpoint as ckpt
     from shared.training import cli
 
@@ -462,7 +462,7 @@ def test_a_time_conditioned_run_trains_resumes_samples_and_refuses_other_objecti
 
 
 def test_the_corrector_step_mixes_the_posterior_with_the_renoised_guess():
-    from dllm.uniform_generate import corrected_step, posterior
+    from dllm.uniform.sampler import corrected_step, posterior
 
     generator = torch.Generator().manual_seed(8)
     theta = torch.rand(3, N, generator=generator, dtype=torch.float64)
@@ -522,7 +522,7 @@ def test_kappa_one_is_the_ancestral_sampler_and_other_kappas_differ():
     corrected = run_sampler(model, 64, 4, seed=5, corrector=0.2)
     assert not torch.equal(corrected.tokens, plain.tokens)
     assert (corrected.tokens[:, 0] == BOS).all() and not (corrected.tokens == PAD).any()
-    from dllm.uniform_generate import UniformSamplerConfig
+    from dllm.uniform.sampler import UniformSamplerConfig
 
     assert UniformSamplerConfig(4).name == "uniform-ancestral"
     assert UniformSamplerConfig(4, corrector=0.5).name == "uniform-psi"

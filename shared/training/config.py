@@ -87,7 +87,7 @@ class TrainConfig:
     # (soft inputs softmax(w / tau) @ E, the NELBO at argmax(w)), the exact loss after; 0 = off,
     # -1 = the first half of the run's steps (Duo's share; the default, measured in
     # docs/studies/udm-curriculum). gamma spans [min, max] as t spans [0, 1] (Duo's defaults).
-    # See dllm.uniform_curriculum.
+    # See dllm.uniform.curriculum.
     curriculum_steps: int = CURRICULUM_HALF
     curriculum_tau: float = 1e-3
     curriculum_gamma_min: float = -3.5
