@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from arlm.generate import ARGenerator, GenerationConfig
-from dllm.block_objective import BlockDiffusionObjective
+from dllm.block.objective import BlockDiffusionObjective
 from shared.checkpoint import load_model_from_checkpoint
 from shared.config import ModelConfig
 from shared.hardware import cpu_name

@@ -44,8 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from arlm.generate import GenerationConfig, generate
 from dllm.canvas import Canvas
-from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator, DiffusionResult
+from dllm.sampler import SamplerConfig
 from dllm.strategies import Ancestral, FixedCount, Threshold
 from eval.speed.throughput import Setting, measure
 from shared.checkpoint import load_weights, read_state, resolve_checkpoint

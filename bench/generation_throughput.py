@@ -26,8 +26,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from arlm.generate import GenerationConfig, generate
-from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
+from dllm.sampler import SamplerConfig
 from dllm.strategies import Ancestral, FixedCount, Threshold
 from eval.speed.throughput import measure_batches
 from shared.config import ModelConfig

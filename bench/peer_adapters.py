@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from dllm.block_objective import block_causal_mask
-from dllm.uniform_objective import DELTA, support_ids
+from dllm.block.objective import block_causal_mask
+from dllm.uniform.objective import DELTA, support_ids
 from shared.checkpoint import full_model_state
 from shared.formats.diffusion import llada_config_fields, llada_weight_name
 from shared.model import Transformer

@@ -19,12 +19,12 @@ import peer_adapters
 import torch
 from scipy.stats import chisquare
 
-from dllm.block_objective import block_causal_mask
-from dllm.generate import SamplerConfig
+from dllm.block.objective import block_causal_mask
 from dllm.generator import DiffusionGenerator
+from dllm.sampler import SamplerConfig
 from dllm.strategies import FixedCount
-from dllm.uniform_generate import posterior
-from dllm.uniform_objective import alpha
+from dllm.uniform.objective import alpha
+from dllm.uniform.sampler import posterior
 from shared.config import ModelConfig
 from shared.model import Transformer
 from shared.sampling import sample_categorical

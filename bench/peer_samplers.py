@@ -63,10 +63,10 @@ import peer_adapters
 import peer_checks
 from peer_adapters import BOS
 
-from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
+from dllm.sampler import SamplerConfig
 from dllm.strategies import FixedCount, Threshold
-from dllm.uniform_generate import UniformSamplerConfig
+from dllm.uniform.sampler import UniformSamplerConfig
 from eval.speed.throughput import Record, Setting, Spread, measure
 from shared.config import ModelConfig
 from shared.files import write_atomic

@@ -27,15 +27,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dllm.generate import (
-    SamplerConfig,
-    block_bounds,
-    build_predictor,
-    row_generators,
-    run,
-)
 from dllm.generator import DiffusionGenerator
+from dllm.masked.sampler import block_bounds, build_predictor
 from dllm.predictors import CountingModel
+from dllm.sampler import SamplerConfig, row_generators, run
 from dllm.strategies import FixedCount, StepContext, Threshold, token_probability
 from shared.cli_args import seed_argument
 from shared.config import ModelConfig

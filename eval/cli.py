@@ -10,7 +10,7 @@
     duolm side-by-side runs/demo/ar runs/demo/mdm                    # eval.experiments.side_by_side
     duolm findings --scale cpu --out runs/findings-cpu               # eval.findings
     duolm convert-checkpoint runs/old-mdm --trust                    # shared.training.convert
-    duolm distill runs/udm runs/udm-dcd --rounds 5                   # dllm.distill
+    duolm distill runs/udm runs/udm-dcd --rounds 5                   # dllm.uniform.distill
 
 Each subcommand takes exactly the flags of the module it stands for (``duolm train --help``);
 ``python -m <module>`` and ``accelerate launch train.py`` keep working.
@@ -25,9 +25,9 @@ from pathlib import Path
 
 from arlm import export as ar_export
 from arlm import sample as ar_sample
-from dllm import distill
 from dllm import export as diffusion_export
 from dllm import sample as diffusion_sample
+from dllm.uniform import distill
 from eval import likelihood
 from eval.experiments import block_sweep, compare, side_by_side
 from eval.findings import __main__ as findings

@@ -32,8 +32,8 @@ except ImportError as error:  # pragma: no cover - exercised only without lm-eva
     raise ImportError("eval.harness needs lm-evaluation-harness: pip install lm-eval") from error
 
 from arlm.generate import ARGenerator, GenerationConfig
-from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
+from dllm.sampler import SamplerConfig
 from dllm.strategies import FixedCount
 from eval.likelihood import ar_nll, continuation_rows, mdm_chain_rule_nll, mdm_nelbo
 from shared.checkpoint import load_model_from_checkpoint

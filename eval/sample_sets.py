@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from arlm.generate import ARGenerator, GenerationConfig
-from dllm.block_generate import grid_blocks
-from dllm.generate import SamplerConfig
+from dllm.block.sampler import grid_blocks
 from dllm.generator import DiffusionGenerator
-from dllm.uniform_generate import UniformSamplerConfig
+from dllm.sampler import SamplerConfig
+from dllm.uniform.sampler import UniformSamplerConfig
 from eval.quality import Z95, Judge, diversity_report, repetition_rate, unigram_entropy
 from shared.sampling import SamplingConfig
 

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from arlm.generate import ARGenerator
-from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
+from dllm.sampler import SamplerConfig
 from dllm.strategies import Ancestral
 from eval.experiments.stages import (
     Stages,

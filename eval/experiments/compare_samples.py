@@ -12,10 +12,10 @@ import torch
 from tqdm.auto import tqdm
 
 from arlm.generate import ARGenerator, GenerationConfig
-from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
+from dllm.sampler import SamplerConfig
 from dllm.strategies import Ancestral, FixedCount, Threshold
-from dllm.uniform_generate import UniformSamplerConfig
+from dllm.uniform.sampler import UniformSamplerConfig
 from eval.experiments.compare_curves import sampling_checkpoint
 from eval.experiments.compare_settings import CompareSettings, diffusion_families, headline_sets
 from eval.experiments.stages import (

@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 
 from arlm.generate import ARGenerator, GenerationConfig
-from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
+from dllm.sampler import SamplerConfig
 from dllm.strategies import Ancestral, FixedCount, Threshold
-from dllm.uniform_generate import UniformSamplerConfig
+from dllm.uniform.sampler import UniformSamplerConfig
 from shared.cli_args import CommandParser, seed_argument, set_threads, utf8_argument
 from shared.errors import CheckpointError, result_or_status
 from shared.sampling import SamplingConfig

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from arlm.generate import ARGenerator
-from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
+from dllm.sampler import SamplerConfig
 from dllm.strategies import Ancestral
 from eval.curves import entropy_of_counts
 from eval.experiments.block_sweep import run_names, train_all

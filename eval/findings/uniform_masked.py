@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
+from dllm.sampler import SamplerConfig
 from dllm.strategies import Ancestral
-from dllm.uniform_generate import UniformSamplerConfig
+from dllm.uniform.sampler import UniformSamplerConfig
 from eval.curves import entropy_of_counts
 from eval.experiments.stages import Stages, load, train_or_reuse, validation_rows
 from eval.findings.common import (

@@ -28,8 +28,8 @@ from torch import nn
 
 from arlm.generate import ARGenerator, GenerationConfig
 from dllm.canvas import Canvas, mask_token_id
-from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
+from dllm.sampler import SamplerConfig
 from dllm.strategies import FixedCount
 from eval.synthetic.likelihood import language_rows, model_device, symbol_ids
 from shared.data.synthetic.pathstar import (

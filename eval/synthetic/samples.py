@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from dllm.generate import SamplerConfig
 from dllm.generator import DiffusionGenerator
+from dllm.sampler import SamplerConfig
 from dllm.strategies import FixedCount
 from eval.synthetic.likelihood import model_device, ratio_stderr, true_entropy
 from shared.data.synthetic.base import Language

@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))
 
 from dllm.generator import DiffusionGenerator  # noqa: E402
-from dllm.uniform_generate import UniformSamplerConfig  # noqa: E402
+from dllm.uniform.sampler import UniformSamplerConfig  # noqa: E402
 from eval.budgets import seed_spread  # noqa: E402
 from eval.curves import unigram_entropy  # noqa: E402
 from eval.experiments.stages import validation_rows  # noqa: E402
