@@ -69,6 +69,55 @@ def test_registration_status_and_history(tmp_path):
     assert registration.register({"toy": toy(steps=200)}, "again", path) == []
 
 
+@dataclass(frozen=True)
+class Trained(Toy):
+    """A toy that trains one run of a preset, with ``overrides``."""
+
+    overrides: tuple = ()
+
+    def runs(self, settings):
+        return {"a": ("demo", dict(self.overrides))}
+
+
+def trained(**overrides) -> Trained:
+    base = toy()
+    return Trained(base.name, base.claim, base.settings, base.rule, tuple(overrides.items()))
+
+
+def test_the_hash_covers_the_precision_as_it_resolves(monkeypatch, tmp_path):
+    # the demo preset trains with precision="auto": bf16 with AMX, fp32 without
+    bf16 = registration.registration_hash(trained(), "cpu", {"precision": "bf16"})
+    fp32 = registration.registration_hash(trained(), "cpu", {"precision": "fp32"})
+    assert bf16 != fp32
+    explicit = trained(precision="fp32")  # a set precision is the same on every machine
+    assert registration.registration_hash(
+        explicit, "cpu", {"precision": "bf16"}
+    ) == registration.registration_hash(explicit, "cpu", {"precision": "fp32"})
+    # registered on a machine without AMX ...
+    path = tmp_path / "registered.json"
+    monkeypatch.setattr(registration, "bf16_is_fast", lambda: False)
+    assert registration.register({"toy": trained()}, "first", path) == ["toy/cpu"]
+    registry = registration.load_registry(path)
+    assert registry["toy"]["cpu"]["resolved"] == {"precision": "fp32"}
+    status = registration.registration(trained(), "cpu", CLEAN, registry)
+    assert status["status"] == registration.PRE_REGISTERED
+    assert "(resolved: precision fp32)" in registration.registration_text(status)
+    # ... and run on one with AMX: not the registered run, and the label says why
+    monkeypatch.setattr(registration, "bf16_is_fast", lambda: True)
+    status = registration.registration(trained(), "cpu", CLEAN, registry)
+    assert status["status"] == registration.EXPLORATORY
+    assert "precision bf16 here, fp32 when registered" in status["why"]
+    # the registry itself is judged with the resolution it recorded: not stale on this machine
+    assert registration.stale_entries({"toy": trained()}, registry) == []
+    # a changed setting on this machine is still a changed setting, not a resolution
+    longer = replace(trained(), settings={"cpu": Settings((0, 1, 2), 200)})
+    status = registration.registration(longer, "cpu", CLEAN, registry)
+    assert "differ from those registered" in status["why"]
+    # an entry registered before resolutions were recorded is stale
+    del registry["toy"]["cpu"]["resolved"]
+    assert registration.stale_entries({"toy": trained()}, registry) == [("toy", "cpu")]
+
+
 def test_every_finding_is_registered_as_it_is_now():
     """A change to a finding's settings, rule or claim must be registered (a commit) before its
     verdict runs: ``python -m eval.findings.register --because "..."``."""

@@ -2,9 +2,14 @@
 committed in ``registered.json`` before its verdict runs.
 
 The hash covers the claim, the settings, the rule, the resolved training configuration of every
-run (the preset expanded, not its name) and the source of the verdict code (``verdicts.py``,
+run (the preset expanded, not its name, and ``precision="auto"`` as it resolves on the machine:
+bf16 with AMX or a bf16 GPU, fp32 elsewhere) and the source of the verdict code (``verdicts.py``,
 ``common.py``, the finding's own module and the helpers it judges with), so editing any of them
-after the registration makes a run exploratory. A report records the hash of what it ran with
+after the registration makes a run exploratory. The registry keeps what the configuration
+resolved to when it was registered (``resolved``): a run whose configuration resolves otherwise
+(another precision on another CPU) is labelled exploratory, naming the difference, and the
+registry's own staleness is judged with the registered resolution, so it holds on any machine.
+A report records the hash of what it ran with
 and the code that ran it (commit, dirty flag, source hash). It is *pre-registered* when that hash
 is the registered one and the code was a clean commit (no changed tracked file and no untracked
 file git does not ignore); otherwise it is *exploratory* and says why (something hashed changed
@@ -27,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.files import write_atomic
+from shared.hardware import bf16_is_fast
 from shared.received import read_json_file
 from shared.training import resolve_config
 from shared.training.run_folder import FINDINGS_STAMP, move_aside
@@ -71,17 +77,30 @@ def verdict_code(finding: Any) -> dict[str, str]:
     }
 
 
-def training_configs(finding: Any, scale: str) -> dict[str, Any]:
+def machine_resolution() -> dict[str, str]:
+    """What the machine-dependent settings resolve to here: ``precision="auto"`` trains in bf16
+    where ``shared.hardware.bf16_is_fast`` says so, in fp32 elsewhere."""
+    return {"precision": "bf16" if bf16_is_fast() else "fp32"}
+
+
+def training_configs(
+    finding: Any, scale: str, resolution: dict[str, str] | None = None
+) -> dict[str, Any]:
     """The resolved configuration (the preset expanded by ``shared.training.resolve_config``,
-    data spec included) of every run ``finding`` trains at ``scale``: a changed preset or
+    data spec included, ``precision="auto"`` replaced by what it resolves to: ``resolution``,
+    this machine's by default) of every run ``finding`` trains at ``scale``: a changed preset or
     default changes the registration, not only a changed preset name."""
     runs = getattr(finding, "runs", None)
     if runs is None:
         return {}
+    resolution = resolution or machine_resolution()
     resolved = {}
     for name, (preset, overrides) in runs(finding.settings[scale]).items():
         model, train = resolve_config(preset, overrides)
-        resolved[name] = {"model": set_fields(model), "train": set_fields(train)}
+        fields = set_fields(train)
+        if fields.get("precision") == "auto":
+            fields["precision"] = resolution["precision"]
+        resolved[name] = {"model": set_fields(model), "train": fields}
     return resolved
 
 
@@ -99,17 +118,18 @@ def set_fields(config: Any) -> dict[str, Any]:
     }
 
 
-def registration_hash(finding: Any, scale: str) -> str:
+def registration_hash(finding: Any, scale: str, resolution: dict[str, str] | None = None) -> str:
     """The hash of everything that decides a finding's verdict at ``scale``: its claim, its
-    settings, its declared rule (band, thresholds, learned checks), the resolved training
-    configuration of every run it trains, and the source of the code that judges it."""
+    settings, its declared rule (band, thresholds, learned checks), the training configuration
+    of every run it trains as it resolves (``resolution``, this machine's by default), and the
+    source of the code that judges it."""
     payload = {
         "finding": finding.name,
         "claim": _plain(finding.claim),
         "scale": scale,
         "settings": _plain(finding.settings[scale]),
         "rule": finding.rule,
-        "training": training_configs(finding, scale),
+        "training": training_configs(finding, scale, resolution),
         "code": verdict_code(finding),
     }
     text = json.dumps(payload, sort_keys=True, default=str)
@@ -122,17 +142,14 @@ def load_registry(path: Path = REGISTRY) -> dict[str, Any]:
 
 def registration(finding: Any, scale: str, code: dict[str, Any], registry=None) -> dict[str, Any]:
     """The registration status of a run of ``finding`` at ``scale`` with ``code``
-    (``eval.report.code_state``): status, hash, the registered entry and why."""
+    (``eval.report.code_state``) on this machine: status, hash, the registered entry and why."""
     entry = (load_registry() if registry is None else registry).get(finding.name, {}).get(scale)
-    current = registration_hash(finding, scale)
+    here = machine_resolution()
+    current = registration_hash(finding, scale, here)
     if entry is None:
         why = "nothing is registered for this finding and scale"
     elif entry["hash"] != current:
-        why = (
-            f"its settings, rule, training configuration or verdict code (hash {current}) "
-            f"differ from those registered on "
-            f"{entry['registered']} (hash {entry['hash']})"
-        )
+        why = mismatch_reason(finding, scale, entry, current, here)
     elif code.get("git_dirty") is not False:
         why = "the code had uncommitted changes (or no git checkout), so no commit names it"
     else:
@@ -141,10 +158,34 @@ def registration(finding: Any, scale: str, code: dict[str, Any], registry=None) 
     return {
         "status": EXPLORATORY if why else PRE_REGISTERED,
         "hash": current,
+        "resolved": here,
         "registered": entry,
         "revisions": revisions,
         "why": why,
     }
+
+
+def mismatch_reason(
+    finding: Any, scale: str, entry: dict[str, Any], current: str, here: dict[str, str]
+) -> str:
+    """Why a run's hash is not the registered one: its configuration resolved otherwise on this
+    machine (naming each difference), or something hashed changed after the registration."""
+    registered = entry.get("resolved")
+    if registered and registered != here:
+        if registration_hash(finding, scale, registered) == entry["hash"]:
+            differences = ", ".join(
+                f"{key} {here.get(key)} here, {value} when registered"
+                for key, value in registered.items()
+                if here.get(key) != value
+            )
+            return (
+                f"its configuration resolves differently on this machine ({differences}), so "
+                "it is not the registered run"
+            )
+    return (
+        f"its settings, rule, training configuration or verdict code (hash {current}) differ "
+        f"from those registered on {entry['registered']} (hash {entry['hash']})"
+    )
 
 
 def registration_text(status: dict[str, Any]) -> str:
@@ -158,20 +199,25 @@ def registration_text(status: dict[str, Any]) -> str:
         if status["revisions"]
         else ""
     )
+    resolved = ", ".join(f"{k} {v}" for k, v in status.get("resolved", {}).items())
     return (
-        f"**Pre-registered**: settings, rule, training and verdict-code hash `{status['hash']}`, "
-        f"registered on {entry['registered']} in `eval/findings/registered.json`{revised}."
+        f"**Pre-registered**: settings, rule, training (resolved: {resolved}) and verdict-code "
+        f"hash `{status['hash']}`, registered on {entry['registered']} in "
+        f"`eval/findings/registered.json`{revised}."
     )
 
 
 def stale_entries(findings: dict[str, Any], registry: dict[str, Any]) -> list[tuple[str, str]]:
-    """The (finding, scale) pairs whose current hash is not the registered one."""
-    return [
-        (name, scale)
-        for name, finding in findings.items()
-        for scale in finding.settings
-        if registry.get(name, {}).get(scale, {}).get("hash") != registration_hash(finding, scale)
-    ]
+    """The (finding, scale) pairs whose hash, under the resolution they were registered with, is
+    not the registered one (an entry without a recorded resolution is stale)."""
+    stale = []
+    for name, finding in findings.items():
+        for scale in finding.settings:
+            entry = registry.get(name, {}).get(scale, {})
+            resolved = entry.get("resolved")
+            if not resolved or entry.get("hash") != registration_hash(finding, scale, resolved):
+                stale.append((name, scale))
+    return stale
 
 
 def register(findings: dict[str, Any], because: str, path: Path = REGISTRY) -> list[str]:
@@ -187,8 +233,10 @@ def register(findings: dict[str, Any], because: str, path: Path = REGISTRY) -> l
             history = history + [
                 {"hash": old["hash"], "registered": old["registered"], "replaced_because": because}
             ]
+        resolution = machine_resolution()
         registry[name][scale] = {
-            "hash": registration_hash(findings[name], scale),
+            "hash": registration_hash(findings[name], scale, resolution),
+            "resolved": resolution,
             "registered": today,
             "history": history,
         }
