@@ -49,8 +49,8 @@ class CompareSettings:
     bd_block_size: int = 16  # block diffusion's block size (it must divide seq_len)
     # the speed-quality frontier: every sampler setting timed at these batch sizes, after
     # frontier_warmup untimed rounds, over frontier_rounds alternating rounds
-    # (eval.speed.throughput), split between two fresh processes and pooled
-    # (compare_speed.throughput_stage)
+    # (eval.speed.throughput), split between three fresh processes, each process's ratios to
+    # the AR kept (compare_speed.throughput_stage)
     frontier_batches: tuple[int, ...] = (1, 32)
     frontier_rounds: int = 5
     frontier_warmup: int = 1
