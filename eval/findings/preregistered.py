@@ -1,0 +1,112 @@
+"""Whether a finding's registration provably came before its result, checked from git.
+
+A matching hash shows that a result ran under the registered claim, settings, rule and code, not
+that the registration existed before the result was known: the runs are deterministic given
+their seeds, so a registration written after a result would match too. What git can show is the
+order. A result counts as pre-registered only if the commit that first added its registration
+hash to ``eval/findings/registered.json`` is an ancestor of the commit the result ran at, and
+that commit's time (the committer's clock, as git records it) precedes the run's start.
+
+    check(root, "0123abcd4567ef89", result_commit="a1b2c3d", started=start_time)
+    -> Check(label="pre-registered", why="...", registration_commit="9f8e...", registered_at=...)
+
+Labels: ``pre-registered``; ``registered after the result`` (the registration commit is no older
+than the run); ``registration not committed`` (no commit of the registry holds the hash);
+``registration not in the result's history`` (the registration commit is not an ancestor of the
+result's commit, or the result names no commit); ``not checked (no git)`` (no git checkout, or
+git is not installed), which says that it could not be checked rather than that it failed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+PRE_REGISTERED = "pre-registered"
+AFTER_THE_RESULT = "registered after the result"
+NOT_COMMITTED = "registration not committed"
+NOT_IN_HISTORY = "registration not in the result's history"
+NOT_CHECKED = "not checked (no git)"
+REGISTRY_PATH = "eval/findings/registered.json"
+
+
+@dataclass(frozen=True)
+class Check:
+    """The label, the sentence that says why, and the registration commit git found."""
+
+    label: str
+    why: str
+    registration_commit: str | None = None
+    registered_at: datetime | None = None
+
+
+def git(root: Path, *args: str) -> str | None:
+    """git's output in ``root``, or None when git is missing, there is no checkout, or the
+    command fails (``merge-base --is-ancestor`` fails for "not an ancestor")."""
+    try:
+        done = subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def registration_commit(
+    root: Path, registration_hash: str, registry: str = REGISTRY_PATH
+) -> tuple[str, datetime] | None:
+    """The oldest commit on any branch that added ``registration_hash`` to ``registry``, with
+    its commit time (git's pickaxe: commits that change how often the text occurs), or None."""
+    out = git(
+        root, "log", "--all", "--reverse", "--format=%H %ct", "-S", registration_hash, "--",
+        registry,
+    )  # fmt: skip
+    lines = (out or "").split("\n")
+    if not lines[0].strip():
+        return None
+    commit, seconds = lines[0].split()
+    return commit, datetime.fromtimestamp(int(seconds), UTC)
+
+
+def check(
+    root: Path,
+    registration_hash: str,
+    result_commit: str | None,
+    started: datetime,
+    registry: str = REGISTRY_PATH,
+) -> Check:
+    """The label of a result with ``registration_hash`` that ran at ``result_commit`` from
+    ``started`` (aware UTC), from the git history of ``root`` (the rules of the docstring)."""
+    if git(root, "rev-parse", "--git-dir") is None:
+        return Check(NOT_CHECKED, f"no git history at {root}: whether the registration came "
+                     "before the result could not be checked")  # fmt: skip
+    found = registration_commit(root, registration_hash, registry)
+    if found is None:
+        return Check(NOT_COMMITTED, f"no commit of {registry} holds the hash {registration_hash}")
+    commit, when = found
+    ancestor = result_commit and git(root, "merge-base", "--is-ancestor", commit, result_commit)
+    if ancestor is None or not result_commit:
+        return Check(
+            NOT_IN_HISTORY,
+            f"the registration commit {commit[:7]} is not an ancestor of the result's commit "
+            f"{(result_commit or 'none recorded')[:7]}",
+            commit,
+            when,
+        )
+    if when >= started:
+        return Check(
+            AFTER_THE_RESULT,
+            f"registered by {commit[:7]} at {when.isoformat()}, after the run started at "
+            f"{started.isoformat()}",
+            commit,
+            when,
+        )
+    return Check(
+        PRE_REGISTERED,
+        f"registered by {commit[:7]} at {when.isoformat()}, before the run started at "
+        f"{started.isoformat()}, in the history of {result_commit[:7]}",
+        commit,
+        when,
+    )

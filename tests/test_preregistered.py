@@ -1,0 +1,113 @@
+"""Whether a registration came before its result, checked from git (eval/findings/preregistered.py)
+on constructed histories in a temporary repository: registered before -> pre-registered; after ->
+says so; a registration never committed, one outside the result's history, and no git at all
+each get their own label."""
+
+import json
+import os
+import subprocess
+from datetime import UTC, datetime
+
+import pytest
+
+from eval.findings.preregistered import (
+    AFTER_THE_RESULT,
+    NOT_CHECKED,
+    NOT_COMMITTED,
+    NOT_IN_HISTORY,
+    PRE_REGISTERED,
+    REGISTRY_PATH,
+    check,
+    registration_commit,
+)
+
+HASH, OTHER = "0123abcd4567ef89", "fedcba9876543210"
+
+
+def at(day: int, hour: int = 12) -> datetime:
+    return datetime(2026, 12, day, hour, tzinfo=UTC)
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """An empty repository whose commits take the dates a test gives them."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    root = tmp_path / "repo"
+    root.mkdir()
+
+    def run(*args, when=None):
+        env = dict(os.environ)
+        if when is not None:
+            env["GIT_AUTHOR_DATE"] = env["GIT_COMMITTER_DATE"] = when.isoformat()
+        done = subprocess.run(
+            ["git", *args], cwd=root, env=env, check=True, capture_output=True, text=True
+        )
+        return done.stdout.strip()
+
+    run("init", "-q", "-b", "main")
+    run("config", "user.email", "t@example.com")
+    run("config", "user.name", "t")
+    return root, run
+
+
+def commit_registry(root, run, hashes, when, message="register"):
+    path = root / REGISTRY_PATH
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"toy": {"cpu": {"hash": hashes[0], "history": hashes[1:]}}}))
+    run("add", "-A")
+    run("commit", "-q", "-m", message, when=when)
+    return run("rev-parse", "HEAD")
+
+
+def commit_result(root, run, when):
+    (root / "report.md").write_text(f"result at {when}")
+    run("add", "-A")
+    run("commit", "-q", "-m", "result", when=when)
+    return run("rev-parse", "HEAD")
+
+
+def test_registered_before_the_run_is_pre_registered(repo):
+    root, run = repo
+    registered = commit_registry(root, run, [HASH], at(1))
+    result = commit_result(root, run, at(3))
+    found = check(root, HASH, result, started=at(2))
+    assert found.label == PRE_REGISTERED and found.registration_commit == registered
+    assert found.registered_at == at(1) and "before the run started" in found.why
+
+
+def test_registered_after_the_run_started_says_so(repo):
+    root, run = repo
+    commit_registry(root, run, [OTHER], at(1))
+    # the run started on day 2 under nothing registered; its hash was registered on day 3
+    registered = commit_registry(root, run, [HASH, OTHER], at(3), "register after the fact")
+    result = commit_result(root, run, at(4))
+    found = check(root, HASH, result, started=at(2))
+    assert found.label == AFTER_THE_RESULT and found.registration_commit == registered
+    assert "after the run started" in found.why
+    # a re-registration keeps the old hash in history: the old result stays checked against the
+    # commit that first added it
+    assert registration_commit(root, OTHER)[1] == at(1)
+    assert check(root, OTHER, result, started=at(2)).label == PRE_REGISTERED
+
+
+def test_a_registration_never_committed_or_outside_the_history(repo):
+    root, run = repo
+    commit_registry(root, run, [OTHER], at(1))
+    result = commit_result(root, run, at(3))
+    assert check(root, HASH, result, started=at(2)).label == NOT_COMMITTED
+    # registered on a branch the result's commit does not contain
+    run("checkout", "-q", "-b", "side")
+    commit_registry(root, run, [HASH, OTHER], at(1, 18))
+    run("checkout", "-q", "main")
+    found = check(root, HASH, result, started=at(2))
+    assert found.label == NOT_IN_HISTORY and "not an ancestor" in found.why
+    assert check(root, OTHER, None, started=at(2)).label == NOT_IN_HISTORY
+
+
+def test_without_git_it_says_it_could_not_check(tmp_path, monkeypatch):
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    found = check(tmp_path, HASH, "a1b2c3d", started=at(2))
+    assert found.label == NOT_CHECKED and "could not be checked" in found.why
+    monkeypatch.setenv("PATH", str(tmp_path / "no-git-here"))  # git itself missing
+    assert check(tmp_path, HASH, "a1b2c3d", started=at(2)).label == NOT_CHECKED
