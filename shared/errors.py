@@ -12,6 +12,7 @@ import errno
 import getpass
 import os
 import re
+import select
 import shutil
 import sys
 from collections.abc import Callable
@@ -148,6 +149,12 @@ def result_or_status(
     ``DUOLM_DEBUG=1`` re-raises instead, to show the traceback."""
     try:
         return job(), 0
+    except BrokenPipeError:
+        # The reader of stdout went away (``| head``): stop quietly, as shell tools do, with
+        # the status of a SIGPIPE; any other broken pipe is a fault and propagates.
+        if not stdout_is_broken():
+            raise
+        return None, 128 + 13
     except BaseException as error:
         # The disk's errors first (a PermissionError is no user error of the other kinds); their
         # notes (where a run can resume from) follow the line.
@@ -162,6 +169,24 @@ def result_or_status(
         if os.environ.get("RANK", "0") == "0":
             print(f"error: {message}", file=sys.stderr)
         return None, 2
+
+
+def stdout_is_broken() -> bool:
+    """Whether stdout is a pipe whose reader has gone (polling it reports an error); if so,
+    stdout is pointed at the null device, so that the interpreter's own flush at exit does not
+    fail again with a traceback."""
+    try:
+        fd = sys.stdout.fileno()
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        broken = any(events & select.POLLERR for _, events in poll.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return False
+    if broken:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+    return broken
 
 
 def report_user_errors(

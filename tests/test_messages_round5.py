@@ -281,3 +281,27 @@ def test_resume_hints_suggest_overwrite_only_where_it_would_move_the_run(tmp_pat
         train_cli.train_from_argv(["--resume", str(tmp_path / "empty")])
     assert "holds no training run" in str(refused.value)
     assert "--overwrite" not in str(refused.value)
+
+
+def test_output_into_a_pipe_whose_reader_has_gone_stops_quietly():
+    """``duolm findings --table INDEX REPORTS | head`` once ended in a BrokenPipeError
+    traceback: a command whose stdout's reader has gone now stops without a word, with the
+    status of a SIGPIPE (141), as shell tools do."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    findings = root / "docs" / "studies" / "findings-cpu"
+    read, write = os.pipe()
+    os.close(read)  # no reader at all: the first write meets a broken pipe
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "eval.findings", "--table", str(findings / "index.json"),
+             str(findings)],
+            stdout=write, stderr=subprocess.PIPE, text=True, cwd=root, timeout=120,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (141, "")
