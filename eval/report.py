@@ -79,9 +79,13 @@ def source_hash(root: Path = PROJECT_ROOT) -> str:
     return digest.hexdigest()[:16]
 
 
-def _git(*args: str, cwd: Path = PROJECT_ROOT) -> str | None:
+def git_output(*args: str, cwd: Path = PROJECT_ROOT, timeout: float = 5) -> str | None:
+    """git's output in ``cwd``, stripped; None when git is missing, there is no checkout, or
+    the command fails (``merge-base --is-ancestor`` fails for "not an ancestor")."""
     try:
-        done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=5, cwd=cwd)
+        done = subprocess.run(
+            ["git", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
@@ -142,9 +146,9 @@ def code_state(root: Path = PROJECT_ROOT) -> dict[str, Any]:
     """The code that made a result: its commit, whether the tree differed from it (a changed
     tracked file, or an untracked file git does not ignore, such as a new module a finding
     imports: the commit alone does not name the code), and the source hash."""
-    status = _git("status", "--porcelain", cwd=root)
+    status = git_output("status", "--porcelain", cwd=root)
     return {
-        "git_commit": _git("rev-parse", "HEAD", cwd=root) or None,
+        "git_commit": git_output("rev-parse", "HEAD", cwd=root) or None,
         "git_dirty": None if status is None else bool(status),
         "source_hash": source_hash(root),
     }

@@ -47,6 +47,7 @@ from eval.experiments.compare_settings import (
     diffusion_families,
     objectives_asked,
     settings_for,
+    steps_within,
 )
 from eval.experiments.compare_speed import throughput_stage
 from eval.experiments.stages import (
@@ -208,7 +209,7 @@ def with_gen_length(settings: CompareSettings, length: int, max_seq_len: int) ->
             f"{CACHE_BLOCKS} blocks of equal length, so the length must be a multiple of "
             f"{CACHE_BLOCKS} (at most {fits} for this model)"
         )
-    steps = tuple(sorted({min(s, length) for s in settings.diffusion_steps}))
+    steps = steps_within(settings.diffusion_steps, length)
     return dataclasses.replace(settings, gen_length=length, diffusion_steps=steps)
 
 

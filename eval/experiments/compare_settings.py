@@ -171,8 +171,14 @@ def fit_to_context(settings: CompareSettings, max_seq_len: int) -> CompareSettin
     the tokens generated) cut so that BOS + prompt + generation fit ``max_seq_len``."""
     prompt = min(settings.prompt_tokens, max(1, max_seq_len // 4))
     length = min(settings.gen_length, max_seq_len - 1 - prompt)
-    steps = tuple(sorted({min(s, length) for s in settings.diffusion_steps}))
+    steps = steps_within(settings.diffusion_steps, length)
     return replace(settings, prompt_tokens=prompt, gen_length=length, diffusion_steps=steps)
+
+
+def steps_within(steps: tuple[int, ...], length: int) -> tuple[int, ...]:
+    """The diffusion step counts cut to at most ``length`` (a step reveals at least one of the
+    tokens generated), each once, in order."""
+    return tuple(sorted({min(s, length) for s in steps}))
 
 
 # ---------------------------------------------------------------- evaluation stages

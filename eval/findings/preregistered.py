@@ -19,10 +19,11 @@ git is not installed), which says that it could not be checked rather than that 
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+
+from eval.report import git_output
 
 PRE_REGISTERED = "pre-registered"
 AFTER_THE_RESULT = "registered after the result"
@@ -42,26 +43,14 @@ class Check:
     registered_at: datetime | None = None
 
 
-def git(root: Path, *args: str) -> str | None:
-    """git's output in ``root``, or None when git is missing, there is no checkout, or the
-    command fails (``merge-base --is-ancestor`` fails for "not an ancestor")."""
-    try:
-        done = subprocess.run(
-            ["git", *args], cwd=root, capture_output=True, text=True, timeout=60, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
-
-
 def registration_commit(
     root: Path, registration_hash: str, registry: str = REGISTRY_PATH
 ) -> tuple[str, datetime] | None:
     """The oldest commit on any branch that added ``registration_hash`` to ``registry``, with
     its commit time (git's pickaxe: commits that change how often the text occurs), or None."""
-    out = git(
-        root, "log", "--all", "--reverse", "--format=%H %ct", "-S", registration_hash, "--",
-        registry,
+    out = git_output(
+        "log", "--all", "--reverse", "--format=%H %ct", "-S", registration_hash, "--", registry,
+        cwd=root, timeout=60,
     )  # fmt: skip
     lines = (out or "").split("\n")
     if not lines[0].strip():
@@ -79,14 +68,16 @@ def check(
 ) -> Check:
     """The label of a result with ``registration_hash`` that ran at ``result_commit`` from
     ``started`` (aware UTC), from the git history of ``root`` (the rules of the docstring)."""
-    if git(root, "rev-parse", "--git-dir") is None:
+    if git_output("rev-parse", "--git-dir", cwd=root) is None:
         return Check(NOT_CHECKED, f"no git history at {root}: whether the registration came "
                      "before the result could not be checked")  # fmt: skip
     found = registration_commit(root, registration_hash, registry)
     if found is None:
         return Check(NOT_COMMITTED, f"no commit of {registry} holds the hash {registration_hash}")
     commit, when = found
-    ancestor = result_commit and git(root, "merge-base", "--is-ancestor", commit, result_commit)
+    ancestor = result_commit and git_output(
+        "merge-base", "--is-ancestor", commit, result_commit, cwd=root
+    )
     if ancestor is None or not result_commit:
         return Check(
             NOT_IN_HISTORY,
