@@ -140,10 +140,13 @@ def test_merged_sets_average_the_mean_length_over_seeds():
     assert merged["mean_length"] == 12.0 and merged["samples"] == 40
 
 
-def test_both_samplers_spend_one_evaluation_per_step():
+def test_both_samplers_spend_one_evaluation_per_step_with_the_same_tail():
     udm, mdm = duality.sampler("udm", 8), duality.sampler("mdm", 8)
-    assert udm.steps == 8 and udm.greedy_tail
-    assert mdm.strategy.steps == 8 and not mdm.reuse_predictions
+    assert udm.steps == 8 and mdm.strategy.steps == 8 and not mdm.reuse_predictions
+    # no greedy last step for either family: a greedy tail for one side only lowers its
+    # entropy by about the entropy check's own margin
+    assert not udm.greedy_tail and not udm.sampling.greedy and not mdm.sampling.greedy
+    assert "no greedy last step for either" in duality.RULE["tail"]
 
 
 def test_the_finding_is_registered_last_with_both_runs_per_seed():

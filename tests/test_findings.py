@@ -11,7 +11,7 @@ import pytest
 
 from eval.findings import adaptation, compute_gap, data_constrained, pathstar, reversal
 from eval.findings import sample_quality as quality
-from eval.findings.__main__ import main
+from eval.findings.__main__ import checked_labels, main
 from eval.findings.registry import FINDINGS
 from eval.findings.table import findings_table
 from eval.findings.verdicts import (
@@ -34,6 +34,8 @@ from eval.findings.verdicts import (
     t_interval,
     wilson_interval,
 )
+from eval.quality import JudgeScore
+from eval.report import git_output
 from eval.sample_sets import before_eos
 
 # ---- the rules -----------------------------------------------------------------------------------
@@ -362,6 +364,8 @@ def judged_set(
         "log_ppl": Interval(log_ppl, log_ppl - half, log_ppl + half).as_dict(),
         "unigram_entropy": entropy,
         "repetition_rate_4gram": 0.0,
+        "mean_length": 60.0,
+        "empty_share": 0.0,
     }
 
 
@@ -390,9 +394,40 @@ def test_sample_quality_ordering_needs_comparable_entropy():
     assert quality.combine([REPRODUCED, REPRODUCED]) == REPRODUCED
     assert quality.combine([REPRODUCED, INCONCLUSIVE]) == INCONCLUSIVE
     assert quality.combine([INCONCLUSIVE, NOT_REPRODUCED]) == NOT_REPRODUCED
+    # ... and to length: a lead over samples more than 25% shorter is no lead (either side)
+    short = judged_set("AR", 5, 0.1, 4.0) | {"mean_length": 44.0}
+    assert quality.ordered(short, bd) == INCONCLUSIVE and quality.ordered(bd, short) == INCONCLUSIVE
+    assert quality.ordered(judged_set("AR", 5, 0.1, 4.0) | {"mean_length": 46.0}, bd) == REPRODUCED
     # token-weighted: a sample with no judge tokens (its rate NaN) does not count
     interval = quality.log_ppl_interval([1.0, 2.0, 3.0, float("nan")], [10, 10, 10, 0])
     assert interval.value == 2.0 and interval.high - 2.0 == pytest.approx(1.959964 / math.sqrt(3))
+
+
+class SpaceFriendlyJudge:
+    """A judge that finds one space very likely (0.1 nats, one token) and every written sample
+    hard (5 nats/token, one judge token per character): what an empty sample judged as a space
+    would pull the perplexity down with."""
+
+    identity = "test judge"
+
+    def score(self, texts):
+        per_token = [0.1 if text == " " else 5.0 for text in texts]
+        tokens = [1 if text == " " else len(text) for text in texts]
+        nats = sum(rate * count for rate, count in zip(per_token, tokens))
+        return JudgeScore(nats, sum(tokens), per_token, tokens)
+
+
+def test_an_empty_sample_is_left_out_of_the_findings_perplexity_and_counted(monkeypatch):
+    monkeypatch.setattr(quality, "load_judge", lambda name: SpaceFriendlyJudge())
+    sets = {"MDM 4 steps": {"model": "MDM", "steps": 4}}
+    sets["MDM 4 steps"] |= {"texts": ["ab", "", "abcd", ""], "ids": [[5, 6], [], [5, 6, 7, 5], []]}
+    settings = quality.QualitySettings((0,), "smoke", 4, 4, 16, (1,))
+    entry = quality.judge_all(sets, settings)["sets"]["MDM 4 steps"]
+    assert entry["empty_share"] == 0.5 and entry["mean_length"] == 1.5
+    assert entry["per_sample_tokens"] == [2, 0, 4, 0]
+    assert entry["log_ppl"]["value"] == pytest.approx(5.0)  # the two spaces would make it 3.77
+    # the entropy is the written samples' own (log 2 and 1.5 log 2), averaged over two, not four
+    assert entry["unigram_entropy"] == pytest.approx((math.log(2) + 1.5 * math.log(2)) / 2)
 
 
 QUALITY_SETS = {
@@ -640,10 +675,13 @@ def test_findings_table_quotes_the_index_and_says_why_a_finding_is_long(
     ]
     text = findings_table({"findings": rows}, "docs/x", {"a": "9 runs", "b": "1 run"})
     assert (
-        "| [T](docs/x/a/report.md) | S. (X 2024) | 1 [0, 2] | **reproduced** | "
+        "| [T](docs/x/a/report.md) | S. (X 2024) | 1 [0, 2] | **reproduced** | pre-registered | "
         "25.0 min (over 20: 9 runs) | `0123456` |" in text
     )
-    assert "| **inconclusive (not trained)** (exploratory) | 1.0 min | not recorded |" in text
+    assert "| **inconclusive (not trained)** | exploratory | 1.0 min | not recorded |" in text
+    # labels checked now replace the rows' own
+    checked = findings_table({"findings": rows}, "docs/x", {}, {"a": "registered after the result"})
+    assert "| **reproduced** | registered after the result | 25.0 min |" in checked
     index = tmp_path / "index.json"
     index.write_text(json.dumps({"findings": rows}))
     monkeypatch.chdir(tmp_path)  # REPORTS is relative to where the table is shown
@@ -654,12 +692,23 @@ def test_findings_table_quotes_the_index_and_says_why_a_finding_is_long(
     assert capsys.readouterr().out.strip().splitlines()[2].startswith("| [T](docs/x/a/report.md)")
 
 
+def full_history(root: Path) -> bool:
+    """Whether ``root`` is a git checkout with its whole history (what the registration check
+    reads); a shallow clone or an unpacked archive has not."""
+    return git_output("rev-parse", "--is-shallow-repository", cwd=root) == "false"
+
+
 def test_readme_findings_table_is_the_committed_index():
-    """The README's findings table is generated from the committed cpu index (never typed)."""
+    """The README's findings table is generated from the committed cpu index (never typed), its
+    registration labels checked from git now, and the index's stored labels are those too."""
     root = Path(__file__).resolve().parent.parent
+    if not full_history(root):
+        pytest.skip("registration labels are checked from git: this checkout has no full history")
     index = json.loads((root / "docs/studies/findings-cpu/index.json").read_text())
     costs = {name: finding.cost for name, finding in FINDINGS.items()}
-    table = findings_table(index, "docs/studies/findings-cpu", costs)
+    labels = checked_labels(index, root)
+    assert {row["name"]: row["registration"] for row in index["findings"]} == labels
+    table = findings_table(index, "docs/studies/findings-cpu", costs, labels)
     assert table in (root / "README.md").read_text()
 
 
@@ -736,6 +785,7 @@ def test_a_report_rendered_from_stored_runs_says_so_and_keeps_their_commit(tmp_p
     out = tmp_path / "stored"
     out.mkdir()
     stamp = {"source_hash": "s", "registration": "r", "git_commit": "abc", "git_dirty": False}
+    stamp["started"] = "2026-01-02T03:04:05+00:00"
     (out / "finding-code.json").write_text(json.dumps(stamp))
     result = reversal.judge("smoke", settings, per_seed, out)
     report = json.loads((out / "report.json").read_text())
@@ -744,8 +794,11 @@ def test_a_report_rendered_from_stored_runs_says_so_and_keeps_their_commit(tmp_p
         "git_commit": report["provenance"]["git_commit"],
         "git_dirty": report["provenance"]["git_dirty"],
         "source_hash": report["provenance"]["source_hash"],
+        "created": report["provenance"]["created"],
+        "registration_status": report["results"]["registration"]["status"],
         "registration_hash": report["results"]["registration"]["hash"],
         "runs_commit": "abc",
+        "runs_started": "2026-01-02T03:04:05+00:00",
     }
 
 

@@ -29,11 +29,13 @@ from eval.findings.common import (
     Job,
     job_stamp,
     row_provenance,
-    write_index,
 )
+from eval.findings.index import write_index
+from eval.findings.preregistered import result_label
 from eval.findings.registration import fresh_job_folder
 from eval.findings.registry import FINDINGS
 from eval.findings.table import findings_table
+from eval.report import PROJECT_ROOT
 from shared.cli_args import CommandParser
 from shared.errors import ConfigError, report_user_errors
 from shared.faults import StopRequest
@@ -114,8 +116,8 @@ def print_table(index_path: str, reports: str) -> None:
     except ConfigError as error:
         raise ConfigError(f"--table {error}; give a findings index.json") from None
     try:
-        table = findings_table(index, reports, costs())
-    except (KeyError, TypeError, AttributeError) as error:
+        table = findings_table(index, reports, costs(), checked_labels(index))
+    except (KeyError, TypeError, AttributeError, ValueError) as error:
         raise ConfigError(
             f"--table {path}: not a findings index ({type(error).__name__}: {error}); give the "
             "index.json that python -m eval.findings writes"
@@ -128,6 +130,12 @@ def print_table(index_path: str, reports: str) -> None:
             "from where the table is shown)"
         )
     print(table)
+
+
+def checked_labels(index: dict, root: Path = PROJECT_ROOT) -> dict[str, str]:
+    """Each row's registration label, checked now from the git history of ``root`` (never the
+    label the index stored)."""
+    return {row["name"]: result_label(row, root).label for row in index["findings"]}
 
 
 def missing_report(index: dict, reports: Path) -> str | None:

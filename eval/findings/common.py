@@ -1,12 +1,11 @@
-"""What every finding shares: its published claim, its result row for the index, the report it
-writes, and the index page over all of them."""
+"""What every finding shares: its published claim, its result row for the index and the report it
+writes (the index page over all of them: ``eval.findings.index``)."""
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +16,9 @@ from eval.findings.registration import (
     registration_hash,
     registration_text,
 )
-from eval.findings.table import findings_table
 from eval.findings.verdicts import RULES, LearnedCheck, learned_gate, one_seed_guard
-from eval.report import Report, Table, code_state, provenance
+from eval.report import Report, Table, code_state
 from shared.faults import StopRequest
-from shared.files import write_atomic
 from shared.received import read_json_file
 
 SCALES = ("smoke", "cpu", "gpu")
@@ -92,23 +89,26 @@ class Finding:
 
 def job_stamp(finding: Finding, scale: str) -> dict[str, Any]:
     """What a finding's folder must have been made by to be reused (this code, these settings
-    and rule: ``REUSE_KEYS``), and the commit that started its job."""
+    and rule: ``REUSE_KEYS``), the commit that started its job and when (UTC): the moment its
+    registration must precede to count as pre-registered (``eval.findings.preregistered``). A
+    reused job keeps the stamp it was started with (``fresh_job_folder``)."""
     state = code_state()
     return {
         "source_hash": state["source_hash"],
         "registration": registration_hash(finding, scale),
         "git_commit": state["git_commit"],
         "git_dirty": state["git_dirty"],
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
     }
 
 
 def runs_origin(out: Path, state: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """Who trained the runs in ``out`` (its job stamp: the commit that started the job), and
-    the report's sentence when that is another commit than ``state``'s: a re-render from
-    stored runs, which keeps the runs' commit."""
+    """Who trained the runs in ``out`` (its job stamp: the commit that started the job, and
+    when), and the report's sentence when that is another commit than ``state``'s: a re-render
+    from stored runs, which keeps the runs' commit and start."""
     path = out / JOB_STAMP
     stamp = read_json_file(path) if path.is_file() else {}
-    origin = {"git_commit": stamp.get("git_commit"), "git_dirty": stamp.get("git_dirty")}
+    origin = {key: stamp.get(key) for key in ("git_commit", "git_dirty", "started")}
     if not stamp or origin["git_commit"] == state["git_commit"]:
         return origin, ""
     made_by = f"commit `{origin['git_commit']}`" if origin["git_commit"] else "an unrecorded commit"
@@ -209,78 +209,26 @@ def finish_report(
 
 def row_provenance(report: dict[str, Any]) -> dict[str, Any]:
     """An index row's provenance from its finding's ``report.json``: the commit, dirty flag and
-    source hash that wrote the report, its registration hash, and the commit whose job trained
-    the runs (None where the report predates that record)."""
+    source hash that wrote the report and when, its registration status and hash, and the commit
+    whose job trained the runs and when it started (None where the report predates that
+    record)."""
     prov, results = report["provenance"], report["results"]
+    registered = results.get("registration", {})
+    runs = results.get("runs_made_by", {})
     return {
         "git_commit": prov["git_commit"],
         "git_dirty": prov["git_dirty"],
         "source_hash": prov["source_hash"],
-        "registration_hash": results.get("registration", {}).get("hash"),
-        "runs_commit": results.get("runs_made_by", {}).get("git_commit"),
+        "created": prov.get("created"),
+        "registration_status": registered.get("status"),
+        "registration_hash": registered.get("hash"),
+        "runs_commit": runs.get("git_commit"),
+        "runs_started": runs.get("started"),
     }
 
 
 def rule_text(*names: str) -> list[str]:
     return [RULES[name] for name in names]
-
-
-def write_index(
-    out: Path,
-    scale: str,
-    results: list[FindingResult],
-    costs: dict[str, str],
-    reindexed: bool = False,
-) -> dict[str, Path]:
-    """``index.md`` and ``index.json``: one row per finding (``costs``: each finding's training
-    work, said where it took over 20 minutes), each with its report's provenance;
-    ``reindexed``: rebuilt from the stored reports, nothing run."""
-    rows = [_plain(r) for r in results]
-    for row in rows:
-        row["report"] = os.path.relpath(row["report"], out) if row["report"] else ""
-    prov = provenance()
-    written = "Index rebuilt from the stored reports" if reindexed else "Index written"
-    text = "\n".join(
-        [
-            f"# Findings (scale `{scale}`)",
-            "",
-            findings_table({"findings": rows}, ".", costs),
-            "",
-            "Each report states its verdict rule before its numbers, and whether it was "
-            "pre-registered. At scale `smoke` the runs are far too short for the verdicts to mean "
-            "anything: smoke checks the plumbing.",
-            "",
-            provenance_table(rows),
-            "",
-            f"{written} at git commit `{prov['git_commit']}`"
-            + (" (with uncommitted changes)" if prov["git_dirty"] else "")
-            + f" (each report records its own, above); machine: {prov['machine']['cpu']} "
-            f"({prov['machine']['cpu_count']} CPUs), GPU: {prov['machine']['gpu']}; "
-            f"created {prov['created']}",
-            "",
-        ]
-    )
-    paths = {"markdown": out / "index.md", "json": out / "index.json"}
-    out.mkdir(parents=True, exist_ok=True)
-    write_atomic(paths["markdown"], text)
-    data = {"scale": scale, "provenance": prov, "findings": rows}
-    write_atomic(paths["json"], json.dumps(data, indent=2, default=str))
-    return paths
-
-
-def provenance_table(rows: list[dict[str, Any]]) -> str:
-    """Each row's code: the commit that wrote its report, whether the tree was dirty, the
-    source and registration hashes, and the commit that trained its runs."""
-    lines = [
-        "| finding | report's commit | dirty | source hash | registration hash | runs' commit |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
-    for row in rows:
-        p = row.get("provenance") or {}
-        cells = [p.get(k) for k in ("git_commit", "git_dirty", "source_hash")]
-        cells += [p.get("registration_hash"), p.get("runs_commit") or "not recorded"]
-        lines.append("| " + " | ".join([row["name"], *(f"{c}" for c in cells)]) + " |")
-    return "\n".join(lines)
 
 
 def _plain(value: Any) -> Any:

@@ -15,12 +15,14 @@ than the run); ``registration not committed`` (no commit of the registry holds t
 ``registration not in the result's history`` (the registration commit is not an ancestor of the
 result's commit, or the result names no commit); ``not checked (no git)`` (no git checkout, or
 git is not installed), which says that it could not be checked rather than that it failed.
+An index row whose report ran under no registered hash (``eval.findings.registration``) is
+``exploratory`` before any of this (``result_label``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from eval.report import git_output
@@ -101,3 +103,38 @@ def check(
         commit,
         when,
     )
+
+
+EXPLORATORY = "exploratory"
+
+
+def run_start(row: dict) -> tuple[datetime | None, str]:
+    """When an index row's runs started (aware UTC) and how that is known: the job stamp's
+    start, recorded since starts were; for an older report, its time less its wall time (an
+    estimate: the moment the invocation that wrote it began); None when neither is there."""
+    prov = row.get("provenance") or {}
+    if prov.get("runs_started"):
+        return datetime.fromisoformat(prov["runs_started"]), ""
+    if prov.get("created"):
+        created = datetime.fromisoformat(prov["created"])
+        return created - timedelta(seconds=float(row.get("wall_seconds") or 0)), (
+            " (the run's start estimated as its report's time less its wall time: the report "
+            "predates recorded starts)"
+        )
+    return None, ""
+
+
+def result_label(row: dict, root: Path) -> Check:
+    """The registration label of an index row, from its report's provenance and the git history
+    of ``root``: exploratory when the report's own hash check said so, else ``check`` on the
+    hash it ran under (not today's: a later re-registration leaves it as it was), the commit
+    that trained its runs and their start."""
+    prov = row.get("provenance") or {}
+    if (prov.get("registration_status") or row.get("registration")) == EXPLORATORY:
+        return Check(EXPLORATORY, "its report ran under no registered hash (the report says why)")
+    started, estimated = run_start(row)
+    if not prov.get("registration_hash") or started is None:
+        return Check(NOT_IN_HISTORY, "the row records no registration hash or run start")
+    commit = prov.get("runs_commit") or prov.get("git_commit")
+    found = check(root, prov["registration_hash"], commit, started)
+    return Check(found.label, found.why + estimated, found.registration_commit, found.registered_at)

@@ -37,7 +37,7 @@ from eval.findings.verdicts import (
     direction_verdict,
     seed_interval,
 )
-from eval.quality import load_judge, log_perplexity_interval
+from eval.quality import load_judge, log_perplexity_interval, unigram_entropy
 from eval.report import Table
 from eval.sample_sets import ar_sample_set, diffusion_sample_set
 from eval.sample_sets import judged as judged_set
@@ -50,8 +50,17 @@ CLAIM = Claim(
     "Sahoo et al. 2024 (MDLM) Table 6; Arriola et al. 2025 (BD3-LM) Tables 6-7",
 )
 ENTROPY_TOLERANCE = 0.05  # a lower perplexity bought with >5% lower sample entropy does not count
+# A lower perplexity over samples more than 25% shorter (mean tokens before EOS, an empty sample
+# counted as 0) does not count either: the judge scores fewer, earlier tokens of the winner.
+LENGTH_TOLERANCE = 0.25
 # Declared before any run (hashed into the registration).
-RULE = {"entropy_tolerance": ENTROPY_TOLERANCE, "plateau_margin": 0.1}
+RULE = {
+    "entropy_tolerance": ENTROPY_TOLERANCE,
+    "length_tolerance": LENGTH_TOLERANCE,
+    "plateau_margin": 0.1,
+    "perplexity": "token-weighted; an empty sample (EOS first) has no token to judge: it is left "
+    "out of the perplexity and the entropy, counted as length 0, and its share reported",
+}
 
 
 @dataclass(frozen=True)
@@ -152,6 +161,7 @@ def merge_seeds(per_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
             "log_ppl_per_seed": [e["log_ppl"]["value"] for e in entries],
             "samples": sum(len(e["per_sample_nats"]) for e in entries),
             "unigram_entropy": statistics.fmean(e["unigram_entropy"] for e in entries),
+            "empty_share": statistics.fmean(e.get("empty_share", math.nan) for e in entries),
             "repetition_rate_4gram": statistics.fmean(e["repetition_rate_4gram"] for e in entries),
             "mean_length": statistics.fmean(e.get("mean_length", math.nan) for e in entries),
         }
@@ -192,16 +202,22 @@ def sample_all(out: Path, settings: QualitySettings, seed: int = 0) -> dict[str,
 
 
 def judge_all(sets: dict[str, Any], settings: QualitySettings) -> dict[str, Any]:
+    """Each sample set judged (``eval.sample_sets.judged``), with its empty samples (EOS
+    first) left out of the perplexity and the entropy rather than judged as one space, and
+    their share kept (``RULE["perplexity"]``)."""
     judge_model = load_judge(settings.judge)
     judged_sets = {}
     for name, entry in sets.items():
         row = judged_set(judge_model, entry["texts"], entry["ids"])
+        empty = [not ids for ids in entry["ids"]]
+        tokens = [0 if gone else count for gone, count in zip(empty, row["per_sample_tokens"])]
         judged_sets[name] = {k: v for k, v in entry.items() if k not in ("texts", "ids")} | {
             "per_sample_nats": row["per_sample_nats"],
-            "per_sample_tokens": row["per_sample_tokens"],
+            "per_sample_tokens": tokens,
             "mean_length": row["mean_length"],
-            "log_ppl": log_ppl_interval(row["per_sample_nats"], row["per_sample_tokens"]).as_dict(),
-            "unigram_entropy": row["unigram_entropy"],
+            "empty_share": sum(empty) / len(empty) if empty else math.nan,
+            "log_ppl": log_ppl_interval(row["per_sample_nats"], tokens).as_dict(),
+            "unigram_entropy": entropy_of_written(entry["ids"]),
             "repetition_rate_4gram": row["repetition_rate_4gram"],
             "distinct_1": row["distinct_1"],
             "distinct_2": row["distinct_2"],
@@ -210,6 +226,13 @@ def judge_all(sets: dict[str, Any], settings: QualitySettings) -> dict[str, Any]
             "example": row_example(entry["texts"]),
         }
     return {"judge": judge_model.identity, "sets": judged_sets}
+
+
+def entropy_of_written(ids: list[list[int]]) -> float:
+    """The mean unigram entropy of the samples that hold a token (an empty one has none to
+    measure; ``empty_share`` counts it); nan when every sample is empty."""
+    written = [row for row in ids if row]
+    return statistics.fmean(unigram_entropy(row) for row in written) if written else math.nan
 
 
 def row_example(texts: list[str]) -> str:
@@ -231,13 +254,15 @@ def log_ppl_interval(per_sample_nats: list[float], per_sample_tokens: list[int])
 def ordered(better: dict[str, Any], worse: dict[str, Any]) -> str:
     """'better has the lower judge perplexity' by the direction rule, unless the side whose
     perplexity is lower (better when reproduced, worse when reversed) has samples of more than
-    ENTROPY_TOLERANCE lower entropy: its lead may be bought with repetition (inconclusive)."""
+    ENTROPY_TOLERANCE lower entropy (its lead may be bought with repetition) or more than
+    LENGTH_TOLERANCE shorter (bought with brevity): then inconclusive."""
     verdict = direction_verdict(Interval(**better["log_ppl"]), Interval(**worse["log_ppl"]))
     if verdict == INCONCLUSIVE:
         return verdict
     winner, loser = (better, worse) if verdict == REPRODUCED else (worse, better)
     cheap = winner["unigram_entropy"] < (1 - ENTROPY_TOLERANCE) * loser["unigram_entropy"]
-    return INCONCLUSIVE if cheap else verdict
+    short = winner["mean_length"] < (1 - LENGTH_TOLERANCE) * loser["mean_length"]
+    return INCONCLUSIVE if cheap or short else verdict
 
 
 def rules() -> list[str]:
@@ -252,10 +277,13 @@ def rules() -> list[str]:
         "generated token: 64 for 64 tokens, rounded up to whole blocks for block diffusion, "
         "so BD-16 takes 65; the NFE column says how many evaluations ran), T=1, float64 "
         "noise. Every model's samples end at their first EOS (AR included) and are judged, "
-        "measured (mean length) and scored for entropy on the tokens before it. Any "
+        "measured (mean length) and scored for entropy on the tokens before it; an empty "
+        "sample (EOS first) has no token to judge: it is left out of the perplexity and the "
+        "entropy, counts as length 0, and each set's share of empty samples is reported. Any "
         "comparison whose lower-perplexity side, whichever side that is, has more "
-        f"than {ENTROPY_TOLERANCE:.0%} lower mean sample entropy is *inconclusive* "
-        "(perplexity bought by repetition). Steps: for each diffusion model, full steps "
+        f"than {ENTROPY_TOLERANCE:.0%} lower mean sample entropy (perplexity bought by "
+        f"repetition) or more than {LENGTH_TOLERANCE:.0%} shorter mean length (bought by "
+        "brevity) is *inconclusive*. Steps: for each diffusion model, full steps "
         "below the fewest steps, by the same rule. Reproduced only if all four parts "
         "are; not reproduced if any part is reversed with separated intervals. Learned "
         "checks: each model's final validation loss more than "
@@ -286,6 +314,7 @@ PERPLEXITY_COLUMNS = [
     "NFE",
     "samples",
     "mean length",
+    "empty",
     "judge ppl",
     "95% interval",
     "sample entropy",
@@ -304,6 +333,7 @@ def perplexity_table(settings: QualitySettings, judged: dict) -> Table:
                 entry.get("nfe", "-"),
                 entry.get("samples", settings.samples),
                 f"{entry.get('mean_length', math.nan):.1f}",
+                f"{entry.get('empty_share', math.nan):.0%}",
                 f"{math.exp(interval.value):.1f}",
                 f"[{math.exp(interval.low):.1f}, {math.exp(interval.high):.1f}]",
                 entry["unigram_entropy"],
@@ -315,7 +345,8 @@ def perplexity_table(settings: QualitySettings, judged: dict) -> Table:
         PERPLEXITY_COLUMNS,
         rows,
         note=f"Judge: {judged['judge']}. Perplexity = exp(judge nats / judge tokens, summed over "
-        "samples); "
+        "the samples that hold a token; empty: the share of samples that end at once (EOS "
+        "first), left out of the perplexity and the entropy, counted as length 0); "
         f"{settings.samples} samples per seed, seeds {list(settings.seeds)}.",
     )
 
@@ -363,8 +394,10 @@ def judge(
         + "; fewer steps worse: "
         + ", ".join(f"{m} {v}" for m, v in steps_verdicts.items()),
         verdict=combine(list(pairs.values()) + list(steps_verdicts.values())),
-        rule="AR < BD < MDM in judge perplexity at full steps (entropy within 5%) and each "
-        "diffusion model worse at its fewest steps, all 95% intervals separated",
+        rule=f"AR < BD < MDM in token-weighted judge perplexity at full steps (the winner's "
+        f"entropy within {ENTROPY_TOLERANCE:.0%} and mean length within "
+        f"{LENGTH_TOLERANCE:.0%}) and each diffusion model worse at its fewest steps, all 95% "
+        "intervals separated",
         checks=learned_checks(settings, learned),
         numbers={"pairs": pairs, "steps": steps_verdicts, "sets": sets, "learned": learned},
     )

@@ -1,5 +1,6 @@
 """The findings table of ``index.md`` and of the README, made from an index's rows, so the
-README quotes the reports' own words and numbers::
+README quotes the reports' own words and numbers (``--table`` checks each row's registration
+label from git as it prints)::
 
     python -m eval.findings --table docs/studies/findings-cpu/index.json docs/studies/findings-cpu
 """
@@ -14,15 +15,14 @@ COLUMNS = [
     "published claim (source)",
     "measured here (95% intervals)",
     "verdict",
+    "registration",
     "wall",
     "report's commit",
 ]
 
 
 def verdict_cell(row: dict[str, Any]) -> str:
-    return f"**{row['verdict']}**" + (
-        " (exploratory)" if row.get("registration") == "exploratory" else ""
-    )
+    return f"**{row['verdict']}**"
 
 
 def wall_cell(row: dict[str, Any], costs: dict[str, str]) -> str:
@@ -41,9 +41,17 @@ def commit_cell(row: dict[str, Any]) -> str:
     return f"`{commit[:7]}`" + (" (dirty tree)" if provenance.get("git_dirty") else "")
 
 
-def findings_table(index: dict[str, Any], reports: str, costs: dict[str, str]) -> str:
+def findings_table(
+    index: dict[str, Any],
+    reports: str,
+    costs: dict[str, str],
+    labels: dict[str, str] | None = None,
+) -> str:
     """The markdown table of an index's findings; ``reports`` is the folder (relative to where
-    the table is shown) holding each finding's report."""
+    the table is shown) holding each finding's report; ``labels``: each finding's registration
+    label as checked now (``eval.findings.preregistered.result_label``), the rows' own
+    otherwise."""
+    labels = labels or {}
     lines = ["| " + " | ".join(COLUMNS) + " |", "| " + " | ".join("---" for _ in COLUMNS) + " |"]
     for row in index["findings"]:
         claim = row["claim"]
@@ -53,6 +61,7 @@ def findings_table(index: dict[str, Any], reports: str, costs: dict[str, str]) -
             f"{claim['statement']} ({claim['source']})",
             row["measured"],
             verdict_cell(row),
+            labels.get(row["name"], row.get("registration") or "not recorded"),
             wall_cell(row, costs),
             commit_cell(row),
         ]
