@@ -1,0 +1,194 @@
+"""The exact denoisers of the hidden Markov language against brute force: every conditional
+equals a ratio of enumerated row probabilities, for the AR, masked, block and uniform-state
+families, on rows with EOS and padding."""
+
+import itertools
+import math
+from collections import defaultdict
+
+import numpy as np
+import pytest
+import torch
+
+from dllm.block.objective import block_causal_mask
+from dllm.uniform.objective import alpha
+from eval.synthetic.exact.denoisers import exact_denoiser
+from eval.synthetic.likelihood import symbol_ids
+from shared.data.synthetic.hmm import HMMLanguage
+from shared.tokenizer import Tokenizer
+
+TOK = Tokenizer.byte()
+EOS, PAD = TOK.eos_id, TOK.pad_id
+
+
+@pytest.fixture(scope="module")
+def language() -> HMMLanguage:
+    return HMMLanguage(states=2, vocab=3, max_len=3, stop_min=0.2, stop_max=0.6, seed=4)
+
+
+def strings(language):
+    return {s: math.exp(lp) for s, lp in language.enumerate()}
+
+
+def padded_rows(language, gen_length):
+    """P(row) over the generation region of ``[BOS] + s + EOS + PAD...``."""
+    ids = dict(zip(language.alphabet, symbol_ids(language, TOK)))
+    rows = {}
+    for s, p in strings(language).items():
+        body = [ids[c] for c in s] + [EOS]
+        rows[tuple(body + [PAD] * (gen_length - len(body)))] = p
+    return rows
+
+
+def stream_rows(language, gen_length):
+    """P(row) of i.i.d. documents, each followed by EOS, cut at ``gen_length`` tokens."""
+    ids = dict(zip(language.alphabet, symbol_ids(language, TOK)))
+    docs = [([ids[c] for c in s] + [EOS], p) for s, p in strings(language).items()]
+    rows = defaultdict(float)
+    frontier = [((), 1.0)]
+    while frontier:
+        prefix, mass = frontier.pop()
+        for body, p in docs:
+            row = prefix + tuple(body)
+            if len(row) >= gen_length:
+                rows[row[:gen_length]] += mass * p
+            else:
+                frontier.append((row, mass * p))
+    return dict(rows)
+
+
+def logits_of(model, rows, **kw):
+    batch = torch.tensor([[EOS, *row] for row in rows])
+    return model(batch, attention="bidirectional", **kw)
+
+
+def probs_at(logits, ids):
+    return torch.softmax(logits.double(), -1)[..., ids].numpy()
+
+
+def test_brute_force_rows_sum_to_one(language) -> None:
+    assert sum(padded_rows(language, 5).values()) == pytest.approx(1.0, abs=1e-12)
+    assert sum(stream_rows(language, 5).values()) == pytest.approx(1.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("gen_length", [4, 6])
+def test_ar_next_token_is_the_enumerated_ratio(language, gen_length) -> None:
+    rows = padded_rows(language, gen_length)
+    model = exact_denoiser("ar", language, TOK, gen_length + 1)
+    ids = list(model.tokens.ids)
+    checked = 0
+    for row in rows:
+        logits = model(torch.tensor([[EOS, *row]]), attention="causal")[0]
+        for i in range(gen_length):
+            prefix = row[:i]
+            mass = {
+                t: sum(p for r, p in rows.items() if r[:i] == prefix and r[i] == t) for t in ids
+            }
+            total = sum(mass.values())
+            expected = [mass[t] / total for t in ids]
+            np.testing.assert_allclose(probs_at(logits[i], ids), expected, atol=1e-12)
+            checked += 1
+    assert checked >= 40
+    # the exact model puts no mass outside the row symbols (EOS and PAD included)
+    assert torch.softmax(logits[0].double(), -1)[ids].sum() == pytest.approx(1.0, abs=1e-12)
+
+
+def partial_observations(rows, gen_length, mask, rng, count):
+    """``count`` random rows with random positions replaced by ``mask``."""
+    keys = list(rows)
+    out = []
+    for _ in range(count):
+        row = list(keys[rng.integers(len(keys))])
+        hidden = rng.random(gen_length) < rng.uniform(0.2, 0.9)
+        out.append(tuple(mask if h else t for t, h in zip(row, hidden)))
+    return out
+
+
+@pytest.mark.parametrize("gen_length", [4, 5])
+def test_absorbing_conditionals_are_the_enumerated_ratios(language, gen_length) -> None:
+    rows = padded_rows(language, gen_length)
+    model = exact_denoiser("mdm", language, TOK, gen_length + 1)
+    mask, ids = model.config.vocab_size - 1, list(model.tokens.ids)
+    observations = partial_observations(rows, gen_length, mask, np.random.default_rng(1), 30)
+    observations.append((mask,) * gen_length)
+    observations.append((mask, mask, EOS, PAD, PAD)[:gen_length])
+    for seen in observations:
+        logits = logits_of(model, [seen])[0, 1:]
+        consistent = {r: p for r, p in rows.items() if all(s in (mask, t) for s, t in zip(seen, r))}
+        total = sum(consistent.values())
+        for i in [i for i, s in enumerate(seen) if s == mask]:
+            expected = [sum(p for r, p in consistent.items() if r[i] == t) / total for t in ids]
+            np.testing.assert_allclose(probs_at(logits[i], ids), expected, atol=1e-12)
+
+
+def test_block_input_gets_the_conditional_given_prefix_and_block(language) -> None:
+    """Block diffusion's reference predictor feeds [0, end) only: the exact model sums the
+    positions past the block out, which is the conditional given the clean prefix and the
+    block's unmasked tokens."""
+    gen_length = 5
+    rows = padded_rows(language, gen_length)
+    model = exact_denoiser("bd", language, TOK, gen_length + 1)
+    mask, ids = model.config.vocab_size - 1, list(model.tokens.ids)
+    a = symbol_ids(language, TOK)[0]
+    for seen in [(a, mask), (a, a, mask, mask), (mask, mask), (a, EOS, mask)]:
+        batch = torch.tensor([[EOS, *seen]])
+        logits = model(batch, attention=block_causal_mask(len(seen) + 1, 2, "cpu"))[0, 1:]
+        consistent = {r: p for r, p in rows.items() if all(s in (mask, t) for s, t in zip(seen, r))}
+        total = sum(consistent.values())
+        for i in [i for i, s in enumerate(seen) if s == mask]:
+            expected = [sum(p for r, p in consistent.items() if r[i] == t) / total for t in ids]
+            np.testing.assert_allclose(probs_at(logits[i], ids), expected, atol=1e-12)
+
+
+@pytest.mark.parametrize("t", [0.1, 0.5, 0.97])
+def test_uniform_posteriors_are_the_enumerated_ratios(language, t) -> None:
+    gen_length = 4
+    rows = stream_rows(language, gen_length)
+    model = exact_denoiser("udm", language, TOK, gen_length + 1)
+    n_support = TOK.vocab_size - 1
+    time = torch.tensor([t])  # float32, as the sampler passes it
+    keep = float(alpha(time.double())[0])
+    ids = list(model.tokens.ids)
+    assert PAD not in ids  # padding is not in the uniform family's support
+    outsider = ord("z")  # a support id no row holds
+    rng = np.random.default_rng(2)
+    choices = [*ids, outsider]
+    noisy = [
+        tuple(choices[i] for i in rng.integers(len(choices), size=gen_length)) for _ in range(12)
+    ]
+    noisy.append((EOS, EOS, ids[0], outsider))
+    for z in noisy:
+        logits = logits_of(model, [z], time=time)[0, 1:]
+        weight = {
+            r: p * math.prod(keep * (zi == ri) + (1 - keep) / n_support for zi, ri in zip(z, r))
+            for r, p in rows.items()
+        }
+        total = sum(weight.values())
+        for i in range(gen_length):
+            expected = [sum(w for r, w in weight.items() if r[i] == tok) / total for tok in ids]
+            np.testing.assert_allclose(probs_at(logits[i], ids), expected, atol=1e-12)
+
+
+def test_impossible_evidence_gives_uniform_row_symbols(language) -> None:
+    model = exact_denoiser("mdm", language, TOK, 6)
+    mask, ids = model.config.vocab_size - 1, list(model.tokens.ids)
+    logits = logits_of(model, [(PAD, mask, mask, mask, mask)])[0, 2]
+    np.testing.assert_allclose(probs_at(logits, ids), [1 / len(ids)] * len(ids), atol=1e-12)
+    for family in ("ar", "mdm", "bd", "udm"):
+        model = exact_denoiser(family, language, TOK, 6)
+        shape = (2, 6, model.config.vocab_size)
+        time = torch.tensor([0.5, 0.5]) if family == "udm" else None
+        out = model(torch.full((2, 6), EOS), attention="causal", time=time)
+        assert out.shape == shape and out.dtype == torch.float64
+        assert all(p.numel() == 1 for p in model.parameters())  # the device anchor only
+
+
+def test_output_mask_selects_positions(language) -> None:
+    model = exact_denoiser("mdm", language, TOK, 6)
+    mask = model.config.vocab_size - 1
+    batch = torch.tensor([[EOS] + [mask] * 5, [EOS, mask, EOS, PAD, PAD, PAD]])
+    selected = torch.zeros_like(batch, dtype=torch.bool)
+    selected[:, 1] = True
+    full = model(batch, attention="bidirectional")
+    assert torch.equal(model(batch, "bidirectional", output_mask=selected), full[:, 1])
+    assert list(itertools.islice(model._memo, 1))  # rows are memoised

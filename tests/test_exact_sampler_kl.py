@@ -1,0 +1,142 @@
+"""Exact sampler distributions on a tiny hidden Markov language: one token per step with the exact
+denoiser is exact (KL 0), parallel steps are not and improve with more steps, and the exact q
+matches the frequencies of the project's real samplers run with the same exact model."""
+
+from collections import Counter
+
+import pytest
+import torch
+from scipy import stats
+
+from arlm.generate import ARGenerator
+from arlm.generation_types import GenerationConfig
+from dllm.generator import DiffusionGenerator
+from dllm.sampler import SamplerConfig
+from dllm.strategies import Ancestral, FixedCount, Threshold
+from dllm.uniform.sampler import UniformSamplerConfig
+from eval.synthetic.exact.denoisers import exact_denoiser
+from eval.synthetic.exact.frontier import sampler_distribution, sampler_error
+from eval.synthetic.exact.outcomes import outcome
+from eval.synthetic.likelihood import symbol_ids
+from shared.data.synthetic.hmm import HMMLanguage
+from shared.data.synthetic.pcfg import PCFGLanguage
+from shared.errors import ConfigError
+from shared.sampling import SamplingConfig
+from shared.tokenizer import Tokenizer
+
+TOK = Tokenizer.byte()
+G = 4  # generation length: the longest string (3) and its EOS
+BD = {"objective": "bd", "train_config": {"block_size": 2, "schedule": "linear"}}
+
+
+@pytest.fixture(scope="module")
+def language() -> HMMLanguage:
+    return HMMLanguage(states=2, vocab=2, max_len=3, stop_min=0.2, stop_max=0.6, seed=4)
+
+
+def error(family, language, config, gen_length=G, **kw):
+    model = exact_denoiser(family, language, TOK, gen_length + 1)
+    return sampler_error(family, model, language, TOK, config, gen_length, **kw)
+
+
+def test_one_token_per_step_is_exact(language) -> None:
+    cases = [
+        ("ar", GenerationConfig(), G, {}),
+        ("mdm", SamplerConfig(FixedCount(G, remasking="random")), G, {}),
+        # the bd grid of a 6-position canvas: [BOS, x1], [x2, x3], [x4, x5]: one per step
+        ("bd", SamplerConfig(FixedCount(6, remasking="random")), 5, {"state": BD}),
+    ]
+    for family, config, gen_length, kw in cases:
+        result = error(family, language, config, gen_length, **kw)
+        assert abs(result["kl_qp"]) < 1e-9 and abs(result["kl_pq"]) < 1e-9, family
+        assert result["tv"] < 1e-9 and result["dropped"] < 1e-12
+
+
+def test_parallel_steps_cost_and_more_steps_help(language) -> None:
+    kl = {}
+    for steps in (1, 2, 4):
+        result = error("mdm", language, SamplerConfig(FixedCount(steps, remasking="random")))
+        kl[steps] = result["kl_pq"]
+    assert kl[1] > kl[2] > kl[4] and kl[4] < 1e-9 and kl[2] > 1e-3
+    # with one token per step, the confident-first order is not the model's joint: biased
+    low = error("mdm", language, SamplerConfig(FixedCount(G, remasking="low_confidence")))
+    assert low["kl_pq"] > 1e-3
+    ancestral = [error("mdm", language, SamplerConfig(Ancestral(s)))["tv"] for s in (2, 8, 32)]
+    assert ancestral[0] > ancestral[1] > ancestral[2]
+
+
+def test_uniform_state_approaches_the_language_with_steps(language) -> None:
+    """Exact: the chain of the real sampler. Not exact at any finite step count: each step draws
+    the positions independently (and z_1 is uniform where alpha_1 = 1e-3 keeps a little of the
+    data), so KL(p||q) and the TV only shrink with steps."""
+    tv = [error("udm", language, UniformSamplerConfig(steps=s))["tv"] for s in (1, 4, 16)]
+    assert tv[0] > tv[1] > tv[2] and tv[2] < 0.03
+
+
+def empirical(samples, q, n):
+    keys = sorted(q, key=str)
+    counts = Counter(samples)
+    assert set(counts) <= set(keys)  # no sample the exact q calls impossible
+    observed = [counts[k] for k in keys]
+    expected = [q[k] * n for k in keys]
+    return stats.chisquare(observed, expected).pvalue
+
+
+def diffusion_samples(family, language, config, gen_length, state, n):
+    model = exact_denoiser(family, language, TOK, gen_length + 1)
+    engine = DiffusionGenerator(model, TOK, state)
+    kv = {"kv_cache": False} if family == "bd" else {}
+    result = engine.generate([[]] * n, gen_length, config, seed=7, **kv)
+    symbols = dict(zip(symbol_ids(language, TOK), language.alphabet))
+    q = sampler_distribution(family, model, language, TOK, config, gen_length, state=state).q
+    return [outcome(row + [TOK.eos_id], symbols, TOK.eos_id) for row in result.tokens], q
+
+
+@pytest.mark.parametrize(
+    "family,config,gen_length,state",
+    [
+        ("mdm", SamplerConfig(FixedCount(2, remasking="low_confidence")), G, None),
+        ("mdm", SamplerConfig(FixedCount(2, remasking="random")), G, None),
+        ("mdm", SamplerConfig(Threshold(0.5)), G, None),
+        ("mdm", SamplerConfig(Ancestral(3)), G, None),
+        ("bd", SamplerConfig(FixedCount(3)), 5, BD),
+        ("udm", UniformSamplerConfig(steps=2), G, {"objective": "udm"}),
+    ],
+)
+def test_exact_q_matches_the_real_sampler(language, family, config, gen_length, state) -> None:
+    n = 3000
+    samples, q = diffusion_samples(family, language, config, gen_length, state, n)
+    assert empirical(samples, q, n) > 1e-4
+
+
+def test_exact_q_matches_ar_decoding_with_truncation(language) -> None:
+    n = 3000
+    model = exact_denoiser("ar", language, TOK, G + 1)
+    sampling = SamplingConfig(temperature=0.7, top_k=2)
+    config = GenerationConfig(max_new_tokens=G, sampling=sampling, use_cache=False)
+    result = ARGenerator(model, TOK).generate([[TOK.eos_id]] * n, config, seed=3)
+    symbols = dict(zip(symbol_ids(language, TOK), language.alphabet))
+    samples = [outcome(row, symbols, TOK.eos_id) for row in result.tokens]
+    q = sampler_distribution("ar", model, language, TOK, config, G).q
+    assert empirical(samples, q, n) > 1e-4
+    assert error("ar", language, config)["kl_qp"] > 1e-3  # a tempered sampler is not p
+
+
+def test_refusals(language) -> None:
+    mdm = exact_denoiser("mdm", language, TOK, G + 1)
+    with pytest.raises(ConfigError, match="no exact denoiser.*only the hmm"):
+        sampler_error("mdm", mdm, PCFGLanguage(), TOK, SamplerConfig(FixedCount(4)), G)
+    big = HMMLanguage(vocab=4, max_len=10)
+    with pytest.raises(ConfigError, match="too large to enumerate.*limit.*sample-based"):
+        sampler_error("mdm", mdm, big, TOK, SamplerConfig(FixedCount(4)), 11)
+    with pytest.raises(ConfigError, match="takes a UniformSamplerConfig"):
+        sampler_error("udm", mdm, language, TOK, SamplerConfig(FixedCount(4)), G)
+    with pytest.raises(ConfigError, match="approximate cache"):
+        sampler_error(
+            "mdm", mdm, language, TOK, SamplerConfig(FixedCount(4), cache="approx_dual"), G
+        )
+    with pytest.raises(ConfigError, match="multiple of the number of blocks"):
+        sampler_error("bd", mdm, language, TOK, SamplerConfig(FixedCount(4)), G, state=BD)
+    with pytest.raises(ConfigError, match="gen_length=2 cannot hold"):
+        sampler_error("mdm", mdm, language, TOK, SamplerConfig(FixedCount(2)), 2)
+    assert torch.is_tensor(mdm.anchor)
