@@ -1,7 +1,8 @@
 """Whether a registration came before its result, checked from git (eval/findings/preregistered.py)
 on constructed histories in a temporary repository: registered before -> pre-registered; after ->
 says so; a registration never committed, one outside the result's history, and no git at all
-each get their own label."""
+each get their own label; an index's labels are recomputed from that history when it is written
+and when its table is printed, never copied."""
 
 import json
 import os
@@ -11,6 +12,9 @@ from datetime import UTC, datetime
 
 import pytest
 
+from eval.findings.__main__ import checked_labels
+from eval.findings.common import Claim, FindingResult
+from eval.findings.index import write_index
 from eval.findings.preregistered import (
     AFTER_THE_RESULT,
     NOT_CHECKED,
@@ -20,6 +24,7 @@ from eval.findings.preregistered import (
     REGISTRY_PATH,
     check,
     registration_commit,
+    result_label,
 )
 
 HASH, OTHER = "0123abcd4567ef89", "fedcba9876543210"
@@ -114,3 +119,71 @@ def test_without_git_it_says_it_could_not_check(tmp_path, monkeypatch):
     assert found.label == NOT_CHECKED and "could not be checked" in found.why
     monkeypatch.setenv("PATH", str(tmp_path / "no-git-here"))  # git itself missing
     assert check(tmp_path, HASH, "a1b2c3d", started=at(2)).label == NOT_CHECKED
+
+
+# ---- the index's labels: recomputed from git whenever it is written or printed ----------------
+
+
+def index_row(commit, started=None, created=None, wall=0.0, status="pre-registered"):
+    """An index row as ``eval.findings.common.row_provenance`` records its report."""
+    return {
+        "name": "toy",
+        "claim": {"title": "Toy", "statement": "S.", "source": "X"},
+        "measured": "1",
+        "verdict": "reproduced",
+        "rule": "r",
+        "scale": "cpu",
+        "wall_seconds": wall,
+        "report": "",
+        # a stored label, as an older index might hold it: never the one shown
+        "registration": "pre-registered",
+        "provenance": {
+            "git_commit": commit,
+            "git_dirty": False,
+            "source_hash": "s",
+            "created": created,
+            "registration_status": status,
+            "registration_hash": HASH,
+            "runs_commit": commit,
+            "runs_started": started,
+        },
+    }
+
+
+def test_the_index_label_is_checked_from_git_not_copied(repo, tmp_path, capsys):
+    root, run = repo
+    commit_registry(root, run, [OTHER], at(1))
+    commit_registry(root, run, [HASH, OTHER], at(3), "register after the fact")
+    result = commit_result(root, run, at(4))
+    row = index_row(result, started=at(2).isoformat())
+    found = result_label(row, root)
+    assert found.label == AFTER_THE_RESULT
+    # a report older than recorded starts: its time less its wall time stands for the start
+    estimated = index_row(result, created=at(2, 13).isoformat(), wall=3600.0)
+    found = result_label(estimated, root)
+    assert found.label == AFTER_THE_RESULT and "estimated" in found.why
+    assert result_label(index_row(result, created=at(3, 13).isoformat()), root).label == (
+        PRE_REGISTERED
+    )
+    # an exploratory report stays exploratory, whatever git says
+    assert result_label(index_row(result, at(5).isoformat(), status="exploratory"), root).label == (
+        "exploratory"
+    )
+    # the index written over this history stores the checked label and its evidence, and the
+    # table shows it in place of the row's own
+    rows = [dict(row)]
+    out = tmp_path / "index"
+    data = write_rows(out, rows, root)
+    assert data["findings"][0]["registration"] == AFTER_THE_RESULT
+    assert data["findings"][0]["registration_check"]["registration_commit"]
+    assert f"| **reproduced** | {AFTER_THE_RESULT} |" in (out / "index.md").read_text()
+    assert checked_labels({"findings": [row]}, root) == {"toy": AFTER_THE_RESULT}
+
+
+def write_rows(out, rows, root):
+    results = [
+        FindingResult(**{k: v for k, v in r.items() if k != "claim"}, claim=Claim(**r["claim"]))
+        for r in rows
+    ]
+    write_index(out, "cpu", results, {}, root=root)
+    return json.loads((out / "index.json").read_text())
