@@ -31,6 +31,7 @@ from eval.synthetic.samples import (
     ar_sample,
     monte_carlo_kl,
     sample_metrics,
+    sample_text,
     valid_sample_metrics,
 )
 from shared.checkpoint import full_model_state, save_checkpoint
@@ -298,3 +299,13 @@ def test_pcfg_completion_probe_with_the_true_model(tok, tmp_path) -> None:
     mdm = _tiny_checkpoint(tmp_path / "mdm", "mdm", tok, 16)
     report = synthetic_report(ar, mdm, spec, 8, n_heldout=40, nelbo_samples=2)
     assert report["ar"]["completion"]["n"] == report["mdm"]["completion"]["n"] > 0
+
+
+def test_a_sample_holding_a_non_symbol_token_is_no_string_of_the_language(tok) -> None:
+    language = HMMLanguage(states=2, vocab=2, max_len=3, seed=5)
+    a, b = tok.encode("a"), tok.encode("b")
+    assert language.is_valid(sample_text(a + b, tok))
+    # PAD between two symbols is not the string "ab": it scores p = 0, counted invalid
+    padded = sample_text(a + [tok.pad_id] + b, tok)
+    assert not language.is_valid(padded) and padded.startswith("ab")
+    assert sample_metrics(language, [padded, "ab"])["valid_fraction"] == 0.5

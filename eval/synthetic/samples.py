@@ -134,7 +134,7 @@ def ar_sample(
                 break
         for row, finished, lq in zip(tokens[:, 1:].tolist(), done.tolist(), log_q.tolist()):
             body = row[: row.index(tokenizer.eos_id)] if finished else row
-            texts.append(tokenizer.decode([t for t in body if t < tokenizer.eos_id]))
+            texts.append(sample_text(body, tokenizer))
             log_qs.append(lq if finished else -math.inf)
     return texts, log_qs
 
@@ -158,7 +158,19 @@ def mdm_sample(
     for start in range(0, n, batch_size):
         size = min(batch_size, n - start)
         result = generator.generate([[]] * size, gen_length, config, seed=seed + start)
-        texts += [
-            tokenizer.decode([t for t in row if t < tokenizer.eos_id]) for row in result.tokens
-        ]
+        texts += [sample_text(row, tokenizer) for row in result.tokens]  # cut before EOS
     return texts
+
+
+# A character in no synthetic alphabet: a sample that holds a token other than a symbol (PAD,
+# MASK, BOS) before its EOS is no string of the language, and must score p = 0 rather than be
+# read as the symbols around it.
+NOT_A_SYMBOL = "\ufffd"
+
+
+def sample_text(body: Sequence[int], tokenizer: Tokenizer) -> str:
+    """The string a sample's tokens before its EOS spell (symbols are the ids below EOS), with
+    ``NOT_A_SYMBOL`` appended when any other id is among them, so the language scores it
+    invalid."""
+    text = tokenizer.decode([t for t in body if t < tokenizer.eos_id])
+    return text + NOT_A_SYMBOL if any(t >= tokenizer.eos_id for t in body) else text
