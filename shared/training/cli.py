@@ -119,6 +119,9 @@ FLAG_GROUPS: dict[str, dict[str, str]] = {
         "last 64x of training (a learning curve); 0 = off",
         "checkpoint_every": "steps between checkpoints; 0 = at every validation",
         "keep_checkpoints": "newest checkpoints kept (the best is always kept)",
+        "checkpoint_format": "single (one safetensors file) | sharded (each process writes its "
+        "own shards; torch.distributed.checkpoint) | auto (sharded under FSDP from 1B "
+        "parameters, else single)",
         "max_bad_steps": "consecutive non-finite steps before the run stops (exit 3)",
     },
     "logging": {

@@ -24,7 +24,12 @@ from shared.files import write_json_atomic
 from shared.hardware import peak_memory, total_memory
 from shared.model import Transformer
 from shared.objective import annealing_noise, loss_positions, objective_for_run, slice_noise
-from shared.training.checkpoints import CheckpointKeeper
+from shared.sharded_checkpoint import checkpoint_format
+from shared.training.checkpoints import (
+    CheckpointKeeper,
+    load_state_after_wrapping,
+    load_weights_before_wrapping,
+)
 from shared.training.config import TrainingDiverged
 from shared.training.guards import (
     MfuMeter,
@@ -150,7 +155,7 @@ class Trainer:
         self.scheduler = build_scheduler(optimizer, cfg, self.total_steps)
         self.start_step = 0
         if spec.resume_from is not None:
-            ckpt.load_weights(spec.resume_from, model)
+            load_weights_before_wrapping(spec.resume_from, model)
             self.start_step = self.saved["step"]
         elif source is not None:
             self.log(load_source_weights(source, model, self.tokenizer.vocab_size))
@@ -163,7 +168,7 @@ class Trainer:
         self.compiled = compile_model(model, cfg.compile, self.layout, self.log)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         if spec.resume_from is not None:
-            ckpt.load_training_state(
+            load_state_after_wrapping(
                 spec.resume_from, self.model, self.optimizer.optimizer, self.scheduler
             )
             follow_schedule(self.scheduler)
@@ -229,6 +234,9 @@ class Trainer:
             keep_last=self.cfg.keep_checkpoints,
             resumed_from=self.spec.resume_from,
             keep_steps=self.branch_points,
+            checkpoint_format=checkpoint_format(
+                self.cfg.checkpoint_format, self.layout, self.n_parameters
+            ),
         )
 
     # ------------------------------------------------------------------------- one step
