@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from shared import checkpoint as ckpt
 from shared.data.rows import EpochSampler
-from shared.faults import StopRequest, fault_active, run_out_of_memory_if, stall_if
+from shared.faults import StopRequest, fault_active, run_out_of_memory_if, sleep_if, stall_if
 from shared.files import write_json_atomic
 from shared.hardware import peak_memory, total_memory
 from shared.model import Transformer
@@ -246,6 +246,7 @@ class Trainer:
         is skipped when the loss or the gradient is not finite."""
         cfg = self.cfg
         stall_if("stall_in_step", step + 1)
+        sleep_if("sleep_in_step", step + 1)
         run_out_of_memory_if("oom_in_step", step + 1)
         rows = torch.as_tensor(
             self.train_rows[self.sampler.indices(step * cfg.batch_size, cfg.batch_size)],
