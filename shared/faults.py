@@ -45,14 +45,13 @@ def kill_now_if(name: str, step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def stall_if(name: str, step: int) -> None:
-    if fault_active(name, step):
+def hold_step_if(step: int) -> None:
+    """The faults that hold step ``step`` at its start: ``stall_in_step`` (minutes inside one
+    kernel) and ``sleep_in_step`` (one second in Python)."""
+    if fault_active("stall_in_step", step):
         # 2^30 by squaring: 30 products of 4096 x 4096 matrices inside one ATen call.
         torch.linalg.matrix_power(torch.eye(4096), 2**30)
-
-
-def sleep_if(name: str, step: int) -> None:
-    if fault_active(name, step):
+    if fault_active("sleep_in_step", step):
         time.sleep(1.0)
 
 

@@ -257,6 +257,7 @@ def test_cli_parser_gives_clear_errors_for_any_text(field, text):
         assert field in str(error) or "max_seq_len" in str(error) or "budget" in str(error)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.serial
 def test_sigterm_to_the_accelerate_launcher_stops_every_process_at_one_step(tmp_path, cache_dir):
     import shutil

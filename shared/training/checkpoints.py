@@ -117,6 +117,11 @@ class CheckpointKeeper:
         )
 
 
+def format_for(cfg, layout: str, parameters: int) -> str:
+    """The checkpoint format a run writes (``sharded_checkpoint.checkpoint_format``)."""
+    return sharded.checkpoint_format(cfg.checkpoint_format, layout, parameters)
+
+
 def load_weights_before_wrapping(path: Path, model) -> None:
     """A single-file checkpoint's weights go into the bare model; a sharded one's are read
     after wrapping, each process its own slices (``load_state_after_wrapping``)."""
