@@ -32,7 +32,7 @@ def stop_outside_training(signum: int, frame) -> None:
 
 
 if __name__ == "__main__":
-    for stop_signal in (signal.SIGTERM, signal.SIGINT):
+    for stop_signal in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         signal.signal(stop_signal, stop_outside_training)
     from shared.training.cli import main
 

@@ -65,6 +65,7 @@ from shared.training_state import (
 
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d{6,})$")
 MANIFEST = "manifest.json"
+SHARDS = "shards"  # a sharded checkpoint's folder of DCP files (shared.sharded_checkpoint)
 BEST_FILE = "best.json"  # {"step", "val_nats_per_token"} of the best checkpoint so far
 
 
@@ -344,8 +345,24 @@ def read_state(path: Path) -> dict[str, Any]:
     return state
 
 
+def is_sharded_checkpoint(path: Path) -> bool:
+    return (Path(path) / SHARDS).is_dir() and not (Path(path) / "model.safetensors").exists()
+
+
+def refuse_sharded(path: Path) -> None:
+    """The single-file reader (sampling, evaluation, export, --init-from) refuses a sharded
+    checkpoint with the command that converts it."""
+    if is_sharded_checkpoint(path):
+        raise CheckpointError(
+            f"{path}: a sharded checkpoint (torch.distributed.checkpoint shards, no "
+            "model.safetensors); this reads single-file checkpoints: convert it first with "
+            f"duolm convert-checkpoint {path} --to single"
+        )
+
+
 def load_weights(path: Path, model: nn.Module) -> None:
     refuse_checkpoint_links(path)
+    refuse_sharded(path)
     file = Path(path) / "model.safetensors"
     with safe_open(str(file), framework="pt") as saved:
         shapes = {name: tuple(saved.get_slice(name).get_shape()) for name in saved.keys()}

@@ -9,7 +9,8 @@ it cannot recover. It is driven by one environment variable and does nothing whe
 process half-way through writing the checkpoint of step S; ``stall_in_step@S`` makes step S start
 with one kernel that runs for minutes without returning to Python (as a step over a huge row
 does), to test that a second signal still ends the process at once; ``oom_in_step@S`` makes
-step S fail as torch's CPU allocator does when memory runs out.
+step S fail as torch's CPU allocator does when memory runs out; ``sleep_in_step@S`` makes step S
+start with a one-second pause (a window for a test's signal).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from functools import cache
 
 import torch
@@ -43,10 +45,14 @@ def kill_now_if(name: str, step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def stall_if(name: str, step: int) -> None:
-    if fault_active(name, step):
+def hold_step_if(step: int) -> None:
+    """The faults that hold step ``step`` at its start: ``stall_in_step`` (minutes inside one
+    kernel) and ``sleep_in_step`` (one second in Python)."""
+    if fault_active("stall_in_step", step):
         # 2^30 by squaring: 30 products of 4096 x 4096 matrices inside one ATen call.
         torch.linalg.matrix_power(torch.eye(4096), 2**30)
+    if fault_active("sleep_in_step", step):
+        time.sleep(1.0)
 
 
 def run_out_of_memory_if(name: str, step: int) -> None:
@@ -73,7 +79,8 @@ class StopRequest:
     Handlers are installed only in the main thread and restored by ``close``.
     """
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    # SIGUSR1: what a Slurm job is sent before its time runs out (--signal=B:USR1@120)
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
     def __init__(self, on_stop: str = "saving a checkpoint at the end of this step") -> None:
         self.signal_name: str | None = None

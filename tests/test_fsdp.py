@@ -103,6 +103,7 @@ def assert_close_runs(a: Path, b: Path) -> None:
     assert abs(va - vb) < 1e-5 * va
 
 
+@pytest.mark.multiprocess
 @pytest.mark.serial
 def test_fsdp_matches_one_process_resumes_exactly_and_checkpoints_cross_layouts(
     tmp_path, cache_dir

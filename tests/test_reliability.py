@@ -90,7 +90,7 @@ def test_kill_during_checkpoint_write_then_resume_matches_uninterrupted(tmp_path
 
 
 @pytest.mark.serial
-def test_sigterm_saves_the_step_reached_and_exits_zero(tmp_path, cache_dir):
+def test_sigterm_saves_the_step_reached_and_exits_with_the_requeue_status(tmp_path, cache_dir):
     out = tmp_path / "run"
     proc = run_train(
         *tiny(out, cache_dir, "--max-steps", "100000", "--log-every", "1", "--eval-every", "100000")
@@ -103,7 +103,7 @@ def test_sigterm_saves_the_step_reached_and_exits_zero(tmp_path, cache_dir):
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-2000:]
+    assert proc.returncode == 75, err[-2000:]  # saved and stopped: a job script may requeue
     summary = json.loads((out / "final.json").read_text())
     assert summary["stopped_by"] == "SIGTERM" and not summary["finished"]
     last_logged = [json.loads(line) for line in metrics.read_text().splitlines()][-1]["step"]
@@ -257,6 +257,7 @@ def test_cli_parser_gives_clear_errors_for_any_text(field, text):
         assert field in str(error) or "max_seq_len" in str(error) or "budget" in str(error)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.serial
 def test_sigterm_to_the_accelerate_launcher_stops_every_process_at_one_step(tmp_path, cache_dir):
     import shutil

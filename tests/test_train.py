@@ -153,6 +153,7 @@ def launch_two_processes(*train_args: str):
     )
 
 
+@pytest.mark.multiprocess
 @pytest.mark.serial
 def test_two_processes_reproduce_one_process(tmp_path, cache_dir):
     if shutil.which("accelerate") is None:
@@ -199,6 +200,7 @@ def test_two_processes_reproduce_one_process(tmp_path, cache_dir):
         assert torch.equal(straight[name], continued[name]), name
 
 
+@pytest.mark.multiprocess
 @pytest.mark.serial
 def test_two_processes_reproduce_one_process_for_uniform_diffusion(tmp_path, cache_dir):
     # udm draws two uniforms per position (keep, replacement) from the global batch's noise:

@@ -369,6 +369,7 @@ def test_bad_curriculum_settings_are_refused(tmp_path, flags, message):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.multiprocess
 @pytest.mark.serial
 def test_two_processes_reproduce_one_process_during_the_curriculum(tmp_path):
     # each row's latents come from its own seed, drawn for the global batch: a process holding

@@ -10,6 +10,7 @@ from accelerate import Accelerator
 from safetensors import SafetensorError
 
 from shared import checkpoint as ckpt
+from shared import sharded_checkpoint as sharded
 from shared.files import write_json_atomic
 from shared.tokenizer import Tokenizer
 
@@ -28,10 +29,12 @@ class CheckpointKeeper:
         keep_last: int,
         resumed_from: Path | None,
         keep_steps: frozenset[int] = frozenset(),
+        checkpoint_format: str = "single",
     ):
         self.folder, self.accelerator = folder, accelerator
         self.keep_steps = keep_steps  # never pruned (a WSD run's branch points)
         self.tokenizer, self.record, self.keep_last = tokenizer, record, keep_last
+        self.format = checkpoint_format  # single | sharded
         self.best = ckpt.read_best(folder)
         # Weights saved in the middle of a streak of skipped steps are not "good".
         self.last_good: Path | None = resumed_from
@@ -56,34 +59,51 @@ class CheckpointKeeper:
         )
         if is_best:
             self.best = {"step": step, "val_nats_per_token": val["val_nats_per_token"]}
-        # Gathering whole weights and optimizer state is collective under FSDP: every rank
-        # takes part, rank 0 receives them and writes.
-        weights = ckpt.full_model_state(model)
-        optimizer_state = ckpt.full_optimizer_state(model, optimizer)
+        kept = {self.best["step"]} if self.best else set()
+        protect = tuple(self.folder / ckpt.checkpoint_name(s) for s in kept | self.keep_steps)
+        try:
+            self.write(step, model, optimizer, scheduler, protect)
+        except (OSError, SafetensorError) as error:
+            error.add_note(self.resume_point(step))
+            raise
         if accelerator.is_main_process:
-            kept = {self.best["step"]} if self.best else set()
-            protect = tuple(self.folder / ckpt.checkpoint_name(s) for s in kept | self.keep_steps)
-            try:
-                ckpt.save_checkpoint(
-                    self.folder,
-                    step,
-                    weights=weights,
-                    tokenizer=self.tokenizer,
-                    state=self.record,
-                    optimizer_state=optimizer_state,
-                    scheduler_state=scheduler.state_dict(),
-                    keep_last=self.keep_last,
-                    protect=protect,
-                )
-            except (OSError, SafetensorError) as error:
-                error.add_note(self.resume_point(step))
-                raise
             if is_best:
                 write_json_atomic(self.folder / ckpt.BEST_FILE, self.best)
             announce(f"saved {path}" + (" (best so far)" if is_best else ""))
         if healthy:
             self.last_good = path
         accelerator.wait_for_everyone()
+
+    def write(self, step: int, model, optimizer, scheduler, protect: tuple[Path, ...]) -> None:
+        """A collective: sharded, every process writes its own shards; single, every process
+        takes part in gathering the whole state (under FSDP) and rank 0 writes it."""
+        if self.format == "sharded":
+            sharded.save_sharded_checkpoint(
+                self.folder,
+                step,
+                model=model,
+                optimizer=optimizer,
+                tokenizer=self.tokenizer,
+                state=self.record,
+                scheduler_state=scheduler.state_dict(),
+                keep_last=self.keep_last,
+                protect=protect,
+            )
+            return
+        weights = ckpt.full_model_state(model)
+        optimizer_state = ckpt.full_optimizer_state(model, optimizer)
+        if self.accelerator.is_main_process:
+            ckpt.save_checkpoint(
+                self.folder,
+                step,
+                weights=weights,
+                tokenizer=self.tokenizer,
+                state=self.record,
+                optimizer_state=optimizer_state,
+                scheduler_state=scheduler.state_dict(),
+                keep_last=self.keep_last,
+                protect=protect,
+            )
 
     def resume_point(self, failed_step: int) -> str:
         """Where the run can go on from after the checkpoint of ``failed_step`` could not be
@@ -95,3 +115,23 @@ class CheckpointKeeper:
             f"the checkpoint of step {failed_step} was not kept; the run's newest checkpoint is "
             f"{kept[-1]}: continue from it with --resume {self.folder.parent}"
         )
+
+
+def format_for(cfg, layout: str, parameters: int) -> str:
+    """The checkpoint format a run writes (``sharded_checkpoint.checkpoint_format``)."""
+    return sharded.checkpoint_format(cfg.checkpoint_format, layout, parameters)
+
+
+def load_weights_before_wrapping(path: Path, model) -> None:
+    """A single-file checkpoint's weights go into the bare model; a sharded one's are read
+    after wrapping, each process its own slices (``load_state_after_wrapping``)."""
+    if not ckpt.is_sharded_checkpoint(path):
+        ckpt.load_weights(path, model)
+
+
+def load_state_after_wrapping(path: Path, model, optimizer, scheduler) -> None:
+    """The training state (and, for a sharded checkpoint, the weights) of either format."""
+    if ckpt.is_sharded_checkpoint(path):
+        sharded.load_sharded_training_state(path, model, optimizer, scheduler)
+    else:
+        ckpt.load_training_state(path, model, optimizer, scheduler)

@@ -7,15 +7,18 @@ import argparse
 import dataclasses
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
+from shared.checkpoint import resolve_checkpoint
 from shared.cli_args import CommandParser
 from shared.config import FIELD_TYPES, ModelConfig
-from shared.errors import ConfigError, report_user_errors
+from shared.errors import CheckpointError, ConfigError, result_or_status
 from shared.training.config import TrainConfig, TrainingDiverged
 from shared.training.loop import release_process_group, train
 from shared.training.presets import get_preset
 from shared.training.run import RunSpec, new_run, resume_run
+from shared.training.run_folder import holder_if_locked, holds_run
 
 # Every flag's group and one-line description (valid choices in the text); the help shows them
 # with the preset's default.
@@ -119,6 +122,9 @@ FLAG_GROUPS: dict[str, dict[str, str]] = {
         "last 64x of training (a learning curve); 0 = off",
         "checkpoint_every": "steps between checkpoints; 0 = at every validation",
         "keep_checkpoints": "newest checkpoints kept (the best is always kept)",
+        "checkpoint_format": "single (one safetensors file) | sharded (each process writes its "
+        "own shards; torch.distributed.checkpoint) | auto (sharded under FSDP from 1B "
+        "parameters, else single)",
         "max_bad_steps": "consecutive non-finite steps before the run stops (exit 3)",
     },
     "logging": {
@@ -154,7 +160,10 @@ def build_parser(preset: dict[str, dict[str, Any]] | None) -> argparse.ArgumentP
         "--out", default=None, help="run directory (default: runs/<preset>-<objective>)"
     )
     parser.add_argument(
-        "--resume", default=None, help="run or checkpoint directory to continue from"
+        "--resume",
+        default=None,
+        help="run or checkpoint directory to continue from; auto: the newest valid checkpoint "
+        "of --out, or a fresh start when it has none (a requeued job)",
     )
     parser.add_argument(
         "--overwrite",
@@ -203,8 +212,15 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, An
     return args, overrides
 
 
+# The exit status of a run stopped by a signal (SIGTERM, SIGINT, SIGUSR1) after saving its
+# checkpoint: EX_TEMPFAIL, "try again". configs/slurm/train.sbatch requeues the job on it.
+REQUEUE_STATUS = 75
+
+
 def spec_from_argv(argv: list[str] | None) -> RunSpec:
     args, overrides = parse_args(argv)
+    if args.resume == "auto":
+        return auto_resume(args, overrides)
     if args.resume:
         if args.overwrite:
             raise ConfigError(
@@ -221,6 +237,40 @@ def spec_from_argv(argv: list[str] | None) -> RunSpec:
     return new_run(args.preset, args.out, overwrite=args.overwrite, **overrides)
 
 
+def auto_resume(args: argparse.Namespace, overrides: dict[str, Any]) -> RunSpec:
+    """``--resume auto``: continue the run in ``--out`` from its newest valid checkpoint, or
+    start it fresh when there is none (a job requeued before its first checkpoint; what was
+    there is moved aside, not deleted). A folder another live run holds is refused."""
+    if args.overwrite:
+        raise ConfigError("--resume auto and --overwrite do not go together (drop one of them)")
+    out = Path(args.out) if args.out else None
+    if out is None:
+        preset_spec = new_run(args.preset, None, **overrides)
+        out = preset_spec.out
+    holder = holder_if_locked(out)
+    if holder:
+        raise ConfigError(
+            f"--resume auto: the run folder {out} is in use by another run "
+            f"({holder}); a requeued job waits for the old one to end"
+        )
+    valid = newest_valid_checkpoint(out)
+    if valid is None:
+        print(f"--resume auto: no valid checkpoint in {out}; starting the run fresh", flush=True)
+        return new_run(args.preset, out, overwrite=holds_run(out), **overrides)
+    print(f"--resume auto: continuing from {valid}", flush=True)
+    return resume_run(
+        out, out, preset=args.preset, allow_config_change=args.allow_config_change, **overrides
+    )
+
+
+def newest_valid_checkpoint(out: Path) -> Path | None:
+    """The newest checkpoint of the run in ``out`` that passes its checks (None when none)."""
+    try:
+        return resolve_checkpoint(out, log=lambda line: print(line, flush=True))
+    except CheckpointError:
+        return None
+
+
 def train_from_argv(argv: list[str] | None = None) -> dict[str, Any]:
     """Parse ``train.py`` flags and run; returns the run's summary. A stopped run says how to
     continue it here, where ``--resume`` is this command's (an experiment that trains says its
@@ -233,9 +283,13 @@ def train_from_argv(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Train; a user error prints one line and returns 2, a diverged run returns 3."""
+    """Train; a user error prints one line and returns 2, a diverged run returns 3, a run
+    stopped by a signal (with its checkpoint saved) returns ``REQUEUE_STATUS`` (75)."""
     try:
-        return report_user_errors(lambda: train_from_argv(argv))
+        summary, status = result_or_status(lambda: train_from_argv(argv))
+        if status == 0 and summary["stopped_by"]:
+            return REQUEUE_STATUS  # saved and stopped: the job may be started again
+        return status
     except TrainingDiverged as error:
         print(f"error: {error}", file=sys.stderr)
         return 3

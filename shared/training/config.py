@@ -106,6 +106,9 @@ class TrainConfig:
     log_every: int = 10
     checkpoint_every: int = 0  # 0: at every evaluation and at the end
     keep_checkpoints: int = 3  # newest kept, plus the best by periodic validation loss
+    # single (one safetensors file, gathered on rank 0) | sharded (torch.distributed.checkpoint:
+    # each rank writes its own shards) | auto (sharded under FSDP above a parameter count)
+    checkpoint_format: str = "auto"
     max_bad_steps: int = 5  # consecutive steps with non-finite loss/gradients before stopping
     seed: int = 0
     num_threads: int = 0  # torch CPU threads; 0 leaves torch's default
@@ -122,6 +125,7 @@ class TrainConfig:
             "unique_sample": ["first", "random"],
             "precision": ["auto", "fp32", "bf16"],
             "compile": ["off", "on", "auto"],
+            "checkpoint_format": ["auto", "single", "sharded"],
             "schedule": ["linear", "cosine"],
             "estimator": ["time", "count"],
             "tokenizer": TOKENIZER_CHOICES,

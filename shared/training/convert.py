@@ -11,6 +11,11 @@ checkpoint (``--trust``), and even then through torch's restricted unpickler
 files held: NumPy's generator state. A file that needs anything else is refused, naming it and
 what it asked for, and nothing of it runs.
 
+``--to single`` instead turns a sharded checkpoint (``shared.sharded_checkpoint``) into a
+single-file one, the format of export, import, evaluation and sampling, one tensor at a time:
+
+    duolm convert-checkpoint runs/big/checkpoints/step_004000 --to single
+
 A checkpoint is converted in place: its new files are staged beside it and moved in, its
 manifest is rewritten to list them instead of the pickles, and only then are the pickles
 removed; a conversion that stops half-way leaves the checkpoint as it was, to convert again.
@@ -35,6 +40,7 @@ from shared.checkpoint import (
     CHECKPOINT_PATTERN,
     MANIFEST,
     file_sha256,
+    is_sharded_checkpoint,
     list_checkpoints,
     read_manifest,
     verify_checkpoint,
@@ -42,6 +48,7 @@ from shared.checkpoint import (
 from shared.cli_args import CommandParser
 from shared.errors import CheckpointError, ConfigError, report_user_errors
 from shared.files import follow_umask, fsync_dir, fsync_tree, write_atomic
+from shared.sharded_checkpoint import to_single_file
 from shared.training.run_folder import holder_if_locked
 from shared.training_state import (
     PICKLED_FILES,
@@ -158,7 +165,31 @@ def checkpoints_at(path: Path) -> list[Path]:
     return found
 
 
-def convert(path: Path, log=print) -> int:
+def sharded_to_single(path: Path) -> bool:
+    """Replace the sharded checkpoint ``path`` by its single-file form; False when it is one
+    already. Staged beside it and swapped in by renames: a reader sees one or the other."""
+    if not is_sharded_checkpoint(path):
+        verify_checkpoint(path)
+        return False
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.convert.", dir=path.parent))
+    retired = staging.with_name(f"{staging.name}.retired")
+    try:
+        to_single_file(path, staging)
+        follow_umask(staging)
+        fsync_tree(staging)
+        os.rename(path, retired)
+        os.rename(staging, path)
+        fsync_dir(path.parent)
+    except BaseException:
+        if retired.exists() and not path.exists():
+            os.rename(retired, path)
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    shutil.rmtree(retired, ignore_errors=True)
+    return True
+
+
+def convert(path: Path, log=print, to_single: bool = False) -> int:
     """Convert every checkpoint at ``path``; returns how many needed it. One that cannot be
     converted is named and the others still are; a run folder in use by a live run is refused
     (it may be writing or pruning checkpoints)."""
@@ -170,11 +201,11 @@ def convert(path: Path, log=print) -> int:
     converted, failed = 0, []
     for checkpoint in checkpoints:
         try:
-            if convert_checkpoint(checkpoint):
+            if (sharded_to_single if to_single else convert_checkpoint)(checkpoint):
                 converted += 1
-                log(f"converted {checkpoint}")
+                log(f"converted {checkpoint}" + (" to a single-file checkpoint" * to_single))
             else:
-                log(f"{checkpoint}: already in the current format")
+                log(f"{checkpoint}: already " + ("single-file" if to_single else "current"))
         except CheckpointError as error:
             failed.append(error)
             if len(checkpoints) > 1:
@@ -190,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = CommandParser(
         description="Convert checkpoints written by earlier releases (training state in Python "
         "pickles: optimizer.pt, rng.pt) to the current format (safetensors and JSON), so "
-        "that they resume. Reading a pickle can run code: only convert what you trust."
+        "that they resume. Reading a pickle can run code: only convert what you trust. With "
+        "--to single: turn sharded checkpoints into single-file ones."
     )
     parser.add_argument("path", help="a checkpoint folder, or a run folder (all its checkpoints)")
     parser.add_argument(
@@ -198,9 +230,19 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="you trust where the checkpoint came from (required: converting reads its pickles)",
     )
+    parser.add_argument(
+        "--to",
+        choices=["single"],
+        default=None,
+        help="single: turn sharded checkpoints (torch.distributed.checkpoint) into single-file "
+        "ones, tensor by tensor (no pickle is run: needs no --trust)",
+    )
     args = parser.parse_args(argv)
 
     def run() -> None:
+        if args.to == "single":
+            convert(Path(args.path), to_single=True)
+            return
         if not args.trust:
             raise ConfigError(WHAT_CONVERTING_DOES.format(path=args.path))
         convert(Path(args.path))

@@ -19,12 +19,12 @@ from tqdm.auto import tqdm
 
 from shared import checkpoint as ckpt
 from shared.data.rows import EpochSampler
-from shared.faults import StopRequest, fault_active, run_out_of_memory_if, stall_if
+from shared.faults import StopRequest, fault_active, hold_step_if, run_out_of_memory_if
 from shared.files import write_json_atomic
 from shared.hardware import peak_memory, total_memory
 from shared.model import Transformer
 from shared.objective import annealing_noise, loss_positions, objective_for_run, slice_noise
-from shared.training.checkpoints import CheckpointKeeper
+from shared.training import checkpoints as keeping
 from shared.training.config import TrainingDiverged
 from shared.training.guards import (
     MfuMeter,
@@ -150,7 +150,7 @@ class Trainer:
         self.scheduler = build_scheduler(optimizer, cfg, self.total_steps)
         self.start_step = 0
         if spec.resume_from is not None:
-            ckpt.load_weights(spec.resume_from, model)
+            keeping.load_weights_before_wrapping(spec.resume_from, model)
             self.start_step = self.saved["step"]
         elif source is not None:
             self.log(load_source_weights(source, model, self.tokenizer.vocab_size))
@@ -163,7 +163,7 @@ class Trainer:
         self.compiled = compile_model(model, cfg.compile, self.layout, self.log)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         if spec.resume_from is not None:
-            ckpt.load_training_state(
+            keeping.load_state_after_wrapping(
                 spec.resume_from, self.model, self.optimizer.optimizer, self.scheduler
             )
             follow_schedule(self.scheduler)
@@ -215,13 +215,13 @@ class Trainer:
             "branched_from": self.branched_from,
         }
 
-    def checkpoint_keeper(self) -> CheckpointKeeper:
+    def checkpoint_keeper(self) -> keeping.CheckpointKeeper:
         record = self.run_record() | {
             "objective": self.objective.name,
             "total_steps": self.total_steps,
             "schedule_history": self.schedules,
         }
-        return CheckpointKeeper(
+        return keeping.CheckpointKeeper(
             self.out / "checkpoints",
             self.accelerator,
             tokenizer=self.tokenizer,
@@ -229,6 +229,7 @@ class Trainer:
             keep_last=self.cfg.keep_checkpoints,
             resumed_from=self.spec.resume_from,
             keep_steps=self.branch_points,
+            checkpoint_format=keeping.format_for(self.cfg, self.layout, self.n_parameters),
         )
 
     # ------------------------------------------------------------------------- one step
@@ -237,7 +238,7 @@ class Trainer:
         the step), the gradients over the micro-batches of this process, and the update, which
         is skipped when the loss or the gradient is not finite."""
         cfg = self.cfg
-        stall_if("stall_in_step", step + 1)
+        hold_step_if(step + 1)
         run_out_of_memory_if("oom_in_step", step + 1)
         rows = torch.as_tensor(
             self.train_rows[self.sampler.indices(step * cfg.batch_size, cfg.batch_size)],

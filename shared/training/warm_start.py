@@ -137,6 +137,7 @@ def load_source_weights(source: InitSource, model: nn.Module, tokenizer_vocab: i
     """Copy the source's weights into ``model`` (bare, before it is wrapped), adding or dropping
     the ``[MASK]`` row; returns a line saying what was done."""
     where = f"--init-from {source.record['path']}"
+    ckpt.refuse_sharded(source.checkpoint)
     saved = load_file(str(source.checkpoint / "model.safetensors"))
     own = model.state_dict()
     source_vocab = source.state["model_config"]["vocab_size"]

@@ -1,0 +1,422 @@
+"""Sharded checkpoints: every process writes its own part of the weights and optimizer state
+with ``torch.distributed.checkpoint`` (DCP); nothing is gathered on one process.
+
+A sharded checkpoint is a folder ``step_000123/`` like a single-file one (``shared.checkpoint``),
+with ``shards/`` in place of ``model.safetensors`` and ``optimizer.safetensors``:
+
+- ``shards/__<rank>_0.distcp``  the tensors each process held: weights under ``model/<name>``,
+  AdamW's moments and step counts under ``optimizer/<name>/<entry>``;
+- ``shards/.metadata``          DCP's index of them (which slice of which tensor is where);
+- ``optimizer.json``, ``rng.json``, ``state.json``, ``tokenizer/``, ``manifest.json`` as in a
+  single-file checkpoint (``state.json`` says ``"checkpoint_format": "sharded"``).
+
+It resumes on any number of processes, sharded or not: DCP reads each process's slices from
+whichever files hold them. ``duolm convert-checkpoint PATH --to single`` turns it into a
+single-file checkpoint (the format of export, import, evaluation and sampling), one tensor at a
+time (``to_single_file``).
+
+Written as a single-file checkpoint is: staged in ``.step_000123.sharded`` beside the others,
+every file fsynced (DCP's writer fsyncs its shards), the manifest (sha256 of every file, each
+process hashing the shards it wrote) last, then one ``rename``. The processes must share the
+file system the run folder is on, as DCP itself requires.
+
+Checkpoints never run code. DCP pickles its ``.metadata``; it is read here by an unpickler that
+makes only DCP's own index classes, torch's dtypes and sizes and a path (``METADATA_GLOBALS``)
+and refuses anything else before making it. An index that lists a non-tensor item (which DCP
+would unpickle with ``weights_only=False``) or a file outside the manifest is refused too; the
+tensors themselves DCP reads with torch's restricted loader (``weights_only=True``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import pickle
+import shutil
+import struct
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from shared import checkpoint as ckpt
+from shared.errors import CheckpointError
+from shared.faults import kill_now_if
+from shared.files import follow_umask, fsync_dir, fsync_tree
+from shared.training_state import (
+    FORMAT,
+    OPTIMIZER_RECORD,
+    OPTIMIZER_TENSORS,
+    RNG_RECORD,
+    read_optimizer_record,
+    read_rng_state,
+    restore_rng_state,
+    rng_record,
+    rng_state,
+)
+
+SHARDS = ckpt.SHARDS
+METADATA = f"{SHARDS}/.metadata"
+# auto: sharded under FSDP from this many parameters (below it, gathering on rank 0 is cheap)
+AUTO_SHARDED_PARAMETERS = 1_000_000_000
+
+_DCP_METADATA = "torch.distributed.checkpoint.metadata"
+METADATA_GLOBALS = {
+    (_DCP_METADATA, name)
+    for name in (
+        "Metadata",
+        "TensorStorageMetadata",
+        "TensorProperties",
+        "ChunkStorageMetadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "_MEM_FORMAT_ENCODING",
+    )
+} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.serialization", "_get_layout"),
+    ("torch", "Size"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+def checkpoint_format(setting: str, layout: str, parameters: int) -> str:
+    """The format a run writes: ``setting`` unless auto, which is sharded under FSDP from
+    ``AUTO_SHARDED_PARAMETERS`` parameters and single otherwise."""
+    if setting != "auto":
+        return setting
+    return (
+        "sharded"
+        if layout.startswith("FSDP") and parameters >= AUTO_SHARDED_PARAMETERS
+        else ("single")
+    )
+
+
+def _dcp():
+    import torch.distributed.checkpoint as dcp
+
+    return dcp
+
+
+@contextlib.contextmanager
+def _quiet():
+    """DCP warns that it assumes one process when none is initialised; here that is meant."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _helpers():
+    from torch.distributed.checkpoint import state_dict
+
+    return state_dict
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _rank() -> int:
+    return torch.distributed.get_rank() if _distributed() else 0
+
+
+def _barrier() -> None:
+    if _distributed():
+        torch.distributed.barrier()
+
+
+# ------------------------------------------------------------------------ the index, checked
+
+
+class _IndexUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) in METADATA_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"it asks for {module}.{name}")
+
+
+def read_index(path: Path) -> Any:
+    """The DCP index (``shards/.metadata``) of the checkpoint ``path``, unpickled with only the
+    classes DCP's index is made of; anything else is refused before it is made."""
+    file = Path(path) / METADATA
+    try:
+        data = file.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no {METADATA} (not a sharded checkpoint)") from None
+    try:
+        index = _IndexUnpickler(io.BytesIO(data)).load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as error:
+        raise CheckpointError(
+            f"{file}: refused to unpickle: {error}, which no index of a sharded checkpoint holds"
+        ) from None
+    check_index(index, file, set(ckpt.read_manifest(path)))
+    return index
+
+
+def check_index(index: Any, file: Path, listed: set[str]) -> None:
+    """Tensors only, in files the manifest lists."""
+    from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+
+    if not isinstance(index, Metadata):
+        raise CheckpointError(f"{file}: not an index of a sharded checkpoint")
+    items = index.state_dict_metadata.items()
+    other = [key for key, meta in items if not isinstance(meta, TensorStorageMetadata)]
+    if other:
+        raise CheckpointError(
+            f"{file}: lists items that are not tensors ({', '.join(sorted(other)[:3])}); their "
+            "reading would unpickle them, so it is refused"
+        )
+    for info in (index.storage_data or {}).values():
+        name = f"{SHARDS}/{getattr(info, 'relative_path', '')}"
+        if name not in listed or "/" in str(info.relative_path):
+            raise CheckpointError(f"{file}: points at {name}, which the manifest does not list")
+
+
+def _checked_reader(path: Path):
+    """DCP's file reader, reading the index through ``read_index``."""
+    base = _dcp().FileSystemReader
+
+    class CheckedReader(base):
+        def read_metadata(self, *args, **kwargs):
+            index = read_index(path)
+            index.storage_meta = index.storage_meta or _dcp().metadata.StorageMeta()
+            index.storage_meta.load_id = self.load_id
+            return index
+
+    return CheckedReader(str(Path(path) / SHARDS))
+
+
+# ------------------------------------------------------------------------ what is saved
+
+
+def _tensors_of(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """({key: tensor}, the optimizer's state dict) as this process holds them (DTensor slices
+    under FSDP). Tied copies are left out, as in a single-file checkpoint."""
+    helpers = _helpers()
+    weights = helpers.get_model_state_dict(model)
+    drop = ckpt.tied_copies(model)
+    state = helpers.get_optimizer_state_dict(model, optimizer)
+    tensors = {f"model/{n}": t for n, t in weights.items() if n not in drop}
+    for name, entries in state["state"].items():
+        for entry, value in entries.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"optimizer/{name}/{entry}"] = value
+    return tensors, state
+
+
+def _record(state: dict[str, Any], scheduler_state: dict | None) -> dict[str, Any]:
+    entries = {
+        str(name): {k: v for k, v in values.items() if not isinstance(v, torch.Tensor)}
+        for name, values in state["state"].items()
+    }
+    entries = {name: values for name, values in entries.items() if values}
+    return {
+        "format": FORMAT,
+        "param_groups": state["param_groups"],
+        "entries": entries,
+        "scheduler": scheduler_state,
+    }
+
+
+def _hash_own_shards(folder: Path, rank: int) -> dict[str, str]:
+    return {f"{SHARDS}/{p.name}": ckpt.file_sha256(p) for p in folder.glob(f"__{rank}_*.distcp")}
+
+
+def _gather_digests(own: dict[str, str]) -> dict[str, str]:
+    if not _distributed():
+        return own
+    every: list[dict[str, str] | None] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(every, own)
+    return {name: digest for part in every for name, digest in (part or {}).items()}
+
+
+def save_sharded_checkpoint(
+    root: Path,
+    step: int,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    tokenizer,
+    state: dict[str, Any],
+    scheduler_state: dict[str, Any] | None,
+    keep_last: int = 0,
+    protect: tuple[Path, ...] = (),
+) -> Path:
+    """Write ``root/step_{step}`` with every process writing its own shards; a collective
+    (every process calls it). Returns the checkpoint's path."""
+    rank = _rank()
+    final = root / ckpt.checkpoint_name(step)
+    staging = root / f".{final.name}.sharded"
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(".step_*"):  # left by a save that died
+            shutil.rmtree(stale, ignore_errors=True)
+        (staging / SHARDS).mkdir(parents=True)
+    _barrier()
+    failed = None
+    try:
+        tensors, optim_state = _tensors_of(model, optimizer)
+        writer = _dcp().FileSystemWriter(str(staging / SHARDS), thread_count=1, sync_files=True)
+        with _quiet():
+            _dcp().save(tensors, storage_writer=writer)
+        digests = _gather_digests(_hash_own_shards(staging / SHARDS, rank))
+        if rank == 0:
+            _finish(staging, final, digests, step, tokenizer, state, optim_state, scheduler_state)
+    except BaseException as error:  # every rank still meets the barrier below
+        failed = error
+    _barrier()
+    if failed is not None:
+        if rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise failed
+    if rank == 0 and keep_last > 0:
+        kept = {Path(p).resolve() for p in protect}
+        for old in ckpt.list_checkpoints(root)[:-keep_last]:
+            if old.resolve() not in kept:
+                shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _finish(staging, final, digests, step, tokenizer, state, optim_state, scheduler_state):
+    """Rank 0: the JSON records, the tokenizer and the manifest, then the rename."""
+    kill_now_if("kill_in_checkpoint", step)  # tests: a crash in the middle of a save
+    (staging / OPTIMIZER_RECORD).write_text(json.dumps(_record(optim_state, scheduler_state)))
+    (staging / RNG_RECORD).write_text(json.dumps(rng_record(rng_state())))
+    record = {"step": step, **state, "checkpoint_format": "sharded"}
+    (staging / "state.json").write_text(json.dumps(record, indent=2))
+    tokenizer.save(staging / "tokenizer")
+    files = sorted(p for p in staging.rglob("*") if p.is_file())
+    manifest = {str(p.relative_to(staging)): ckpt.file_sha256(p) for p in files}
+    missing = set(manifest) - set(digests) - {METADATA}
+    missing = {n for n in missing if n.startswith(f"{SHARDS}/")}
+    if missing:
+        raise CheckpointError(f"{final}: shards no process hashed: {sorted(missing)}")
+    (staging / ckpt.MANIFEST).write_text(json.dumps(manifest, indent=2))
+    follow_umask(staging)
+    fsync_tree(staging)
+    retired = staging.with_name(f"{staging.name}.retired")
+    if final.exists():
+        os.rename(final, retired)
+    os.rename(staging, final)
+    fsync_dir(final.parent)
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------ resuming
+
+
+def load_sharded_training_state(
+    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> None:
+    """Weights, optimizer, scheduler and generator states from a sharded checkpoint into the
+    (wrapped, possibly sharded) ``model`` and its ``optimizer``; every process calls it."""
+    path = Path(path)
+    ckpt.check_training_state(path)
+    record = read_optimizer_record(path)
+    rng = read_rng_state(path)
+    read_index(path)
+    helpers = _helpers()
+    tensors, optim_state = _tensors_of(model, optimizer)
+    try:
+        with _quiet():
+            _dcp().load(tensors, storage_reader=_checked_reader(path))
+    except (RuntimeError, ValueError, KeyError) as error:
+        if isinstance(error, CheckpointError):
+            raise
+        raise CheckpointError(f"{path}: its shards do not fit this model ({error})") from None
+    weights = {name[len("model/") :]: t for name, t in tensors.items() if name.startswith("model/")}
+    helpers.set_model_state_dict(model, weights, options=helpers.StateDictOptions(strict=False))
+    optim_state["param_groups"] = record["param_groups"]
+    for name, entries in record.get("entries", {}).items():
+        optim_state["state"].setdefault(name, {}).update(entries)
+    helpers.set_optimizer_state_dict(model, optimizer, optim_state)
+    if scheduler is not None and record.get("scheduler") is not None:
+        scheduler.load_state_dict(record["scheduler"])
+    restore_rng_state(rng)
+
+
+# ------------------------------------------------------------------------ to one file
+
+_SAFETENSORS_DTYPES = {
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.float64: "F64",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+
+
+def write_streamed(file: Path, shapes: dict[str, tuple[torch.dtype, tuple[int, ...]]], read):
+    """A safetensors file of the tensors ``shapes`` describes, each made by ``read(name)`` when
+    its turn comes and dropped after: the header is known up front, so only one tensor is held
+    at a time."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, (dtype, shape) in shapes.items():
+        size = dtype.itemsize * int(torch.Size(shape).numel())
+        header[name] = {
+            "dtype": _SAFETENSORS_DTYPES[dtype],
+            "shape": list(shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # safetensors aligns the data to 8 bytes
+    with open(file, "wb") as handle:
+        handle.write(struct.pack("<Q", len(text)) + text)
+        for name, (dtype, shape) in shapes.items():
+            tensor = read(name)
+            if tensor.dtype != dtype or tuple(tensor.shape) != tuple(shape):
+                raise CheckpointError(f"{file}: {name} read back as another shape or type")
+            handle.write(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def to_single_file(path: Path, staging: Path) -> None:
+    """Write the single-file form of the sharded checkpoint ``path`` into ``staging`` (its
+    weights and optimizer tensors as safetensors, its records copied, a new manifest). Holds
+    one whole tensor at a time (DCP reads its slices from every shard file into it)."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    ckpt.verify_checkpoint(path)
+    index = read_index(path)
+    shapes = {
+        key: (meta.properties.dtype, tuple(meta.size))
+        for key, meta in sorted(index.state_dict_metadata.items())
+        if isinstance(meta, TensorStorageMetadata)
+    }
+
+    def read(key: str) -> torch.Tensor:
+        dtype, shape = shapes[key]
+        tensor = {key: torch.empty(shape, dtype=dtype)}
+        with _quiet():
+            _dcp().load(tensor, storage_reader=_checked_reader(path), no_dist=True)
+        return tensor[key]
+
+    weights = {k[len("model/") :]: v for k, v in shapes.items() if k.startswith("model/")}
+    moments = {k[len("optimizer/") :]: v for k, v in shapes.items() if k.startswith("optimizer/")}
+    write_streamed(staging / "model.safetensors", weights, lambda n: read(f"model/{n}"))
+    write_streamed(staging / OPTIMIZER_TENSORS, moments, lambda n: read(f"optimizer/{n}"))
+    for name in (OPTIMIZER_RECORD, RNG_RECORD):
+        shutil.copyfile(path / name, staging / name)
+    shutil.copytree(path / "tokenizer", staging / "tokenizer")
+    state = ckpt.read_state(path)
+    state.pop("checkpoint_format", None)
+    (staging / "state.json").write_text(json.dumps(state, indent=2))
+    files = sorted(p for p in staging.rglob("*") if p.is_file())
+    manifest = {str(p.relative_to(staging)): ckpt.file_sha256(p) for p in files}
+    (staging / ckpt.MANIFEST).write_text(json.dumps(manifest, indent=2))
