@@ -296,3 +296,51 @@ def test_shard_data_command_refuses_bad_input_in_one_line(tmp_path, capsys):
     assert shard_command.main([*args[:3], str(tmp_path / "p"), "--shard-tokens", "0"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2 and "already holds shards" in err[0] and "shard-tokens" in err[1]
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+def test_two_processes_read_their_own_shards_and_resume_only_on_two(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    from launch import free_port, two_cpu_processes
+
+    if shutil.which("accelerate") is None:
+        pytest.skip("accelerate launcher not on PATH")
+    root = Path(__file__).resolve().parent.parent
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
+
+    def run(*args: str, launcher: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*launcher, *args], cwd=root, env=env, capture_output=True, text=True, timeout=300
+        )
+
+    two = [*two_cpu_processes(port=free_port()), "train.py"]
+    one = [sys.executable, "train.py"]
+    folder = tmp_path / "shards"
+    manifest = write_kjv_like(folder, shard_tokens=31 * 130)
+    assert len(manifest["splits"]["train"]["shards"]) % 2 == 0
+    common = ["--max-steps", "6", "--eval-every", "100", "--log-every", "1"]
+    straight = run(*shard_train_args(tmp_path / "straight", folder, *common), launcher=two)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    split = tmp_path / "split"
+    first = run(*shard_train_args(split, folder, *common, "--stop-after-steps", "3"), launcher=two)
+    assert first.returncode == 0, first.stderr[-3000:]
+    state = json.loads((split / "checkpoints" / "step_000003" / "state.json").read_text())
+    assert state["data_position"]["order"] == "per-process shards"
+    assert state["data_position"]["processes"] == 2
+    refused = run("--resume", str(split), "--cache-dir", str(tmp_path / "cache"), launcher=one)
+    assert refused.returncode == 2
+    assert "per-process shards over 2 processes" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    resumed = run("--resume", str(split), "--cache-dir", str(tmp_path / "cache"), launcher=two)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+    def losses(out: Path) -> list[float]:
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+        return [r["loss"] for r in map(json.loads, lines) if r["kind"] == "train"]
+
+    assert losses(straight_out := tmp_path / "straight") == losses(split)
+    assert len(losses(straight_out)) == 6
