@@ -12,6 +12,7 @@
     duolm convert-checkpoint runs/old-mdm --trust                    # shared.training.convert
     duolm distill runs/udm runs/udm-dcd --rounds 5                   # dllm.uniform.distill
     duolm shard-data --data kjv --out data/kjv-shards                # shared.data.shard_command
+    duolm plan --preset small --gpus 8 --flops 1e20                  # shared.training.plan
 
 Each subcommand takes exactly the flags of the module it stands for (``duolm train --help``);
 ``python -m <module>`` and ``accelerate launch train.py`` keep working.
@@ -38,6 +39,7 @@ from shared.errors import result_or_status
 from shared.formats import importer
 from shared.training import cli as train_cli
 from shared.training import convert as convert_checkpoint
+from shared.training import plan
 
 
 def sample(argv: list[str]) -> int:
@@ -119,6 +121,10 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "shard-data": (
         shard_command.main,
         "tokenize a corpus once into memory-mapped token shards (train on shards:DIR)",
+    ),
+    "plan": (
+        plan.main,
+        "parameters, FLOPs, memory per device and time of a preset, before the spend",
     ),
     "convert-checkpoint": (
         convert_checkpoint.main,
