@@ -344,3 +344,8 @@ def test_two_processes_read_their_own_shards_and_resume_only_on_two(tmp_path):
 
     assert losses(straight_out := tmp_path / "straight") == losses(split)
     assert len(losses(straight_out)) == 6
+
+
+def test_a_text_reader_names_shards_as_no_text_corpus():
+    with pytest.raises(ValueError, match="holds token shards, not text.*'source'"):
+        load_corpus("shards:/some/folder")

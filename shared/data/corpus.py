@@ -101,6 +101,11 @@ def _load_source(
     spec: str, field: str, text_field: str, hf_cache: str | None
 ) -> tuple[list[str], list[str] | None]:
     """(train docs, own validation docs or None) for one dataset spec."""
+    if spec.startswith("shards:"):
+        raise ValueError(
+            f"{field}: {spec!r} holds token shards, not text, and only training reads them; "
+            "give the text corpus the shards were written from (their manifest's 'source')"
+        )
     if spec.startswith("synthetic:"):
         # generated in-process from a seed (shared.data.synthetic): offline and deterministic
         return corpus_splits(spec)
