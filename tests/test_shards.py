@@ -345,6 +345,14 @@ def test_two_processes_read_their_own_shards_and_resume_only_on_two(tmp_path):
     assert losses(straight_out := tmp_path / "straight") == losses(split)
     assert len(losses(straight_out)) == 6
 
+    # A shard only the second process reads fails its checksum: both stop, with its line.
+    second = folder / manifest["splits"]["train"]["shards"][1]["file"]
+    data = second.read_bytes()
+    second.write_bytes(bytes([data[0] ^ 1]) + data[1:])
+    broken = run(*shard_train_args(tmp_path / "broken", folder, *common), launcher=two)
+    assert broken.returncode != 0
+    assert f"shard {second} fails its checksum" in broken.stderr
+
 
 def test_a_text_reader_names_shards_as_no_text_corpus():
     with pytest.raises(ValueError, match="holds token shards, not text.*'source'"):

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, gather_object
 
 from shared.config import ModelConfig
 from shared.data.corpus import load_corpus
@@ -187,14 +187,23 @@ def load_shard_data(
             f"{manifest['tokenizer']['kind']})"
         )
     tokenizer = Tokenizer.load((tokenizer_from or folder) / "tokenizer")
-    splits = open_shards(
-        folder,
-        tokenizer,
-        protocol=cfg.protocol,
-        seq_len=cfg.seq_len,
-        rank=accelerator.process_index,
-        world=accelerator.num_processes,
-    )
+    problem, splits = "", None
+    try:
+        splits = open_shards(
+            folder,
+            tokenizer,
+            protocol=cfg.protocol,
+            seq_len=cfg.seq_len,
+            rank=accelerator.process_index,
+            world=accelerator.num_processes,
+        )
+    except ConfigError as refused:
+        problem = str(refused)
+    # Each process checks only its own shards: all of them learn any one's refusal, so none
+    # waits for the others in the first collective.
+    problems = [p for p in gather_object([problem]) if p] if accelerator.num_processes > 1 else []
+    if problem or problems:
+        raise ConfigError(problem or problems[0])
     record = shard_protocol_record(splits, folder)
     check_same_corpus(saved, record["corpus_fingerprint"], allow_config_change)
     val_rows = splits.validation  # memory-mapped too, unless only its first rows are scored
