@@ -11,6 +11,8 @@
     duolm findings --scale cpu --out runs/findings-cpu               # eval.findings
     duolm convert-checkpoint runs/old-mdm --trust                    # shared.training.convert
     duolm distill runs/udm runs/udm-dcd --rounds 5                   # dllm.uniform.distill
+    duolm shard-data --data kjv --out data/kjv-shards                # shared.data.shard_command
+    duolm plan --preset small --gpus 8 --flops 1e20                  # shared.training.plan
 
 Each subcommand takes exactly the flags of the module it stands for (``duolm train --help``);
 ``python -m <module>`` and ``accelerate launch train.py`` keep working.
@@ -32,10 +34,12 @@ from eval import likelihood
 from eval.experiments import block_sweep, compare, side_by_side
 from eval.findings import __main__ as findings
 from shared.checkpoint import read_state, resolve_checkpoint
+from shared.data import shard_command
 from shared.errors import result_or_status
 from shared.formats import importer
 from shared.training import cli as train_cli
 from shared.training import convert as convert_checkpoint
+from shared.training import plan
 
 
 def sample(argv: list[str]) -> int:
@@ -114,6 +118,14 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "side-by-side": (side_by_side.main, "the same prompts through an AR and an MDM checkpoint"),
     "findings": (findings.main, "reproduce published AR-vs-diffusion findings, with verdicts"),
     "distill": (distill.main, "distil a udm run into a few-step student (Duo's DCD)"),
+    "shard-data": (
+        shard_command.main,
+        "tokenize a corpus once into memory-mapped token shards (train on shards:DIR)",
+    ),
+    "plan": (
+        plan.main,
+        "parameters, FLOPs, memory per device and time of a preset, before the spend",
+    ),
     "convert-checkpoint": (
         convert_checkpoint.main,
         "convert a checkpoint of an earlier release (pickled state) so it resumes",

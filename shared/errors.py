@@ -78,7 +78,7 @@ def with_path(error: BaseException, path: str | Path) -> BaseException:
     return found
 
 
-def human_size(n_bytes: int) -> str:
+def human_size(n_bytes: float) -> str:
     """``n_bytes`` in bytes, KB, MB, GB or TB (powers of 1024)."""
     if n_bytes < 1024:
         return f"{n_bytes} bytes"

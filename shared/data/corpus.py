@@ -101,6 +101,11 @@ def _load_source(
     spec: str, field: str, text_field: str, hf_cache: str | None
 ) -> tuple[list[str], list[str] | None]:
     """(train docs, own validation docs or None) for one dataset spec."""
+    if spec.startswith("shards:"):
+        raise ValueError(
+            f"{field}: {spec!r} holds token shards, not text, and only training reads them; "
+            "give the text corpus the shards were written from (their manifest's 'source')"
+        )
     if spec.startswith("synthetic:"):
         # generated in-process from a seed (shared.data.synthetic): offline and deterministic
         return corpus_splits(spec)
@@ -295,14 +300,7 @@ def _load_hub(
 ) -> tuple[list[str], list[str] | None]:
     name, _, config = spec.partition(":")
     with _quiet_datasets() as datasets:
-        offline_at_import = bool(datasets.config.HF_HUB_OFFLINE)
-        # offline mode set only after import is invisible to datasets, which would then retry
-        offline_now = hub.offline_mode_requested()
-        if not offline_at_import:
-            if offline_now:
-                raise _offline_error(spec, field, "HF_HUB_OFFLINE is set")
-            if hub.hub_unreachable():
-                raise _offline_error(spec, field, "the hub host name does not resolve")
+        _check_hub_reachable(datasets, spec, field)
         try:
             dd = datasets.load_dataset(name, config or None, cache_dir=hf_cache)
         except Exception as exc:
@@ -323,3 +321,46 @@ def _load_hub(
     if val_name is not None:
         validation = _column_texts(dd[val_name], text_field, f"{spec} [{val_name}]")
     return train, validation
+
+
+def _check_hub_reachable(datasets: Any, spec: str, field: str) -> None:
+    """Refuse now, in one line, when the hub cannot be reached (rather than after retries)."""
+    if datasets.config.HF_HUB_OFFLINE:
+        return  # datasets itself serves its cache and names what is missing
+    # offline mode set only after import is invisible to datasets, which would then retry
+    if hub.offline_mode_requested():
+        raise _offline_error(spec, field, "HF_HUB_OFFLINE is set")
+    if hub.hub_unreachable():
+        raise _offline_error(spec, field, "the hub host name does not resolve")
+
+
+def stream_hub_documents(
+    spec: str, *, text_field: str = "text", val_fraction_every: int = 20, field: str = "dataset"
+) -> Iterator[tuple[str, str]]:
+    """("train" | "validation", text) pairs of a hub dataset read as a stream
+    (``streaming=True``: an ``IterableDataset``, never held whole), its train split only: every
+    document whose index i has ``i % val_fraction_every == val_fraction_every // 2`` is held
+    out, as ``load_corpus`` does for a corpus without a validation split of its own."""
+    name, _, config = spec.partition(":")
+    offset = val_fraction_every // 2
+    with _quiet_datasets() as datasets:
+        _check_hub_reachable(datasets, spec, field)
+        try:
+            stream = datasets.load_dataset(name, config or None, split="train", streaming=True)
+            for index, row in enumerate(stream):
+                if text_field not in row:
+                    raise ValueError(
+                        f"text_field {text_field!r} is not a column of {spec}; "
+                        f"available columns: {', '.join(row)}"
+                    )
+                text = row[text_field]
+                if isinstance(text, str) and text.strip():
+                    yield ("validation" if index % val_fraction_every == offset else "train"), text
+        except Exception as exc:
+            if hub.is_connection_error(exc):
+                raise _offline_error(spec, field, type(exc).__name__) from exc
+            if isinstance(exc, datasets.exceptions.DatasetNotFoundError):
+                raise ValueError(
+                    f"{field}: dataset {spec!r} was not found on the Hugging Face hub"
+                ) from exc
+            raise

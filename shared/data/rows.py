@@ -261,22 +261,24 @@ class EpochSampler:
     """Row order as a pure function of (seed, global sample position), for exact resume.
 
     Position p belongs to epoch e = p // n_rows and reads row perm_e[p % n_rows], where perm_e
-    is drawn from ``np.random.default_rng([seed, e])``.
+    is drawn from ``np.random.default_rng([seed, e])`` (``[seed, e, *salt]`` with a salt: one
+    process's own order over its own shards).
     """
 
-    def __init__(self, n_rows: int, seed: int) -> None:
+    def __init__(self, n_rows: int, seed: int, salt: tuple[int, ...] = ()) -> None:
         if n_rows <= 0:
             raise ValueError(f"n_rows must be positive; got {n_rows}")
         if seed < 0:
             raise ValueError(f"seed must be non-negative; got {seed}")
         self.n_rows = int(n_rows)
         self.seed = int(seed)
+        self.salt = tuple(int(word) for word in salt)
         self._perms: dict[int, np.ndarray] = {}
 
     def permutation(self, epoch: int) -> np.ndarray:
         perm = self._perms.get(epoch)
         if perm is None:
-            perm = np.random.default_rng([self.seed, epoch]).permutation(self.n_rows)
+            perm = np.random.default_rng([self.seed, epoch, *self.salt]).permutation(self.n_rows)
             if len(self._perms) >= 2:  # a batch spans at most a couple of epochs
                 self._perms.pop(next(iter(self._perms)))
             self._perms[epoch] = perm

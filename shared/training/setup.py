@@ -15,11 +15,12 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, gather_object
 
 from shared.config import ModelConfig
 from shared.data.corpus import load_corpus
 from shared.data.rows import protocol_record, tokenize_corpus
+from shared.data.shards import open_shards, read_manifest, shard_folder, shard_protocol_record
 from shared.errors import ConfigError, ResourceUnavailableError
 from shared.hardware import bf16_is_fast
 from shared.model import flops_per_token
@@ -105,6 +106,12 @@ class RunData:
     train_rows: np.ndarray  # [N, seq_len], after --unique-tokens
     val_rows: np.ndarray
     record: dict[str, Any]  # the data protocol, saved with every checkpoint
+    total_train_rows: int = 0  # over every process's shards; 0: len(train_rows)
+
+    @property
+    def n_train_rows(self) -> int:
+        """Training rows of the whole run (a process reading shards holds only its own)."""
+        return self.total_train_rows or len(self.train_rows)
 
 
 def load_data(
@@ -117,6 +124,8 @@ def load_data(
     """Corpus, tokenizer (the one saved in ``tokenizer_from``, a checkpoint, when given; else
     built from ``cfg``) and tokenized rows. The main process tokenizes and fills the cache; the
     others then read it."""
+    if shard_folder(cfg.dataset) is not None:
+        return load_shard_data(cfg, accelerator, tokenizer_from, saved, allow_config_change)
     cache_dir = Path(cfg.cache_dir)
     with accelerator.main_process_first():
         if tokenizer_from is not None:
@@ -136,18 +145,71 @@ def load_data(
             corpus, tokenizer, protocol=cfg.protocol, seq_len=cfg.seq_len, cache_dir=cache_dir
         )
     record = protocol_record(corpus, tokenizer, splits, protocol=cfg.protocol, seq_len=cfg.seq_len)
-    if (
-        saved is not None
-        and saved["data"]["corpus_fingerprint"] != corpus.fingerprint
-        and not allow_config_change
-    ):
-        raise ConfigError(
-            "refusing to resume: the corpus differs from the checkpoint's "
-            f"(fingerprint {saved['data']['corpus_fingerprint']} vs "
-            f"{corpus.fingerprint})"
-        )
+    check_same_corpus(saved, corpus.fingerprint, allow_config_change)
     train_rows = unique_rows(splits["train"].tokens, cfg)
     return RunData(tokenizer, train_rows, kept_validation(splits["validation"].tokens, cfg), record)
+
+
+def check_same_corpus(
+    saved: dict[str, Any] | None, fingerprint: str, allow_config_change: bool
+) -> None:
+    if saved is None or allow_config_change:
+        return
+    if saved["data"]["corpus_fingerprint"] != fingerprint:
+        raise ConfigError(
+            "refusing to resume: the corpus differs from the checkpoint's "
+            f"(fingerprint {saved['data']['corpus_fingerprint']} vs {fingerprint})"
+        )
+
+
+def load_shard_data(
+    cfg: TrainConfig,
+    accelerator: Accelerator,
+    tokenizer_from: Path | None,
+    saved: dict[str, Any] | None,
+    allow_config_change: bool,
+) -> RunData:
+    """Rows of a ``shards:DIR`` dataset: this process's train shards memory-mapped (never
+    loaded whole) and the validation rows, with the shards' own tokenizer (a resumed or
+    initialised run keeps its checkpoint's, which must be the one the shards were written with)."""
+    folder = shard_folder(cfg.dataset)
+    for name in ("unique_tokens", "answer_after", "val_dataset"):
+        if getattr(cfg, name):
+            raise ConfigError(
+                f"{name}={getattr(cfg, name)!r} reads the corpus in memory; it does not combine "
+                f"with dataset={cfg.dataset!r} (write the shards from the subset you want)"
+            )
+    manifest = read_manifest(folder)
+    if tokenizer_from is None and cfg.tokenizer != manifest["tokenizer"]["kind"]:
+        raise ConfigError(
+            f"shards:{folder} were written with tokenizer {manifest['tokenizer']['kind']!r}; "
+            f"this run asks for tokenizer={cfg.tokenizer!r} (set --tokenizer "
+            f"{manifest['tokenizer']['kind']})"
+        )
+    tokenizer = Tokenizer.load((tokenizer_from or folder) / "tokenizer")
+    problem, splits = "", None
+    try:
+        splits = open_shards(
+            folder,
+            tokenizer,
+            protocol=cfg.protocol,
+            seq_len=cfg.seq_len,
+            rank=accelerator.process_index,
+            world=accelerator.num_processes,
+        )
+    except ConfigError as refused:
+        problem = str(refused)
+    # Each process checks only its own shards: all of them learn any one's refusal, so none
+    # waits for the others in the first collective.
+    problems = [p for p in gather_object([problem]) if p] if accelerator.num_processes > 1 else []
+    if problem or problems:
+        raise ConfigError(problem or problems[0])
+    record = shard_protocol_record(splits, folder)
+    check_same_corpus(saved, record["corpus_fingerprint"], allow_config_change)
+    val_rows = splits.validation  # memory-mapped too, unless only its first rows are scored
+    if cfg.val_max_rows and cfg.val_max_rows < len(val_rows):
+        val_rows = val_rows[: cfg.val_max_rows]
+    return RunData(tokenizer, splits.train, val_rows, record, splits.total_train_rows)
 
 
 def kept_validation(rows: np.ndarray, cfg: TrainConfig) -> np.ndarray:

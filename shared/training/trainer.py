@@ -18,7 +18,6 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 from shared import checkpoint as ckpt
-from shared.data.rows import EpochSampler
 from shared.faults import StopRequest, fault_active, hold_step_if, run_out_of_memory_if
 from shared.files import write_json_atomic
 from shared.hardware import peak_memory, total_memory
@@ -26,6 +25,7 @@ from shared.model import Transformer
 from shared.objective import annealing_noise, loss_positions, objective_for_run, slice_noise
 from shared.training import checkpoints as keeping
 from shared.training.config import TrainingDiverged
+from shared.training.data_order import DataOrder
 from shared.training.guards import (
     MfuMeter,
     check_budget_left,
@@ -97,7 +97,8 @@ class Trainer:
         self.write_records()
         self.keeper = self.checkpoint_keeper()
         self.token_bytes = self.tokenizer.token_bytes()
-        self.sampler = EpochSampler(len(self.train_rows), self.cfg.seed)
+        self.order = DataOrder.for_run(self.data, self.cfg, accelerator)
+        self.order.check_resume((self.saved or {}).get("data_position"), self.start_step)
         self.curve_points_at = set(curve_steps(self.total_steps, self.cfg.curve_points))
         # the step loop's counters (``fit``)
         self.end_step = self.total_steps
@@ -138,7 +139,7 @@ class Trainer:
         self.tokens_per_step = cfg.batch_size * cfg.seq_len
         self.flops_token = training_flops_per_token(self.objective, self.model_cfg, cfg.seq_len)
         step_flops = self.flops_token * self.tokens_per_step
-        self.total_steps = total_steps_for(cfg, step_flops, len(self.train_rows))
+        self.total_steps = total_steps_for(cfg, step_flops, self.data.n_train_rows)
         check_cooldown(cfg, self.total_steps)
         fit_to_run(self.objective, self.total_steps, self.log)
         self.branch_points = frozenset(branch_points(cfg, self.total_steps))
@@ -185,7 +186,7 @@ class Trainer:
         self.meter = MfuMeter.for_run(self.device, dtype, cfg, self.say)
         self.log(
             f"{self.objective.name}: {self.n_parameters / 1e6:.2f}M parameters, "
-            f"{len(self.train_rows)} train rows x {cfg.seq_len}, {self.total_steps} steps, "
+            f"{self.data.n_train_rows} train rows x {cfg.seq_len}, {self.total_steps} steps, "
             f"{self.world} process(es) ({self.layout}), "
             f"micro-batch {self.micro_batch} x {cfg.grad_accum} accumulation, "
             f"precision {precision_name(accelerator.mixed_precision)}, "
@@ -240,10 +241,7 @@ class Trainer:
         cfg = self.cfg
         hold_step_if(step + 1)
         run_out_of_memory_if("oom_in_step", step + 1)
-        rows = torch.as_tensor(
-            self.train_rows[self.sampler.indices(step * cfg.batch_size, cfg.batch_size)],
-            dtype=torch.long,
-        )
+        rows = self.order.rows(step)
         generator = batch_generator(cfg.seed, step)
         noise = self.objective.sample_noise(len(rows), rows.shape[1], generator)
         noise |= annealing_noise(
@@ -360,6 +358,8 @@ class Trainer:
                     self.end_step = done
                 periodic = done % (cfg.checkpoint_every or cfg.eval_every) == 0
                 if periodic or done == self.end_step or done in self.branch_points:
+                    # the data position goes with the checkpoint's record (state.json)
+                    self.keeper.record["data_position"] = self.order.position(done)
                     self.keeper.save(
                         done,
                         evaluated,
@@ -492,8 +492,8 @@ class Trainer:
             "precision": precision_name(self.accelerator.mixed_precision),
             "compiled": self.compiled,
             **peak_memory(self.device),
-            "train_rows": len(self.train_rows),
-            "epochs_seen": self.end_step * self.cfg.batch_size / len(self.train_rows),
+            "train_rows": self.data.n_train_rows,
+            "epochs_seen": self.end_step * self.cfg.batch_size / self.data.n_train_rows,
             "data": self.data.record,
             "init_from": self.init_record,
             "branched_from": self.branched_from,

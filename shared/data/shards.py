@@ -1,0 +1,419 @@
+"""Token shards: a corpus tokenized once into flat binary files that training reads through
+``np.memmap``, so a corpus larger than memory trains without ever being loaded whole.
+
+A shard folder holds ``manifest.json``, ``tokenizer/`` and one ``<split>-NNNNN.bin`` per shard:
+the row bodies of that split back to back, as little-endian uint16 (vocabularies up to 65,536
+ids) or uint32. A row body is a training row without its first position, which is always
+``eos_id`` (the BOS of the row contract in ``shared.data.rows``), so a shard of a packed split is
+exactly the packed token stream ``doc EOS doc EOS ...`` and row ``i`` is ``[EOS] +
+body[i]``: the same rows ``tokenize_corpus`` cuts in memory. Shards end on row boundaries, so no
+row spans two files. The manifest names the dtype, the tokenizer (kind and fingerprint), the row
+length, and each shard's token count and sha256; opening a folder checks all of them and refuses
+a missing, truncated or altered shard in one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shared.data.rows import PROTOCOLS
+from shared.errors import ConfigError
+from shared.files import write_atomic
+from shared.tokenizer import Tokenizer
+
+SHARDS_PREFIX = "shards:"
+MANIFEST = "manifest.json"
+FORMAT = 1
+SPLITS = ("train", "validation")
+_HASH_CHUNK = 1 << 20  # bytes per read while hashing: bounded memory for any shard size
+
+
+def shard_folder(dataset: str) -> Path | None:
+    """The folder of a ``shards:DIR`` data spec, or None for any other spec."""
+    if not dataset.startswith(SHARDS_PREFIX):
+        return None
+    folder = dataset[len(SHARDS_PREFIX) :].strip()
+    if not folder:
+        raise ConfigError("dataset='shards:' names no folder; write shards:DIR")
+    return Path(folder).expanduser()
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The narrowest unsigned dtype that holds every id of the vocabulary."""
+    return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
+
+
+# ---- cutting rows one document at a time ---------------------------------------------------
+
+
+class RowCutter:
+    """Row bodies (rows without their BOS) from documents fed one at a time, equal to the rows
+    ``pack_rows`` / ``pad_rows`` cut from the whole list, while holding at most one row of
+    carried-over tokens (packed) or one document (padded)."""
+
+    def __init__(self, protocol: str, seq_len: int, eos_id: int, pad_id: int) -> None:
+        if protocol not in PROTOCOLS:
+            raise ConfigError(f"protocol must be one of {', '.join(PROTOCOLS)}; got {protocol!r}")
+        self.protocol, self.width = protocol, seq_len - 1
+        self.eos_id, self.pad_id = eos_id, pad_id
+        self.carry = np.empty(0, dtype=np.int64)
+
+    def add(self, ids: Sequence[int]) -> np.ndarray:
+        """The rows this document completes, int64 [k, seq_len - 1] (k may be 0)."""
+        doc = np.asarray(ids, dtype=np.int64)
+        if self.protocol == "padded":
+            body = np.full((1, self.width), self.pad_id, dtype=np.int64)
+            kept = doc[: self.width - 1]
+            body[0, : len(kept)] = kept
+            body[0, len(kept)] = self.eos_id
+            return body
+        stream = np.concatenate([self.carry, doc, [self.eos_id]])
+        n_full = len(stream) // self.width
+        self.carry = stream[n_full * self.width :]
+        return stream[: n_full * self.width].reshape(n_full, self.width)
+
+    def finish(self, keep_partial: bool) -> np.ndarray:
+        """The last, partial packed row (right-padded) when ``keep_partial``; else no row."""
+        body = np.full((0, self.width), self.pad_id, dtype=np.int64)
+        if keep_partial and len(self.carry):
+            body = np.full((1, self.width), self.pad_id, dtype=np.int64)
+            body[0, : len(self.carry)] = self.carry
+        self.carry = np.empty(0, dtype=np.int64)
+        return body
+
+
+# ---- writing ------------------------------------------------------------------------------------
+
+
+class SplitWriter:
+    """Writes one split's row bodies into shards of at most ``shard_rows`` rows each, holding
+    only the shard being filled (in its on-disk dtype)."""
+
+    def __init__(
+        self, folder: Path, split: str, dtype: np.dtype, shard_rows: int, tokenizer: Tokenizer
+    ) -> None:
+        self.folder, self.split = folder, split
+        self.pad_id = tokenizer.pad_id
+        self.token_bytes = tokenizer.token_bytes()
+        self.buffer = np.empty((shard_rows, 0), dtype=dtype)
+        self.shard_rows, self.filled = shard_rows, 0
+        self.shards: list[dict[str, Any]] = []
+        self.n_bytes = self.n_loss_tokens = 0
+
+    def add(self, bodies: np.ndarray) -> None:
+        if self.buffer.shape[1] != bodies.shape[1]:
+            self.buffer = np.empty((self.shard_rows, bodies.shape[1]), dtype=self.buffer.dtype)
+        while len(bodies):
+            take = min(len(bodies), self.shard_rows - self.filled)
+            self.buffer[self.filled : self.filled + take] = bodies[:take]
+            self.filled += take
+            bodies = bodies[take:]
+            if self.filled == self.shard_rows:
+                self.flush()
+
+    def flush(self) -> None:
+        if not self.filled:
+            return
+        rows = self.buffer[: self.filled]
+        counts = np.bincount(rows.ravel(), minlength=len(self.token_bytes))
+        self.n_bytes += int(counts[: len(self.token_bytes)] @ self.token_bytes)  # specials: 0
+        self.n_loss_tokens += int(rows.size - counts[self.pad_id])
+        data = rows.tobytes()
+        name = f"{self.split}-{len(self.shards):05d}.bin"
+        write_atomic(self.folder / name, data)
+        self.shards.append({"file": name, "tokens": int(rows.size), "sha256": sha256_bytes(data)})
+        self.filled = 0
+
+    def record(self, width: int) -> dict[str, Any]:
+        self.flush()
+        return {
+            "shards": self.shards,
+            "n_rows": sum(s["tokens"] for s in self.shards) // width,
+            "n_bytes": self.n_bytes,
+            "n_loss_tokens": self.n_loss_tokens,
+        }
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_shards(
+    folder: Path,
+    documents: Iterable[tuple[str, str]],
+    tokenizer: Tokenizer,
+    *,
+    protocol: str,
+    seq_len: int,
+    shard_tokens: int,
+    source: str,
+    encode_batch: int = 64,
+) -> dict[str, Any]:
+    """Tokenize ``documents`` ((split, text) pairs, split "train" or "validation", read once, so
+    a stream works) into shards under ``folder``; returns the manifest, written last so that its
+    presence means every shard beside it is complete."""
+    if seq_len < 4:
+        raise ConfigError(f"seq_len={seq_len} must be >= 4")
+    width = seq_len - 1
+    if shard_tokens < width:
+        raise ConfigError(
+            f"shard_tokens={shard_tokens} is less than one row ({width} tokens at seq_len="
+            f"{seq_len}); give at least {width}"
+        )
+    if (folder / MANIFEST).exists():
+        raise ConfigError(f"{folder} already holds shards ({MANIFEST}); choose a new --out folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    dtype = token_dtype(tokenizer.vocab_size)
+    writers = {
+        split: SplitWriter(folder, split, dtype, shard_tokens // width, tokenizer)
+        for split in SPLITS
+    }
+    cutters = {
+        split: RowCutter(protocol, seq_len, tokenizer.eos_id, tokenizer.pad_id) for split in SPLITS
+    }
+    kept = ((split, text) for split, text in documents if text and text.strip())
+    for batch in batched(kept, encode_batch):
+        for (split, _), ids in zip(batch, tokenizer.encode_batch([t for _, t in batch])):
+            writers[split].add(cutters[split].add(ids))
+    for split in SPLITS:
+        # as in memory: train drops its last partial row, validation keeps it padded
+        writers[split].add(cutters[split].finish(keep_partial=split == "validation"))
+    splits = {split: writers[split].record(width) for split in SPLITS}
+    if splits["train"]["n_rows"] == 0:
+        raise ConfigError(
+            f"corpus {source!r} is too small for seq_len={seq_len}: its train split yields no "
+            f"full row of {width} tokens"
+        )
+    tokenizer.save(folder / "tokenizer")
+    manifest = {
+        "format": FORMAT,
+        "source": source,
+        "dtype": dtype.str,
+        "protocol": protocol,
+        "seq_len": seq_len,
+        "row_tokens": width,
+        "tokenizer": tokenizer_record(tokenizer),
+        "splits": splits,
+    }
+    write_atomic(folder / MANIFEST, json.dumps(manifest, indent=2))
+    return manifest
+
+
+def tokenizer_record(tokenizer: Tokenizer) -> dict[str, Any]:
+    return {
+        "kind": tokenizer.kind,
+        "fingerprint": tokenizer.fingerprint(),
+        "vocab_size": tokenizer.vocab_size,
+        "eos_id": tokenizer.eos_id,
+        "pad_id": tokenizer.pad_id,
+    }
+
+
+def batched(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    batch: list[Any] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+# ---- reading ------------------------------------------------------------------------------------
+
+
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """The manifest of a shard folder, its fields checked; one-line refusals otherwise."""
+    path = folder / MANIFEST
+    if not folder.is_dir():
+        raise ConfigError(f"shards:{folder}: no such folder")
+    if not path.is_file():
+        raise ConfigError(
+            f"shards:{folder}: no {MANIFEST} (not a folder written by duolm shard-data, or its "
+            "writing did not finish)"
+        )
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        if manifest["format"] != FORMAT:
+            raise ConfigError(
+                f"{path}: shard format {manifest['format']!r}; this version reads {FORMAT}"
+            )
+        np.dtype(manifest["dtype"])
+        for split in SPLITS:
+            for shard in manifest["splits"][split]["shards"]:
+                if "/" in shard["file"] or shard["file"].startswith("."):
+                    raise ConfigError(f"{path}: shard name {shard['file']!r} is not a plain name")
+                int(shard["tokens"]), str(shard["sha256"])
+        int(manifest["seq_len"]), str(manifest["tokenizer"]["fingerprint"])
+    except (ValueError, KeyError, TypeError) as error:
+        if isinstance(error, ConfigError):
+            raise
+        raise ConfigError(f"{path} is not a valid shard manifest ({error!r})") from None
+    return manifest
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_shard(folder: Path, shard: dict[str, Any], itemsize: int, verify: bool) -> Path:
+    """The shard's path once its file exists, has the manifest's size and (``verify``) hash."""
+    path = folder / shard["file"]
+    if not path.is_file():
+        raise ConfigError(f"shard {path} is missing (listed in {folder / MANIFEST})")
+    expected = int(shard["tokens"]) * itemsize
+    size = path.stat().st_size
+    if size != expected:
+        raise ConfigError(
+            f"shard {path} is truncated or altered: {size} bytes, the manifest says {expected}"
+        )
+    if verify and file_sha256(path) != shard["sha256"]:
+        raise ConfigError(
+            f"shard {path} fails its checksum (sha256 differs from {folder / MANIFEST}): "
+            "the file changed after it was written; write the shards again"
+        )
+    return path
+
+
+def rank_shards(shards: list[dict[str, Any]], rank: int, world: int, folder: Path) -> list[dict]:
+    """The shards process ``rank`` of ``world`` reads: every world-th one, starting at its rank.
+    Refused unless the count divides evenly, so that every process holds its own part."""
+    if world < 1 or not 0 <= rank < world:
+        raise ConfigError(f"rank {rank} is not a process of a world of {world}")
+    if len(shards) % world:
+        raise ConfigError(
+            f"shards:{folder} has {len(shards)} train shard(s), which {world} processes cannot "
+            f"split evenly; run on a process count that divides {len(shards)}, or write the "
+            "shards again with a --shard-tokens giving a multiple of it"
+        )
+    return shards[rank::world]
+
+
+class ShardRows:
+    """Training rows read from memory-mapped shards on demand: ``rows[indices]`` (an int array or
+    a slice) is an int32 array [k, seq_len] of the rows asked for; nothing else is loaded."""
+
+    def __init__(self, paths: list[Path], dtype: np.dtype, seq_len: int, eos_id: int) -> None:
+        self.seq_len, self.width, self.eos_id = seq_len, seq_len - 1, eos_id
+        self.maps = [np.memmap(p, dtype=dtype, mode="r").reshape(-1, self.width) for p in paths]
+        self.starts = np.cumsum([0] + [len(m) for m in self.maps])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (len(self), self.seq_len)
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        if isinstance(index, slice):
+            index = np.arange(len(self))[index]
+        index = np.asarray(index, dtype=np.int64)
+        if index.ndim != 1:
+            raise TypeError("ShardRows takes a 1-d array of row indices or a slice")
+        if len(index) and (index.min() < 0 or index.max() >= len(self)):
+            raise IndexError(f"row index out of range for {len(self)} rows")
+        out = np.empty((len(index), self.seq_len), dtype=np.int32)
+        out[:, 0] = self.eos_id
+        shard = np.searchsorted(self.starts, index, side="right") - 1
+        for s in np.unique(shard):
+            picked = shard == s
+            out[picked, 1:] = self.maps[s][index[picked] - self.starts[s]]
+        return out
+
+
+@dataclass
+class ShardSplits:
+    """What training reads from a shard folder: this process's train rows (memory-mapped) and
+    the validation rows."""
+
+    manifest: dict[str, Any]
+    manifest_sha256: str
+    train: ShardRows
+    total_train_rows: int
+    validation: ShardRows
+
+
+def open_shards(
+    folder: Path,
+    tokenizer: Tokenizer,
+    *,
+    protocol: str,
+    seq_len: int,
+    rank: int = 0,
+    world: int = 1,
+    verify: bool = True,
+) -> ShardSplits:
+    """Open a shard folder for training with ``tokenizer`` at ``protocol`` and ``seq_len``: the
+    manifest must agree with all three, and every shard this process reads (its own train
+    shards and all validation shards) must be whole and, with ``verify``, match its sha256."""
+    manifest = read_manifest(folder)
+    saved_tok = manifest["tokenizer"]
+    if saved_tok["fingerprint"] != tokenizer.fingerprint():
+        raise ConfigError(
+            f"shards:{folder} were written with another tokenizer ({saved_tok['kind']}, "
+            f"fingerprint {saved_tok['fingerprint']}) than this run's ({tokenizer.kind}, "
+            f"{tokenizer.fingerprint()}); write the shards with this tokenizer or train with theirs"
+        )
+    for field, wanted in (("protocol", protocol), ("seq_len", seq_len)):
+        if manifest[field] != wanted:
+            raise ConfigError(
+                f"shards:{folder} hold {field}={manifest[field]!r} rows; this run asks for "
+                f"{field}={wanted!r} (set --{field.replace('_', '-')} {manifest[field]} or write "
+                "the shards again)"
+            )
+    dtype = np.dtype(manifest["dtype"])
+    if dtype != token_dtype(tokenizer.vocab_size):
+        raise ConfigError(f"{folder / MANIFEST}: dtype {dtype} does not fit this vocabulary")
+    train_shards = rank_shards(manifest["splits"]["train"]["shards"], rank, world, folder)
+
+    def rows_of(shards: list[dict[str, Any]]) -> ShardRows:
+        paths = [check_shard(folder, s, dtype.itemsize, verify) for s in shards]
+        return ShardRows(paths, dtype, seq_len, tokenizer.eos_id)
+
+    total = sum(int(s["tokens"]) for s in manifest["splits"]["train"]["shards"]) // (seq_len - 1)
+    return ShardSplits(
+        manifest,
+        file_sha256(folder / MANIFEST),
+        rows_of(train_shards),
+        total,
+        rows_of(manifest["splits"]["validation"]["shards"]),
+    )
+
+
+def shard_protocol_record(splits: ShardSplits, folder: Path) -> dict[str, Any]:
+    """The data record of a run on shards, in the shape ``shared.data.rows.protocol_record``
+    gives in-memory runs; the corpus fingerprint is the manifest's hash."""
+    manifest = splits.manifest
+    tokenizer = dict(manifest["tokenizer"])
+    return {
+        "dataset": f"{SHARDS_PREFIX}{folder}",
+        "source": manifest["source"],
+        "corpus_fingerprint": splits.manifest_sha256[:24],
+        "tokenizer": tokenizer,
+        "protocol": manifest["protocol"],
+        "seq_len": manifest["seq_len"],
+        "convention": (
+            "row[0] = eos_id (BOS); documents end with eos_id; "
+            "loss at positions >= 1 whose id != pad_id"
+        ),
+        "splits": {
+            name: {
+                key: manifest["splits"][name][key] for key in ("n_rows", "n_bytes", "n_loss_tokens")
+            }
+            | {"n_shards": len(manifest["splits"][name]["shards"])}
+            for name in SPLITS
+        },
+    }
