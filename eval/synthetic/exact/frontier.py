@@ -144,7 +144,8 @@ def uniform_classes(setting: Setting, language: Language) -> Classes:
     if isinstance(model, ExactUniform):
         tracked = tuple(model.tokens.ids)
         support = support_ids(torch.arange(n_support), tokenizer.pad_id).tolist()
-        other = next(i for i in support if i not in tracked)
+        # None when the symbols and EOS are the whole support (a tokenizer of the alphabet only)
+        other = next((i for i in support if i not in tracked), None)
         return Classes(tracked, other, n_support, tokenizer.pad_id)
     check_state_count(
         "udm sampler over the model's support", n_support**setting.gen_length, language
