@@ -1,6 +1,7 @@
 """The exact denoisers of the hidden Markov language against brute force: every conditional
 equals a ratio of enumerated row probabilities, for the AR, masked, block and uniform-state
-families, on rows with EOS and padding."""
+families, on rows with EOS and padding; the uniform-state one is the posterior without the
+position's own noisy token, which is the uniform NELBO's minimiser."""
 
 import itertools
 import math
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from dllm.block.objective import block_causal_mask
-from dllm.uniform.objective import alpha
+from dllm.uniform.objective import alpha, nelbo_at
 from eval.synthetic.exact.denoisers import exact_denoiser
 from eval.synthetic.likelihood import symbol_ids
 from shared.data.synthetic.hmm import HMMLanguage
@@ -159,14 +160,52 @@ def test_uniform_posteriors_are_the_enumerated_ratios(language, t) -> None:
     noisy.append((EOS, EOS, ids[0], outsider))
     for z in noisy:
         logits = logits_of(model, [z], time=time)[0, 1:]
-        weight = {
-            r: p * math.prod(keep * (zi == ri) + (1 - keep) / n_support for zi, ri in zip(z, r))
-            for r, p in rows.items()
-        }
-        total = sum(weight.values())
         for i in range(gen_length):
+            # every position's channel but i's own: what the NELBO trains (test below)
+            weight = {
+                r: p
+                * math.prod(
+                    keep * (zj == rj) + (1 - keep) / n_support
+                    for j, (zj, rj) in enumerate(zip(z, r))
+                    if j != i
+                )
+                for r, p in rows.items()
+            }
+            total = sum(weight.values())
             expected = [sum(w for r, w in weight.items() if r[i] == tok) / total for tok in ids]
             np.testing.assert_allclose(probs_at(logits[i], ids), expected, atol=1e-12)
+
+
+@pytest.mark.parametrize("kept, noised", [(0.6, 0), (0.2, 2), (0.9, 1)])
+def test_the_uniform_nelbo_is_least_at_the_posterior_without_the_own_token(kept, noised) -> None:
+    """Why the exact uniform denoiser leaves a position's own noisy token out: over x0 drawn
+    from p(x0 | z_t) (own token in), the expected NELBO of one position is least at x_theta =
+    p(x0 | the other positions), not at p(x0 | z_t) itself."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        n = 3
+        others = torch.tensor([0.2, 0.5, 0.3])  # p(x0 | the other positions)
+        channel = torch.full((n,), (1 - kept) / n)
+        channel[noised] += kept  # q(z_i = noised | x0 = k)
+        posterior = others * channel / (others * channel).sum()  # p(x0 | z_t)
+        logits = torch.zeros(n, requires_grad=True)
+        optimizer = torch.optim.LBFGS([logits], max_iter=500, tolerance_grad=1e-14)
+
+        def expected_nelbo():
+            optimizer.zero_grad()
+            log_x = torch.log_softmax(logits, -1)[None].expand(n, n)
+            args = (torch.full((n,), noised), torch.full((n,), kept), torch.full((n,), -1.0))
+            loss = (posterior * nelbo_at(log_x, torch.arange(n), *args)).sum()
+            loss.backward()
+            return loss
+
+        for _ in range(10):
+            optimizer.step(expected_nelbo)
+        best = torch.softmax(logits, -1).detach()
+        torch.testing.assert_close(best, others, atol=1e-4, rtol=0)
+        assert (best - posterior).abs().max() > 0.05
+    finally:
+        torch.set_default_dtype(torch.float32)
 
 
 def test_impossible_evidence_gives_uniform_row_symbols(language) -> None:

@@ -8,9 +8,11 @@ output_mask, ..., time=...)`` returning logits over the model's vocabulary).
   a [MASK] contributes no emission and positions past the input are summed out, so a block
   model's input (the clean prefix and the block, ``dllm.block.sampler.BlockCausalForward``) gets
   the same conditional given what it sees.
-- ``ExactUniform``: p(x0_i | z_t) where every position after BOS went through the uniform-state
-  channel: kept with alpha_t, else a uniform draw from the N support ids (every tokenizer id but
-  padding, ``dllm.uniform.objective``), read from the ``time`` argument.
+- ``ExactUniform``: p(x0_i | z_t at every other position) where every position after BOS went
+  through the uniform-state channel: kept with alpha_t, else a uniform draw from the N support
+  ids (every tokenizer id but padding, ``dllm.uniform.objective``), read from the ``time``
+  argument. Position i's own noisy token is left out: that is the NELBO's minimiser and what
+  the uniform sampler's posterior step needs (``ExactUniform``).
 
 Impossible evidence (a token no row of the language holds at that place) gives uniform logits over
 the row symbols. Probability zero is the logit ``MASKED_LOGIT``, as ``eval.synthetic.likelihood``'s
@@ -154,7 +156,12 @@ class ExactAbsorbing(_ExactModel):
 
 
 class ExactUniform(_ExactModel):
-    """p(x0_i | z_t) for uniform-state diffusion: every position after BOS is a noisy token."""
+    """What a uniform-state network is trained to output: p(x0_i | z_t at every position but i),
+    every position after BOS a noisy token. Not p(x0_i | z_t): the NELBO's minimiser
+    (``dllm.uniform.objective.nelbo_at``) leaves position i's own noisy token out, because the
+    reverse step (``dllm.uniform.sampler``, Duo's posterior) weighs x_theta by the channel
+    q(z_t,i | x0_i) itself; given p(x0_i | z_t) it counts that token twice, and the sampler
+    does not approach the language however many steps it takes (tested both ways)."""
 
     layout = "stream"
 
@@ -172,8 +179,19 @@ class ExactUniform(_ExactModel):
     def row_logits(self, row: tuple[int, ...], time: float | None) -> torch.Tensor:
         if time is None:
             raise ValueError("the exact uniform-state denoiser needs the time t (time=...)")
-        probs = symbol_posteriors(self.chain, self.channel_likelihood(row, time))
+        likelihood = self.channel_likelihood(row, time)
+        probs = leave_own_token_out(symbol_posteriors(self.chain, likelihood), likelihood)
         return torch.cat([self.to_logits(None, 1), self.to_logits(probs, len(row) - 1)])
+
+
+def leave_own_token_out(posteriors: np.ndarray | None, likelihood: np.ndarray) -> np.ndarray | None:
+    """p(x_i | evidence at every position but i) from p(x_i | all evidence) [n, R]: divide out
+    position i's own likelihood and renormalise (exact: the evidence at i depends on x_i only,
+    and the channel never gives a symbol likelihood 0)."""
+    if posteriors is None:
+        return None
+    left_out = posteriors / likelihood
+    return left_out / left_out.sum(axis=1, keepdims=True)
 
 
 DENOISERS = {"ar": ExactAR, "mdm": ExactAbsorbing, "bd": ExactAbsorbing, "udm": ExactUniform}
