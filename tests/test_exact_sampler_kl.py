@@ -4,9 +4,11 @@ matches the frequencies of the project's real samplers run with the same exact m
 uniform-state sampler approaches the language with steps only with the denoiser its NELBO trains
 (the own noisy token left out)."""
 
+import math
 import types
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 from scipy import stats
@@ -23,6 +25,7 @@ from eval.synthetic.exact.denoisers import exact_denoiser
 from eval.synthetic.exact.frontier import sampler_distribution, sampler_error
 from eval.synthetic.exact.outcomes import outcome
 from eval.synthetic.likelihood import symbol_ids
+from eval.synthetic.samples import NOT_A_SYMBOL, sample_metrics
 from shared.data.synthetic.hmm import HMMLanguage
 from shared.data.synthetic.pcfg import PCFGLanguage
 from shared.errors import ConfigError
@@ -169,3 +172,49 @@ def test_refusals(language) -> None:
     with pytest.raises(ConfigError, match="gen_length=2 cannot hold"):
         sampler_error("mdm", mdm, language, TOK, SamplerConfig(FixedCount(2)), 2)
     assert torch.is_tensor(mdm.anchor)
+
+
+@pytest.mark.parametrize("n", [40, 2000])
+def test_the_sample_based_estimates_against_the_exact_values(language, n) -> None:
+    """For languages too large to enumerate, distances come from samples; their bias, checked
+    here against the exact q of a two-tokens-per-step MDM: the plug-in TV lies between the
+    exact TV and TV plus its stated bound on average, and the plug-in KL(q_hat||p) is biased
+    upward by about (distinct strings - 1) / (2 n)."""
+    model = exact_denoiser("mdm", language, TOK, G + 1)
+    config = SamplerConfig(FixedCount(2, remasking="random"))
+    dist = sampler_distribution("mdm", model, language, TOK, config, G)
+    exact = sampler_error("mdm", model, language, TOK, config, G)
+    # an invalid sample (None in q) as a string no language holds
+    strings = [NOT_A_SYMBOL if s is None else s for s in dist.q]
+    probs = np.array(list(dist.q.values()))
+    assert dist.q.get(None, 0.0) > 0.01  # parallel steps make some invalid rows: counted too
+    rng = np.random.default_rng(0)
+    draws = 200
+    tv, kl, bound = [], [], []
+    for _ in range(draws):
+        samples = [strings[i] for i in rng.choice(len(strings), size=n, p=probs / probs.sum())]
+        metrics = sample_metrics(language, samples)
+        tv.append(metrics["tv_plugin"])
+        kl.append(metrics["kl_plugin"])
+        bound.append(metrics["tv_plugin_bias_bound"])
+    spread = np.std(tv) / np.sqrt(draws)
+    assert exact["tv"] - 3 * spread <= np.mean(tv) <= exact["tv"] + np.mean(bound) + 3 * spread
+    assert np.mean(tv) - exact["tv"] > 3 * spread  # the bias is there, upward
+    # the plug-in KL is over the valid samples only (KL(q||p) itself is infinite here): against
+    # the exact KL of q given a valid sample, biased upward by about (distinct - 1) / (2 n_valid)
+    valid = {s: v for s, v in dist.q.items() if dist.p.get(s, 0.0) > 0}
+    total = sum(valid.values())
+    kl_valid = sum(v / total * math.log(v / total / dist.p[s]) for s, v in valid.items())
+    expected_bias = (len(valid) - 1) / (2 * n * total)
+    if n >= 1000:  # the (distinct - 1) / (2 n) term is the first order of a large-n expansion
+        assert np.mean(kl) - kl_valid == pytest.approx(expected_bias, rel=0.3)
+
+
+def test_the_plugin_tv_is_the_distance_over_every_string(language) -> None:
+    """tv_plugin by brute force: half the sum of |q_hat - p| over every string of the language
+    and every sampled string (the never-sampled strings' p included, an invalid sample whole)."""
+    samples = ["ab", "ab", "b", NOT_A_SYMBOL, "ba", "ab"]
+    p = {s: math.exp(lp) for s, lp in language.enumerate()}
+    q_hat = {s: samples.count(s) / len(samples) for s in set(samples)}
+    brute = sum(abs(q_hat.get(s, 0.0) - p.get(s, 0.0)) for s in set(p) | set(q_hat)) / 2
+    assert sample_metrics(language, samples)["tv_plugin"] == pytest.approx(brute, abs=1e-12)
