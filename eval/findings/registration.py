@@ -55,8 +55,16 @@ JUDGING_CODE = ("eval.findings.verdicts", "eval.findings.common")
 
 
 # Where a run keeps its cache and how many threads it uses (``Job.extra``), how often it logs
-# and where to: they leave its results unchanged and differ between machines.
-MACHINE_LOCAL = ("cache_dir", "num_threads", "log_with", "log_every", "peak_tflops")
+# and where to, and the file format of its checkpoints (single or sharded: either resumes to the
+# same numbers): they leave its results unchanged and may differ between machines.
+MACHINE_LOCAL = (
+    "cache_dir",
+    "num_threads",
+    "log_with",
+    "log_every",
+    "peak_tflops",
+    "checkpoint_format",
+)
 
 
 def module_text(name: str) -> str:
