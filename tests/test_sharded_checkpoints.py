@@ -162,14 +162,19 @@ def test_sharded_checkpoints_resume_on_one_process_and_on_two(
 @pytest.mark.multiprocess
 @pytest.mark.serial
 @pytest.mark.slow
-def test_two_nodes_of_two_processes_continue_as_one_process_does(
-    tmp_path, cache, one_process, two_halfway
+@pytest.mark.parametrize("start", ["fresh", "resumed"])
+def test_two_nodes_of_two_processes_train_as_one_process_does(
+    tmp_path, cache, one_process, two_halfway, start
 ):
-    """2 -> 4: the 2-process checkpoint continued by two launchers (--num_machines 2,
-    --machine_rank 0 and 1, rendezvous on 127.0.0.1) of two processes each."""
+    """Two launchers (--num_machines 2, --machine_rank 0 and 1, rendezvous on 127.0.0.1) of two
+    processes each: a fresh run from step 0, and (2 -> 4) the 2-process sharded checkpoint
+    continued; both end where the one-process run does."""
     out = tmp_path / "four"
     port = free_port()
-    extra = ("--resume", str(two_halfway), "--log-every", "1")
+    if start == "fresh":
+        extra = (*COMMON, "--checkpoint-format", "sharded")
+    else:
+        extra = ("--resume", str(two_halfway), "--log-every", "1")
     nodes = [
         subprocess.Popen(
             fsdp_command(out, cache, *extra, port=port, machines=2, rank=rank),
@@ -186,6 +191,7 @@ def test_two_nodes_of_two_processes_continue_as_one_process_does(
         assert node.returncode == 0, err[-3000:]
     summary = json.loads((out / "final.json").read_text())
     assert summary["processes"] == 4 and summary["step"] == 8
+    assert min(losses(out)) == (1 if start == "fresh" else 5)
     assert_close(out, one_process)
 
 
