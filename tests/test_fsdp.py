@@ -188,9 +188,10 @@ def fake_accelerator(distributed_type, fsdp_version=None):
     from types import SimpleNamespace
 
     plugin = SimpleNamespace(fsdp_version=fsdp_version)
+    zero = SimpleNamespace(zero_stage=2)
     return SimpleNamespace(
         distributed_type=distributed_type,
-        state=SimpleNamespace(fsdp_plugin=plugin),
+        state=SimpleNamespace(fsdp_plugin=plugin, deepspeed_plugin=zero),
         process_index=0,
         num_processes=2,
         print=print,
@@ -203,6 +204,7 @@ def test_layouts_are_named_and_fsdp1_is_refused_with_the_fix(tmp_path, monkeypat
     assert setup.parallel_layout(fake_accelerator(DistributedType.NO)) == "single process"
     assert setup.parallel_layout(fake_accelerator(DistributedType.MULTI_GPU)) == "DDP"
     assert setup.parallel_layout(fake_accelerator(DistributedType.FSDP, 2)) == "FSDP2"
+    assert setup.parallel_layout(fake_accelerator(DistributedType.DEEPSPEED)) == "DeepSpeed ZeRO-2"
     # FSDP1's plugin needs an accelerator device to exist, so its refusal is checked here with a
     # stand-in for the accelerator rather than through the launcher.
     fsdp1 = fake_accelerator(DistributedType.FSDP, 1)
@@ -232,3 +234,14 @@ def test_optimizer_state_round_trips_by_name_and_index_keyed_states_still_load()
         for param in model.parameters():
             for key, value in optimizer.state[param].items():
                 assert torch.equal(fresh.state[param][key], value), key
+
+
+def test_a_deepspeed_launch_without_cuda_is_refused_not_run_as_ddp(tmp_path, monkeypatch, capsys):
+    """accelerate's CPU mode would run a DeepSpeed launch config as plain DDP without a word."""
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code = cli.main(["--preset", "tiny", "--out", str(tmp_path / "run")])
+    message = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(message) == 1
+    assert "asks for DeepSpeed, which needs CUDA here" in message[0]
+    assert not (tmp_path / "run").exists()

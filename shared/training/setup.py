@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -35,6 +36,7 @@ def make_accelerator(cfg: TrainConfig, out: Path) -> Accelerator:
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
     cuda = torch.cuda.is_available()
+    refuse_deepspeed_on_cpu(cuda)
     mixed = "bf16" if cfg.precision == "bf16" else "no"
     if cfg.precision == "auto":
         mixed = "bf16" if bf16_is_fast() else "no"
@@ -43,6 +45,18 @@ def make_accelerator(cfg: TrainConfig, out: Path) -> Accelerator:
     return Accelerator(
         cpu=not cuda, mixed_precision=mixed, log_with=trackers or None, project_dir=str(out)
     )
+
+
+def refuse_deepspeed_on_cpu(cuda: bool) -> None:
+    """A DeepSpeed launch config on a machine without CUDA: accelerate's CPU mode would run the
+    processes as plain DDP without a word (checked with deepspeed 0.19.8 and the ZeRO-2 and
+    ZeRO-3 configs), so say so instead of training something else than was asked."""
+    if not cuda and os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+        raise ConfigError(
+            "this launch asks for DeepSpeed, which needs CUDA here (on CPU accelerate would run "
+            "plain DDP instead); launch without the DeepSpeed config for DDP, or use "
+            "configs/accelerate/fsdp_1node.yaml for sharded weights"
+        )
 
 
 # accelerate tracker -> the packages that can back it
@@ -75,12 +89,15 @@ def check_trackers_installed(trackers: list[str]) -> None:
 
 def parallel_layout(accelerator: Accelerator) -> str:
     """How training is spread over processes, for logs and run summaries: "single process",
-    "DDP" (replicated weights), "FSDP1" or "FSDP2" (sharded weights)."""
+    "DDP" (replicated weights), "FSDP1" or "FSDP2" (sharded weights), "DeepSpeed ZeRO-N"
+    (untested: GPUs only)."""
     kind = accelerator.distributed_type
     if kind == DistributedType.FSDP:
         return f"FSDP{accelerator.state.fsdp_plugin.fsdp_version}"
     if kind == DistributedType.NO:
         return "single process"
+    if kind == DistributedType.DEEPSPEED:
+        return f"DeepSpeed ZeRO-{accelerator.state.deepspeed_plugin.zero_stage}"
     return "DDP"
 
 
