@@ -7,75 +7,23 @@ which switches accelerate to FSDP on gloo CPU ranks with the plugin that
 """
 
 import json
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from launch import free_port
+from launch import FSDP_RUN, free_port, launch_fsdp
 from safetensors.torch import load_file
 from torch import nn
 
 from shared.checkpoint import bare_name, full_model_state, list_checkpoints, tied_copies
 from shared.training import cli, loop, setup
 
-ROOT = Path(__file__).resolve().parent.parent
-FSDP_CONFIG = ROOT / "configs" / "accelerate" / "fsdp_1node.yaml"
-
-COMMON = [
-    "--preset",
-    "tiny",
-    "--objective",
-    "mdm",
-    "--tie-embeddings",
-    "true",  # tied weights are the awkward case for gathering and saving
-    "--max-steps",
-    "8",
-    "--eval-every",
-    "4",
-    "--log-every",
-    "1",
-]
+COMMON = FSDP_RUN
 
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cache")
-
-
-def launch_fsdp(out: Path, cache: Path, *extra: str, port: int) -> str:
-    if shutil.which("accelerate") is None:
-        pytest.skip("accelerate launcher not on PATH")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
-    result = subprocess.run(
-        [
-            "accelerate",
-            "launch",
-            "--config_file",
-            str(FSDP_CONFIG),
-            "--num_processes",
-            "2",
-            "--mixed_precision",
-            "no",
-            "--main_process_port",
-            str(port),
-            "tests/fsdp_on_cpu.py",
-            "--out",
-            str(out),
-            "--cache-dir",
-            str(cache),
-            *extra,
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout + result.stderr
 
 
 def train_losses(out: Path) -> list[float]:

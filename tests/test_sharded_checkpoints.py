@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launch import free_port
+from launch import FSDP_RUN, cpu_launch_env, free_port, fsdp_command, launch_fsdp
 from safetensors.torch import load_file
 
 from shared import checkpoint as ckpt
@@ -27,21 +27,7 @@ from shared.training import cli, convert
 from shared.training.run_folder import RunFolderLock
 
 ROOT = Path(__file__).resolve().parent.parent
-FSDP_CONFIG = ROOT / "configs" / "accelerate" / "fsdp_1node.yaml"
-COMMON = [
-    "--preset",
-    "tiny",
-    "--objective",
-    "mdm",
-    "--tie-embeddings",
-    "true",
-    "--max-steps",
-    "8",
-    "--eval-every",
-    "4",
-    "--log-every",
-    "1",
-]
+COMMON = FSDP_RUN
 multiprocess = [pytest.mark.multiprocess, pytest.mark.serial, pytest.mark.slow]
 
 
@@ -50,46 +36,8 @@ def cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("cache")
 
 
-def fsdp_command(out: Path, cache: Path, *extra, port: int, machines: int = 1, rank: int = 0):
-    if shutil.which("accelerate") is None:
-        pytest.skip("accelerate launcher not on PATH")
-    return [
-        "accelerate",
-        "launch",
-        "--config_file",
-        str(FSDP_CONFIG),
-        "--num_processes",
-        str(2 * machines),  # two per "node"
-        "--num_machines",
-        str(machines),
-        "--machine_rank",
-        str(rank),
-        "--main_process_ip",
-        "127.0.0.1",
-        "--main_process_port",
-        str(port),
-        "--mixed_precision",
-        "no",
-        "tests/fsdp_on_cpu.py",
-        "--out",
-        str(out),
-        "--cache-dir",
-        str(cache),
-        *extra,
-    ]
-
-
-def launch_env(**extra) -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1", **extra}
-
-
 def launch(out: Path, cache: Path, *extra) -> str:
-    command = fsdp_command(out, cache, *extra, port=free_port())
-    result = subprocess.run(
-        command, cwd=ROOT, env=launch_env(), capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout + result.stderr
+    return launch_fsdp(out, cache, *extra, port=free_port())
 
 
 def losses(out: Path) -> dict[int, float]:
@@ -179,7 +127,7 @@ def test_two_nodes_of_two_processes_train_as_one_process_does(
         subprocess.Popen(
             fsdp_command(out, cache, *extra, port=port, machines=2, rank=rank),
             cwd=ROOT,
-            env=launch_env(),
+            env=cpu_launch_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -207,7 +155,7 @@ def test_sigterm_mid_run_then_resume_auto_ends_at_the_uninterrupted_weights(tmp_
     launcher = subprocess.Popen(
         command,
         cwd=ROOT,
-        env=launch_env(DUOLM_FAULTS="sleep_in_step@3,4,5,6"),  # a window for the signal
+        env=cpu_launch_env(DUOLM_FAULTS="sleep_in_step@3,4,5,6"),  # a window for the signal
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
