@@ -129,10 +129,14 @@ def _looks_like_path(spec: str) -> bool:
     return Path(spec.split(":", 1)[0]).suffix.lower() in _LOCAL_BUILDERS
 
 
+def _held_out(index: int, every: int) -> bool:
+    """Whether document ``index`` goes to validation when a corpus has no split of its own."""
+    return index % every == every // 2
+
+
 def _hold_out(docs: list[str], every: int, dataset: str) -> tuple[list[str], list[str]]:
-    offset = every // 2
-    train = [d for i, d in enumerate(docs) if i % every != offset]
-    validation = [d for i, d in enumerate(docs) if i % every == offset]
+    train = [d for i, d in enumerate(docs) if not _held_out(i, every)]
+    validation = [d for i, d in enumerate(docs) if _held_out(i, every)]
     if train and validation:
         return train, validation
     # too few documents to hold any out: use the last ~5% of the text instead
@@ -304,14 +308,10 @@ def _load_hub(
         try:
             dd = datasets.load_dataset(name, config or None, cache_dir=hf_cache)
         except Exception as exc:
-            if hub.is_connection_error(exc):
-                raise _offline_error(spec, field, type(exc).__name__) from exc
-            if isinstance(exc, datasets.exceptions.DatasetNotFoundError):
-                raise ValueError(
-                    f"{field}: dataset {spec!r} was not found on the Hugging Face hub "
-                    "(and is not a local path)"
-                ) from exc
-            raise
+            named = _named_hub_error(exc, datasets, spec, field, " (and is not a local path)")
+            if named is None:
+                raise
+            raise named from exc
     splits = list(dd.keys())
     train_name = "train" if "train" in dd else splits[0]
     val_name = next((s for s in ("validation", "test") if s in dd and s != train_name), None)
@@ -321,6 +321,18 @@ def _load_hub(
     if val_name is not None:
         validation = _column_texts(dd[val_name], text_field, f"{spec} [{val_name}]")
     return train, validation
+
+
+def _named_hub_error(
+    exc: Exception, datasets: Any, spec: str, field: str, where: str = ""
+) -> Exception | None:
+    """The one-line error for a hub failure a user can act on (offline, no such dataset); None
+    for anything else, which is raised as it is."""
+    if hub.is_connection_error(exc):
+        return _offline_error(spec, field, type(exc).__name__)
+    if isinstance(exc, datasets.exceptions.DatasetNotFoundError):
+        return ValueError(f"{field}: dataset {spec!r} was not found on the Hugging Face hub{where}")
+    return None
 
 
 def _check_hub_reachable(datasets: Any, spec: str, field: str) -> None:
@@ -342,7 +354,6 @@ def stream_hub_documents(
     document whose index i has ``i % val_fraction_every == val_fraction_every // 2`` is held
     out, as ``load_corpus`` does for a corpus without a validation split of its own."""
     name, _, config = spec.partition(":")
-    offset = val_fraction_every // 2
     with _quiet_datasets() as datasets:
         _check_hub_reachable(datasets, spec, field)
         try:
@@ -355,12 +366,10 @@ def stream_hub_documents(
                     )
                 text = row[text_field]
                 if isinstance(text, str) and text.strip():
-                    yield ("validation" if index % val_fraction_every == offset else "train"), text
+                    held_out = _held_out(index, val_fraction_every)
+                    yield ("validation" if held_out else "train"), text
         except Exception as exc:
-            if hub.is_connection_error(exc):
-                raise _offline_error(spec, field, type(exc).__name__) from exc
-            if isinstance(exc, datasets.exceptions.DatasetNotFoundError):
-                raise ValueError(
-                    f"{field}: dataset {spec!r} was not found on the Hugging Face hub"
-                ) from exc
-            raise
+            named = _named_hub_error(exc, datasets, spec, field)
+            if named is None:
+                raise
+            raise named from exc
