@@ -32,17 +32,17 @@ import torch
 from shared.checkpoint import load_model_from_checkpoint
 from shared.cli_args import export_parser
 from shared.config import ModelConfig
+from shared.door import read_json_file, write_atomic
 from shared.errors import ConfigError, report_user_errors
-from shared.files import follow_umask, write_atomic
+from shared.files import follow_umask
 from shared.formats.exported import EXPORT_INFO, export_record, export_refusal
 from shared.formats.hf_tokenizer import hf_tokenizer, require_transformers
 from shared.formats.llama import hf_weight_name, model_config_from_hf, our_weight_name
 from shared.formats.llama import llama_config_fields as llama_fields
 from shared.formats.reader import check_folder_files, open_safetensors, shard_files
 from shared.model import Transformer
-from shared.received import read_json_file
 from shared.tokenizer import Tokenizer
-from shared.training.run_folder import claim_output_folder, removed_if_unfinished
+from shared.training.run_folder import claim_output_folder, mark_folder, removed_if_unfinished
 
 TOKENIZER_DIR = "duolm_tokenizer"
 
@@ -116,6 +116,7 @@ def export_model(
         hf_tokenizer(tokenizer, out / TOKENIZER_DIR, cfg.max_seq_len).save_pretrained(out)
         record = {"format": "duolm-llama", "tokenizer_kind": tokenizer.kind, **(info or {})}
         write_atomic(out / EXPORT_INFO, json.dumps(record, indent=2))
+        mark_folder(out, "export")
         follow_umask(out)  # save_pretrained writes its weights 0600; the rest is 0644
     return out
 

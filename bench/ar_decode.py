@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from arlm.export import export_model
 from arlm.generate import ARGenerator, GenerationConfig
 from shared.checkpoint import load_model_from_checkpoint
+from shared.cli_args import CommandParser
 from shared.config import ModelConfig
 from shared.formats.importer import import_checkpoint
 from shared.hardware import cpu_name
@@ -67,7 +68,7 @@ class Row:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = CommandParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="lengths 128/512, fewer tokens")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=0, help="K (default 64, quick 32)")

@@ -53,7 +53,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from arlm.generate import ARGenerator, GenerationConfig
 from dllm.block.objective import BlockDiffusionObjective
+from shared import door
 from shared.checkpoint import load_model_from_checkpoint
+from shared.cli_args import CommandParser
 from shared.config import ModelConfig
 from shared.hardware import cpu_name
 from shared.model import Transformer
@@ -129,7 +131,7 @@ def run_command(command: list[str], log: Path, env: dict | None = None) -> str:
         text=True,
         timeout=900,
     )
-    log.write_text(done.stdout + done.stderr)
+    door.write_atomic(log, done.stdout + done.stderr)
     if done.returncode != 0:
         raise RuntimeError(
             f"{' '.join(command[:4])}... exited {done.returncode} after "
@@ -139,7 +141,7 @@ def run_command(command: list[str], log: Path, env: dict | None = None) -> str:
 
 
 def train_losses(run: Path) -> list[float]:
-    lines = (run / "metrics.jsonl").read_text().splitlines()
+    lines = door.read_text(run / "metrics.jsonl").splitlines()
     return [r["loss"] for r in map(json.loads, lines) if r["kind"] == "train"]
 
 
@@ -150,7 +152,7 @@ def check_train(device: str, quick: bool, out: Path) -> dict:
     command = [sys.executable, "train.py", "--preset", preset, "--objective", "mdm"]
     command += ["--out", str(run), "--max-steps", steps, "--eval-every", steps]
     run_command([*command, "--precision", "auto", "--log-every", "10"], out / "train.log")
-    final = json.loads((run / "final.json").read_text())
+    final = door.read_json_file(run / "final.json")
     losses = train_losses(run)
     result = {
         "preset": preset,
@@ -179,7 +181,7 @@ def check_fsdp(device: str, quick: bool, out: Path) -> dict:
     command = ["accelerate", "launch", "--config_file", str(config), "--num_processes", "1"]
     command += ["train.py", "--preset", "tiny", "--out", str(run), "--max-steps", "20"]
     run_command(command, out / "fsdp.log")
-    final = json.loads((run / "final.json").read_text())
+    final = door.read_json_file(run / "final.json")
     model, _, _ = load_model_from_checkpoint(run)
     result = {
         "parallel_layout": final["parallel_layout"],
@@ -238,7 +240,7 @@ def check_peers(device: str, quick: bool, out: Path) -> dict:
         settings += ["both", "--only", "ar,mdm,bd,hf,litgpt"]
     command = [sys.executable, "bench/train_peers.py", "--json", str(out / "peers.json")]
     run_command(command + settings, out / "peers.log")
-    result = json.loads((out / "peers.json").read_text())
+    result = door.read_json_file(out / "peers.json")
     return {"results": result.get("ratios", result), "passed": True}
 
 
@@ -361,7 +363,7 @@ def machine() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", default="runs/cuda-checks")
@@ -391,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         report["checks"][name] = result
         details = ", ".join(f"{k}={v}" for k, v in result.items() if k != "status")
         print(f"{status:4s} {name}: {details}", flush=True)
-    (out / "checks.json").write_text(json.dumps(report, indent=2))
+    door.write_atomic(out / "checks.json", json.dumps(report, indent=2))
     return 1 if any(c["status"] == "FAIL" for c in report["checks"].values()) else 0
 
 

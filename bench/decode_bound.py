@@ -35,6 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from arlm.generate import ARGenerator, GenerationConfig
+from shared.cli_args import CommandParser
 from shared.config import ModelConfig
 from shared.hardware import cpu_name
 from shared.model import Transformer
@@ -137,7 +138,7 @@ def measure(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--shapes", default="demo-d256,small")

@@ -49,6 +49,7 @@ from dllm.sampler import SamplerConfig
 from dllm.strategies import Ancestral, FixedCount, Threshold
 from eval.speed.throughput import Setting, measure
 from shared.checkpoint import load_weights, read_state, resolve_checkpoint
+from shared.cli_args import CommandParser
 from shared.config import ModelConfig
 from shared.hardware import cpu_name
 from shared.model import Transformer
@@ -79,7 +80,7 @@ class Row:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = CommandParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="128 tokens, fewer settings")
     parser.add_argument("--checkpoint", default=None, help="trained MDM weights (demo shape)")
     parser.add_argument("--ar-checkpoint", default=None, help="trained AR weights (demo shape)")

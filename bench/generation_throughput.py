@@ -16,7 +16,6 @@ that does not fit in memory ends the list with one line naming the largest that 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -30,8 +29,9 @@ from dllm.generator import DiffusionGenerator
 from dllm.sampler import SamplerConfig
 from dllm.strategies import Ancestral, FixedCount, Threshold
 from eval.speed.throughput import measure_batches
+from shared.cli_args import CommandParser
 from shared.config import ModelConfig
-from shared.files import write_atomic
+from shared.door import write_atomic
 from shared.model import Transformer
 from shared.sampling import SamplingConfig
 from shared.training.presets import get_preset
@@ -56,7 +56,7 @@ def settings(gen_length: int) -> dict[str, SamplerConfig | None]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = CommandParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", default="1,32", help="comma-separated batch sizes")
     parser.add_argument("--gen-length", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)

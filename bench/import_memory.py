@@ -13,7 +13,6 @@ operating system's view of the file; no wall-clock time is measured.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import subprocess
@@ -26,7 +25,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from arlm.export import export_checkpoint
-from shared.files import write_atomic
+from shared.cli_args import CommandParser
+from shared.door import write_atomic
 from shared.formats.importer import import_checkpoint
 from shared.hardware import cpu_name
 
@@ -52,7 +52,7 @@ def child_peak(source: str, out: str, work: bool) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args()
     import transformers

@@ -13,7 +13,6 @@ per byte, and their relative difference. No time is measured.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import platform
@@ -28,16 +27,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from eval.likelihood import ar_nll
 from eval.quality import load_judge
 from shared.checkpoint import load_model_from_checkpoint
+from shared.cli_args import CommandParser
 from shared.data.corpus import load_corpus
 from shared.data.rows import tokenize_corpus
-from shared.files import write_atomic
+from shared.door import write_atomic
 from shared.formats.importer import import_checkpoint
 from shared.hardware import cpu_name
 from shared.objective import objective_for_run
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = CommandParser(description=__doc__.splitlines()[0])
     parser.add_argument("--text", required=True, help="a text file, scored from its start")
     parser.add_argument("--rows", type=int, default=16, help="packed rows to score")
     parser.add_argument("--seq-len", type=int, default=1024, help="tokens per row")

@@ -68,8 +68,9 @@ from dllm.sampler import SamplerConfig
 from dllm.strategies import FixedCount, Threshold
 from dllm.uniform.sampler import UniformSamplerConfig
 from eval.speed.throughput import Record, Setting, Spread, measure
+from shared.cli_args import CommandParser
 from shared.config import ModelConfig
-from shared.files import write_atomic
+from shared.door import write_atomic
 from shared.model import Transformer
 from shared.sampling import SamplingConfig
 from shared.training.presets import get_preset
@@ -415,7 +416,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = CommandParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fast-dllm", default=None, help="folder with Fast-dLLM's llada/")
     parser.add_argument("--duo", default=None, help="a clone of s-sahoo/duo")
     parser.add_argument("--bd3lms", default=None, help="a clone of bd3lms (not built yet)")

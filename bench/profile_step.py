@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_peers import build_runners, train_step
 from train_throughput import preset_batch
 
+from shared.cli_args import CommandParser
 from shared.hardware import cpu_name
 
 # (category, substrings of aten/profiler op names), first match wins
@@ -48,7 +49,7 @@ def category(name: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--preset", default="demo-d256")

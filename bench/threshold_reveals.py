@@ -17,7 +17,6 @@ passed tau, the largest confidence seen, and how many rows equal the fixed sampl
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +31,7 @@ from dllm.masked.sampler import block_bounds, build_predictor
 from dllm.predictors import CountingModel
 from dllm.sampler import SamplerConfig, row_generators, run
 from dllm.strategies import FixedCount, StepContext, Threshold, token_probability
-from shared.cli_args import seed_argument
+from shared.cli_args import CommandParser, seed_argument
 from shared.config import ModelConfig
 from shared.model import Transformer
 from shared.training.presets import get_preset
@@ -80,7 +79,7 @@ def load(checkpoint: str | None) -> DiffusionGenerator:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = CommandParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", default=None, help="an mdm run or checkpoint folder")
     parser.add_argument("--thresholds", default="0.9,0.5,0.2")
     parser.add_argument("--gen-length", type=int, default=64)

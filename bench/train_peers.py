@@ -67,8 +67,9 @@ from peer_models import (
 )
 from train_throughput import preset_batch
 
+from shared.cli_args import CommandParser
 from shared.config import ModelConfig
-from shared.files import write_atomic
+from shared.door import write_atomic
 from shared.hardware import cpu_name, peak_flops
 from shared.model import Transformer, flops_per_token
 from shared.objective import loss_positions, objective_for_run
@@ -243,7 +244,7 @@ def package_version(name: str) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = CommandParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="demo-d256")
     parser.add_argument("--precision", choices=["fp32", "bf16", "both"], default="both")
     parser.add_argument("--rounds", type=int, default=12)

@@ -15,7 +15,6 @@ data tokens, its noise seeded by the step's index.
 
 from __future__ import annotations
 
-import argparse
 import platform
 import statistics
 import sys
@@ -27,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from shared.cli_args import CommandParser
 from shared.config import ModelConfig
 from shared.data.corpus import load_corpus
 from shared.data.rows import tokenize_corpus
@@ -62,7 +62,7 @@ def preset_batch(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = CommandParser(description=__doc__)
     parser.add_argument("--preset", default="demo-d256")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=2)

@@ -20,15 +20,16 @@ from pathlib import Path
 from dllm.canvas import mask_token_id
 from shared.checkpoint import full_model_state, load_model_from_checkpoint
 from shared.cli_args import export_parser
+from shared.door import write_atomic
 from shared.errors import ConfigError, report_user_errors
-from shared.files import follow_umask, write_atomic
+from shared.files import follow_umask
 from shared.formats.diffusion import llada_config_fields, llada_weight_name
 from shared.formats.exported import EXPORT_INFO, export_record, export_refusal
 from shared.formats.hf_tokenizer import hf_tokenizer, require_transformers
 from shared.model import Transformer
 from shared.tensor_files import save_tensors
 from shared.tokenizer import Tokenizer
-from shared.training.run_folder import claim_output_folder, removed_if_unfinished
+from shared.training.run_folder import claim_output_folder, mark_folder, removed_if_unfinished
 
 TOKENIZER_DIR = "duolm_tokenizer"
 LLADA_AUTO_MAP = {
@@ -73,6 +74,7 @@ def export_llada_model(
         hf_tokenizer(tokenizer, out / TOKENIZER_DIR, cfg.max_seq_len).save_pretrained(out)
         record = {"format": "duolm-llada", "tokenizer_kind": tokenizer.kind, **(info or {})}
         write_atomic(out / EXPORT_INFO, json.dumps(record, indent=2))
+        mark_folder(out, "export")
         follow_umask(out)  # save_file and save_pretrained write some files 0600
     return out
 

@@ -23,8 +23,9 @@ from shared.checkpoint import load_model_from_checkpoint
 from shared.cli_args import CommandParser, DefaultsHelpFormatter, seed_argument, writable_file
 from shared.data.corpus import load_corpus
 from shared.data.rows import protocol_record, tokenize_corpus
+from shared.door import write_atomic
 from shared.errors import ConfigError, report_user_errors
-from shared.files import cache_folder, write_atomic
+from shared.files import cache_folder
 from shared.objective import Objective, loss_positions, objective_for_run
 from shared.validation import noise_generator
 

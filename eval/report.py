@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from shared.files import write_atomic
+from shared.door import write_atomic
 from shared.hardware import cpu_name
 
 # Protocol fields that must agree before two likelihoods may share a table.

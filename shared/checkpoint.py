@@ -28,11 +28,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,13 +39,14 @@ from safetensors import safe_open
 from safetensors.torch import load_model
 from torch import nn
 
+from shared import door
 from shared.config import ModelConfig
+from shared.door import fsync_dir, fsync_tree, read_json_file, refuse_link, refuse_links_within
 from shared.errors import CheckpointError
 from shared.faults import kill_now_if
-from shared.files import follow_umask, fsync_dir, fsync_tree
+from shared.files import follow_umask
 from shared.model import Transformer
 from shared.objective import added_vocab_rows
-from shared.received import read_json_file, refuse_link, refuse_links_within
 from shared.tensor_files import save_tensors
 from shared.tokenizer import Tokenizer
 from shared.training_state import (
@@ -66,6 +64,7 @@ from shared.training_state import (
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d{6,})$")
 MANIFEST = "manifest.json"
 SHARDS = "shards"  # a sharded checkpoint's folder of DCP files (shared.sharded_checkpoint)
+WEIGHTS = "model.safetensors"
 BEST_FILE = "best.json"  # {"step", "val_nats_per_token"} of the best checkpoint so far
 
 
@@ -75,7 +74,7 @@ def checkpoint_name(step: int) -> str:
 
 def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with door.open_read(path, error=CheckpointError) as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -221,9 +220,9 @@ def save_checkpoint(
     # Staging directories left by a process that died mid-save are garbage: only one process
     # writes checkpoints, so anything staged before this call is dead.
     for stale in root.glob(".step_*"):
-        shutil.rmtree(stale, ignore_errors=True)
+        door.remove_tree(stale)
     final = root / checkpoint_name(step)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    staging = door.make_temp_folder(root, f".{final.name}.")
     retired = staging.with_name(f"{staging.name}.retired")
     try:
         if callable(weights):
@@ -237,31 +236,31 @@ def save_checkpoint(
             scheduler_state=scheduler_state,
             rng=rng_state(),
         )
-        (staging / "state.json").write_text(json.dumps({"step": step, **state}, indent=2))
+        door.write_atomic(staging / "state.json", json.dumps({"step": step, **state}, indent=2))
         tokenizer.save(staging / "tokenizer")
         files = sorted(p for p in staging.rglob("*") if p.is_file())
         manifest = {str(p.relative_to(staging)): file_sha256(p) for p in files}
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        door.write_atomic(staging / MANIFEST, json.dumps(manifest, indent=2))
         follow_umask(staging)
         fsync_tree(staging)
         # Re-saving the same step (e.g. after a resume) replaces it whole: the old one is renamed
         # out of the way (a staging name, so a crash before the next line leaves it as garbage
         # the next save clears) rather than deleted file by file before the new one is in place.
         if final.exists():
-            os.rename(final, retired)
-        os.rename(staging, final)
+            door.rename(final, retired)
+        door.rename(staging, final)
         fsync_dir(root)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        door.remove_tree(staging)
         if retired.exists() and not final.exists():  # the step's old checkpoint stays
-            os.rename(retired, final)
+            door.rename(retired, final)
         raise
-    shutil.rmtree(retired, ignore_errors=True)
+    door.remove_tree(retired)
     if keep_last > 0:
         kept = {Path(p).resolve() for p in protect}
         for old in list_checkpoints(root)[:-keep_last]:
             if old.resolve() not in kept:
-                shutil.rmtree(old, ignore_errors=True)
+                door.remove_tree(old)
     return final
 
 
@@ -346,7 +345,18 @@ def read_state(path: Path) -> dict[str, Any]:
 
 
 def is_sharded_checkpoint(path: Path) -> bool:
-    return (Path(path) / SHARDS).is_dir() and not (Path(path) / "model.safetensors").exists()
+    return (Path(path) / SHARDS).is_dir() and not (Path(path) / WEIGHTS).exists()
+
+
+def refuse_unlisted_weights(path: Path) -> None:
+    """The weights a reader loads must be listed (and so checksummed) in the manifest: a
+    ``model.safetensors`` the manifest does not name (added later, or beside a sharded
+    checkpoint's shards) is refused, never read unverified."""
+    if WEIGHTS not in read_manifest(path):
+        raise CheckpointError(
+            f"{path}: its {MANIFEST} does not list {WEIGHTS}, so those weights are unverified; "
+            "a checkpoint's weights are read only when its manifest lists them"
+        )
 
 
 def refuse_sharded(path: Path) -> None:
@@ -363,8 +373,14 @@ def refuse_sharded(path: Path) -> None:
 def load_weights(path: Path, model: nn.Module) -> None:
     refuse_checkpoint_links(path)
     refuse_sharded(path)
-    file = Path(path) / "model.safetensors"
-    with safe_open(str(file), framework="pt") as saved:
+    refuse_unlisted_weights(path)
+    with door.opened_path(Path(path) / WEIGHTS, path, error=CheckpointError) as file:
+        load_checked_weights(path, model, file)
+
+
+def load_checked_weights(path: Path, model: nn.Module, file: str) -> None:
+    """The tensors of ``file`` (the door's name for the checkpoint's weights) into ``model``."""
+    with safe_open(file, framework="pt") as saved:
         shapes = {name: tuple(saved.get_slice(name).get_shape()) for name in saved.keys()}
     own = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     wrong = [
@@ -376,7 +392,7 @@ def load_weights(path: Path, model: nn.Module) -> None:
             f"model: {'; '.join(wrong[:3])}{'; ...' if len(wrong) > 3 else ''}); a model whose "
             "shape changed cannot continue from these weights"
         )
-    missing, unexpected = load_model(model, str(file), strict=False)
+    missing, unexpected = load_model(model, file, strict=False)
     if missing or unexpected:
         raise CheckpointError(
             f"{path}: weights do not fit the model (missing {missing}, unexpected {unexpected})"
@@ -468,9 +484,7 @@ def load_model_from_checkpoint(path: Path, device: str | torch.device = "cpu"):
 
 def read_best(root: Path) -> dict[str, Any] | None:
     path = Path(root) / BEST_FILE
-    if not path.is_file():
-        return None
     try:
-        return json.loads(path.read_text())
-    except (ValueError, RecursionError):  # not JSON (ValueError covers bad text and bytes)
+        return door.read_json_object(path, root=root, limit=1 << 16)
+    except (OSError, ValueError):  # missing, not a regular file, a link, or not a JSON object
         return None

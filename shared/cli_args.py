@@ -7,13 +7,13 @@ import argparse
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
+from shared import door
+from shared.door import check_output_file
 from shared.errors import ConfigError
-from shared.files import check_output_file
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -30,7 +30,12 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 class CommandParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` as every command line here uses it: an unknown flag is named
     even when its value would otherwise be taken for a missing positional argument
-    (``--bogus 3``), and under a launcher only the first process prints a usage error."""
+    (``--bogus 3``), under a launcher only the first process prints a usage error, and a flag
+    is never taken for the longer one it begins (``--seed`` is not ``--seeds``)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def parse_args(self, args=None, namespace=None):
         argv = sys.argv[1:] if args is None else list(args)
@@ -39,7 +44,7 @@ class CommandParser(argparse.ArgumentParser):
                 break
             if token.startswith("-") and not re.match(r"^-\d", token):
                 name = token.split("=", 1)[0]
-                if not any(option.startswith(name) for option in self._option_string_actions):
+                if name not in self._option_string_actions:
                     self.error(f"unrecognized flag {name} (see {self.prog} --help)")
         return super().parse_args(argv, namespace)
 
@@ -68,7 +73,7 @@ def read_text_file(path: str | Path, flag: str) -> str:
     if not path.exists():
         raise FileNotFoundError(f"{flag} {path} does not exist")
     try:
-        return path.read_text(encoding="utf-8")
+        return door.read_bytes(path).decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"{flag} {path} is not UTF-8 text") from None
 
@@ -84,12 +89,11 @@ def writable_file(path: str | Path, flag: str) -> Path:
     # Try it: permission bits say little to root, and nothing about read-only mounts.
     try:
         if path.exists():
-            with open(path, "r+b"):
-                pass
+            door.open_lock_file(path, create=False).close()  # opened for writing, not changed
         else:
-            fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".probe")
+            fd, probe = door.make_temp_file(folder, f".{path.name}.", ".probe")
             os.close(fd)
-            os.unlink(probe)
+            door.remove_file(probe)
     except OSError as error:
         raise ConfigError(f"{flag} {path} cannot be written: {error.strerror or error}") from None
     return path

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
+from shared import door
+from shared.door import write_atomic
 from shared.errors import ConfigError
-from shared.files import write_atomic
 
 # Dense bf16 peak of common accelerators (FLOP/s), for MFU.
 GPU_PEAK_BF16 = {
@@ -102,8 +103,8 @@ def read_peaks(path: Path | None) -> dict[str, float]:
     if path is None or not path.is_file():
         return {}
     try:
-        peaks = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):
+        peaks = door.read_json_object(path, limit=1 << 16)
+    except (OSError, ValueError):
         return {}  # a damaged cache is measured again
     return {k: float(v) for k, v in peaks.items() if isinstance(v, int | float)}
 

@@ -20,21 +20,21 @@ every file fsynced (DCP's writer fsyncs its shards), the manifest (sha256 of eve
 process hashing the shards it wrote) last, then one ``rename``. The processes must share the
 file system the run folder is on, as DCP itself requires.
 
-Checkpoints never run code. DCP pickles its ``.metadata``; it is read here by an unpickler that
-makes only DCP's own index classes, torch's dtypes and sizes and a path (``METADATA_GLOBALS``)
-and refuses anything else before making it. An index that lists a non-tensor item (which DCP
-would unpickle with ``weights_only=False``) or a file outside the manifest is refused too; the
-tensors themselves DCP reads with torch's restricted loader (``weights_only=True``).
+Checkpoints never run code. DCP pickles its ``.metadata``; it is read here through torch's own
+weights-only unpickler (``torch.load(weights_only=True)``'s, which reads pickle protocol 2, the
+protocol the index is written at), allowing DCP's index classes and nothing else, then checked
+whole
+(``checked_index``): exact types; file names that are plain names the manifest lists; integer
+byte ranges inside each file; chunks that tile every tensor exactly; no more tensor bytes than
+the files hold; no transforms. DCP is handed an index rebuilt from the checked values; the
+tensors themselves it reads with torch's restricted loader (``weights_only=True``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
-import os
 import pickle
-import shutil
 import struct
 import warnings
 from pathlib import Path
@@ -44,9 +44,12 @@ import torch
 from torch import nn
 
 from shared import checkpoint as ckpt
+from shared import door
+from shared.door import fsync_dir, fsync_tree
 from shared.errors import CheckpointError
 from shared.faults import kill_now_if
-from shared.files import follow_umask, fsync_dir, fsync_tree
+from shared.files import follow_umask
+from shared.sharded_index import _SAFETENSORS_DTYPES, METADATA, read_index
 from shared.training_state import (
     FORMAT,
     OPTIMIZER_RECORD,
@@ -60,31 +63,8 @@ from shared.training_state import (
 )
 
 SHARDS = ckpt.SHARDS
-METADATA = f"{SHARDS}/.metadata"
 # auto: sharded under FSDP from this many parameters (below it, gathering on rank 0 is cheap)
 AUTO_SHARDED_PARAMETERS = 1_000_000_000
-
-_DCP_METADATA = "torch.distributed.checkpoint.metadata"
-METADATA_GLOBALS = {
-    (_DCP_METADATA, name)
-    for name in (
-        "Metadata",
-        "TensorStorageMetadata",
-        "TensorProperties",
-        "ChunkStorageMetadata",
-        "MetadataIndex",
-        "StorageMeta",
-        "_MEM_FORMAT_ENCODING",
-    )
-} | {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch.serialization", "_get_layout"),
-    ("torch", "Size"),
-    ("pathlib", "PosixPath"),
-    ("pathlib", "PurePosixPath"),
-    ("collections", "OrderedDict"),
-}
-
 
 def checkpoint_format(setting: str, layout: str, parameters: int) -> str:
     """The format a run writes: ``setting`` unless auto, which is sharded under FSDP from
@@ -131,53 +111,23 @@ def _barrier() -> None:
         torch.distributed.barrier()
 
 
-# ------------------------------------------------------------------------ the index, checked
+# ------------------------------------------------------------------------ the index
 
 
-class _IndexUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str):
-        if (module, name) in METADATA_GLOBALS:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        raise pickle.UnpicklingError(f"it asks for {module}.{name}")
+def _index_writer(folder: Path):
+    """DCP's file writer, with its index pickled at protocol 2 (the protocol torch's
+    weights-only unpickler reads) and recording no path."""
+    from torch.distributed.checkpoint import metadata as index_classes
 
+    class IndexWriter(_dcp().FileSystemWriter):
+        def finish(self, metadata, results) -> None:  # DCP passes both by keyword
+            super().finish(metadata=metadata, results=results)
+            metadata.storage_meta = index_classes.StorageMeta()
+            door.write_atomic(
+                Path(self.path) / ".metadata", pickle.dumps(metadata, protocol=2), durable=True
+            )
 
-def read_index(path: Path) -> Any:
-    """The DCP index (``shards/.metadata``) of the checkpoint ``path``, unpickled with only the
-    classes DCP's index is made of; anything else is refused before it is made."""
-    file = Path(path) / METADATA
-    try:
-        data = file.read_bytes()
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: no {METADATA} (not a sharded checkpoint)") from None
-    try:
-        index = _IndexUnpickler(io.BytesIO(data)).load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as error:
-        raise CheckpointError(
-            f"{file}: refused to unpickle: {error}, which no index of a sharded checkpoint holds"
-        ) from None
-    check_index(index, file, set(ckpt.read_manifest(path)))
-    return index
-
-
-def check_index(index: Any, file: Path, listed: set[str]) -> None:
-    """Tensors only, in files the manifest lists."""
-    from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
-
-    if not isinstance(index, Metadata):
-        raise CheckpointError(f"{file}: not an index of a sharded checkpoint")
-    items = index.state_dict_metadata.items()
-    other = [key for key, meta in items if not isinstance(meta, TensorStorageMetadata)]
-    if other:
-        raise CheckpointError(
-            f"{file}: lists items that are not tensors ({', '.join(sorted(other)[:3])}); their "
-            "reading would unpickle them, so it is refused"
-        )
-    for info in (index.storage_data or {}).values():
-        name = f"{SHARDS}/{getattr(info, 'relative_path', '')}"
-        if name not in listed or "/" in str(info.relative_path):
-            raise CheckpointError(f"{file}: points at {name}, which the manifest does not list")
+    return IndexWriter(str(folder), thread_count=1, sync_files=True)
 
 
 def _checked_reader(path: Path):
@@ -258,13 +208,13 @@ def save_sharded_checkpoint(
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
         for stale in root.glob(".step_*"):  # left by a save that died
-            shutil.rmtree(stale, ignore_errors=True)
+            door.remove_tree(stale)
         (staging / SHARDS).mkdir(parents=True)
     _barrier()
     failed = None
     try:
         tensors, optim_state = _tensors_of(model, optimizer)
-        writer = _dcp().FileSystemWriter(str(staging / SHARDS), thread_count=1, sync_files=True)
+        writer = _index_writer(staging / SHARDS)
         with _quiet():
             _dcp().save(tensors, storage_writer=writer)
         digests = _gather_digests(_hash_own_shards(staging / SHARDS, rank))
@@ -275,39 +225,40 @@ def save_sharded_checkpoint(
     _barrier()
     if failed is not None:
         if rank == 0:
-            shutil.rmtree(staging, ignore_errors=True)
+            door.remove_tree(staging)
         raise failed
     if rank == 0 and keep_last > 0:
         kept = {Path(p).resolve() for p in protect}
         for old in ckpt.list_checkpoints(root)[:-keep_last]:
             if old.resolve() not in kept:
-                shutil.rmtree(old, ignore_errors=True)
+                door.remove_tree(old)
     return final
 
 
 def _finish(staging, final, digests, step, tokenizer, state, optim_state, scheduler_state):
     """Rank 0: the JSON records, the tokenizer and the manifest, then the rename."""
     kill_now_if("kill_in_checkpoint", step)  # tests: a crash in the middle of a save
-    (staging / OPTIMIZER_RECORD).write_text(json.dumps(_record(optim_state, scheduler_state)))
-    (staging / RNG_RECORD).write_text(json.dumps(rng_record(rng_state())))
+    door.write_atomic(staging / OPTIMIZER_RECORD, json.dumps(_record(optim_state, scheduler_state)))
+    door.write_atomic(staging / RNG_RECORD, json.dumps(rng_record(rng_state())))
     record = {"step": step, **state, "checkpoint_format": "sharded"}
-    (staging / "state.json").write_text(json.dumps(record, indent=2))
+    door.write_atomic(staging / "state.json", json.dumps(record, indent=2))
     tokenizer.save(staging / "tokenizer")
-    files = sorted(p for p in staging.rglob("*") if p.is_file())
-    manifest = {str(p.relative_to(staging)): ckpt.file_sha256(p) for p in files}
-    missing = set(manifest) - set(digests) - {METADATA}
-    missing = {n for n in missing if n.startswith(f"{SHARDS}/")}
+    files = sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
+    shards = {n for n in files if n.startswith(f"{SHARDS}/") and n != METADATA}
+    missing = shards - set(digests)
     if missing:
         raise CheckpointError(f"{final}: shards no process hashed: {sorted(missing)}")
-    (staging / ckpt.MANIFEST).write_text(json.dumps(manifest, indent=2))
+    # each process hashed the shards it wrote; rank 0 hashes only the records and the index
+    manifest = {n: digests[n] if n in shards else ckpt.file_sha256(staging / n) for n in files}
+    door.write_atomic(staging / ckpt.MANIFEST, json.dumps(manifest, indent=2))
     follow_umask(staging)
     fsync_tree(staging)
     retired = staging.with_name(f"{staging.name}.retired")
     if final.exists():
-        os.rename(final, retired)
-    os.rename(staging, final)
+        door.rename(final, retired)
+    door.rename(staging, final)
     fsync_dir(final.parent)
-    shutil.rmtree(retired, ignore_errors=True)
+    door.remove_tree(retired)
 
 
 # ------------------------------------------------------------------------ resuming
@@ -322,9 +273,10 @@ def load_sharded_training_state(
     ckpt.check_training_state(path)
     record = read_optimizer_record(path)
     rng = read_rng_state(path)
-    read_index(path)
+    index = read_index(path)
     helpers = _helpers()
     tensors, optim_state = _tensors_of(model, optimizer)
+    refuse_uncovered(path, index, tensors)
     try:
         with _quiet():
             _dcp().load(tensors, storage_reader=_checked_reader(path))
@@ -343,21 +295,21 @@ def load_sharded_training_state(
     restore_rng_state(rng)
 
 
+def refuse_uncovered(path: Path, index: Any, tensors: dict[str, torch.Tensor]) -> None:
+    """Every tensor the model and optimizer hold must be in the index with its shape and type:
+    one left out would keep its fresh initial values in a run that says it resumed."""
+    for key, tensor in tensors.items():
+        meta = index.state_dict_metadata.get(key)
+        if meta is None:
+            raise CheckpointError(f"{path}: its shards hold no {key}; this is not this model's")
+        if tuple(meta.size) != tuple(tensor.shape) or meta.properties.dtype != tensor.dtype:
+            raise CheckpointError(
+                f"{path}: its {key} is {meta.properties.dtype} {tuple(meta.size)}, this model's "
+                f"is {tensor.dtype} {tuple(tensor.shape)}"
+            )
+
+
 # ------------------------------------------------------------------------ to one file
-
-_SAFETENSORS_DTYPES = {
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.float64: "F64",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-}
-
 
 def write_streamed(file: Path, shapes: dict[str, tuple[torch.dtype, tuple[int, ...]]], read):
     """A safetensors file of the tensors ``shapes`` describes, each made by ``read(name)`` when
@@ -375,15 +327,16 @@ def write_streamed(file: Path, shapes: dict[str, tuple[torch.dtype, tuple[int, .
         offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # safetensors aligns the data to 8 bytes
-    with open(file, "wb") as handle:
+
+    def write(handle) -> None:
         handle.write(struct.pack("<Q", len(text)) + text)
         for name, (dtype, shape) in shapes.items():
             tensor = read(name)
             if tensor.dtype != dtype or tuple(tensor.shape) != tuple(shape):
                 raise CheckpointError(f"{file}: {name} read back as another shape or type")
             handle.write(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-        handle.flush()
-        os.fsync(handle.fileno())
+
+    door.write_new_file(file, write)
 
 
 def to_single_file(path: Path, staging: Path) -> None:
@@ -412,11 +365,11 @@ def to_single_file(path: Path, staging: Path) -> None:
     write_streamed(staging / "model.safetensors", weights, lambda n: read(f"model/{n}"))
     write_streamed(staging / OPTIMIZER_TENSORS, moments, lambda n: read(f"optimizer/{n}"))
     for name in (OPTIMIZER_RECORD, RNG_RECORD):
-        shutil.copyfile(path / name, staging / name)
-    shutil.copytree(path / "tokenizer", staging / "tokenizer")
+        door.copy_file(path / name, staging / name, path)
+    door.copy_tree(path / "tokenizer", staging / "tokenizer", path)
     state = ckpt.read_state(path)
     state.pop("checkpoint_format", None)
-    (staging / "state.json").write_text(json.dumps(state, indent=2))
+    door.write_atomic(staging / "state.json", json.dumps(state, indent=2))
     files = sorted(p for p in staging.rglob("*") if p.is_file())
     manifest = {str(p.relative_to(staging)): ckpt.file_sha256(p) for p in files}
-    (staging / ckpt.MANIFEST).write_text(json.dumps(manifest, indent=2))
+    door.write_atomic(staging / ckpt.MANIFEST, json.dumps(manifest, indent=2))

@@ -20,8 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -29,10 +27,10 @@ import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers, trainers
 
+from shared import door
 from shared.config import HF_TOKENIZER_PREFIX
+from shared.door import read_json_file, write_atomic
 from shared.errors import ConfigError, ResourceUnavailableError
-from shared.files import write_atomic
-from shared.received import read_json_file
 from shared.tokenizer_backends import (
     BACKEND_FILE,
     byte_level_backend,
@@ -206,7 +204,8 @@ class Tokenizer:
         if kind == "byte":
             tok = cls.byte()
         elif kind in ("gpt2", "bpe"):
-            backend = HFTokenizer.from_file(str(directory / BACKEND_FILE))
+            text = door.read_text(directory / BACKEND_FILE, limit=door.TOKENIZER_LIMIT)
+            backend = HFTokenizer.from_str(text)
             tok = cls(
                 kind,
                 eos_id=meta["eos_id"],
@@ -219,7 +218,8 @@ class Tokenizer:
             # The saved special ids and size are taken as given (an imported checkpoint chose
             # them); the fingerprint below still checks them against the vocabulary.
             given = (meta["eos_id"], meta["pad_id"], meta["vocab_size"])
-            backend = HFTokenizer.from_file(str(directory / BACKEND_FILE))
+            text = door.read_text(directory / BACKEND_FILE, limit=door.TOKENIZER_LIMIT)
+            backend = HFTokenizer.from_str(text)
             tok = cls._wrap_hf(kind, backend, given)
         else:
             raise ValueError(f"{meta_path}: unknown tokenizer kind {kind!r}")
@@ -473,15 +473,15 @@ def build_tokenizer(
     tok = Tokenizer.train_bpe(train_texts, vocab_size)
     target.parent.mkdir(parents=True, exist_ok=True)
     # save into a private folder and rename it in, so readers never see half a tokenizer
-    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    staging = door.make_temp_folder(target.parent, f".{target.name}.")
     try:
         tok.save(staging)
         try:
-            os.replace(staging, target)
+            door.rename(staging, target)
         except OSError:
             if not (target / META_FILE).is_file():  # lost a race only if the winner finished
                 raise
     finally:
         if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+            door.remove_tree(staging)
     return tok

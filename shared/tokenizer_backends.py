@@ -17,6 +17,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, pre_tokenizers
 from tokenizers.models import Model
 
+from shared import door
 from shared.config import HF_TOKENIZER_PREFIX
 from shared.data import hub
 from shared.errors import ResourceUnavailableError
@@ -143,7 +144,7 @@ def read_backend_file(spec: str, path: Path) -> HFTokenizer:
     """A local tokenizer.json; a file that is not one (empty, plain text, other JSON) is a user
     error naming the file."""
     try:
-        return HFTokenizer.from_file(str(path))
+        return HFTokenizer.from_str(door.read_text(path, limit=door.TOKENIZER_LIMIT))
     except Exception as error:  # the tokenizers library raises a bare Exception
         raise ValueError(
             f"tokenizer={spec!r}: {path} is not a tokenizer.json file the tokenizers library can "

@@ -29,8 +29,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from shared import door
+from shared.door import read_json_file
 from shared.errors import CheckpointError
-from shared.received import read_json_file
 from shared.tensor_files import save_tensors
 
 OPTIMIZER_TENSORS = "optimizer.safetensors"
@@ -370,9 +371,9 @@ def write_training_state(
         tensors, record = split_optimizer_state(optimizer_state)
         save_tensors(tensors, folder / OPTIMIZER_TENSORS)
         record = {"format": FORMAT, **record, "scheduler": scheduler_state}
-        (folder / OPTIMIZER_RECORD).write_text(json.dumps(record, indent=2))
+        door.write_atomic(folder / OPTIMIZER_RECORD, json.dumps(record, indent=2))
         written += [OPTIMIZER_TENSORS, OPTIMIZER_RECORD]
-    (folder / RNG_RECORD).write_text(json.dumps(rng_record(rng)))
+    door.write_atomic(folder / RNG_RECORD, json.dumps(rng_record(rng)))
     return written + [RNG_RECORD]
 
 
@@ -410,7 +411,8 @@ def read_optimizer_state(folder: Path) -> tuple[dict[str, Any], dict[str, Any] |
         )
     record = read_optimizer_record(folder)
     try:
-        tensors = load_file(str(tensors_file))
+        with door.opened_path(tensors_file, folder, error=CheckpointError) as name:
+            tensors = load_file(name)
     except (SafetensorError, OSError) as error:
         raise CheckpointError(f"{tensors_file}: unreadable safetensors file ({error})") from None
     return join_optimizer_state(tensors, record, record_file), record.get("scheduler")

@@ -190,10 +190,11 @@ def keyword(call: ast.Call, name: str):
     return None
 
 
-# restricted unpicklers (a find_class that refuses all but an allow-list), each with a test
-# that a pickle asking for anything else runs nothing: DCP's index of a sharded checkpoint
-# (tests/test_sharded_checkpoints.py::test_an_index_that_unpickles_anything_else_...)
-RESTRICTED = {("shared/sharded_checkpoint.py", "_IndexUnpickler")}
+# restricted unpicklers, each with a test that a pickle asking for anything else runs nothing:
+# torch's own weights-only unpickler over DCP's index of a sharded checkpoint
+# (tests/test_sharded_checkpoints.py::test_an_index_that_unpickles_anything_else_...,
+# tests/test_sharded_index.py)
+RESTRICTED = {("shared/sharded_index.py", "_weights_only_unpickler.Unpickler")}
 
 
 def test_no_reader_in_the_project_unpickles_freely():

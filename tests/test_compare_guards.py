@@ -22,7 +22,7 @@ from eval.experiments.compare_settings import settings_for
 from shared.errors import ConfigError
 from shared.faults import StopRequest
 from shared.training import resolve_config
-from shared.training.run_folder import RunFolderLock
+from shared.training.run_folder import RunFolderLock, mark_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,6 +36,7 @@ def test_force_sets_the_earlier_job_aside_and_a_stopped_forced_job_resumes_witho
     out, cache = tmp_path / "job", tmp_path / "cache"
     (out / "stages").mkdir(parents=True)  # what an earlier job leaves
     (out / "stages" / "quality.json").write_text("{}")
+    mark_folder(out, "compare job")
     earlier_report = "# the earlier job's report\n"
     (out / "report.md").write_text(earlier_report)
 

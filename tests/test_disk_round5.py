@@ -25,8 +25,8 @@ from eval.experiments.stages import Stages
 from shared import checkpoint as ckpt
 from shared import errors
 from shared.config import ModelConfig
+from shared.door import append_line, write_atomic
 from shared.errors import disk_error_message, os_error_in, result_or_status
-from shared.files import append_line, write_atomic
 from shared.formats import importer
 from shared.model import Transformer
 from shared.tokenizer import Tokenizer

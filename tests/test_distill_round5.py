@@ -21,6 +21,7 @@ from safetensors import SafetensorError
 from dllm.uniform import distill
 from shared import checkpoint as ckpt
 from shared.training import run_folder
+from shared.training.run_folder import mark_folder
 
 FAST = ["--rounds", "1", "--steps-per-round", "1", "--base-steps", "8"]
 
@@ -131,6 +132,7 @@ def test_a_runs_checkpoints_folder_is_refused(tmp_path, capsys, no_teacher, udm_
     other = tmp_path / "other-run"
     (other / "checkpoints").mkdir(parents=True)
     (other / "metrics.jsonl").write_text('{"step": 1}\n')
+    mark_folder(other, "run")
     for out in (other / "checkpoints", other / "checkpoints" / "student"):
         assert run_distill(udm_run, out) == 2
         assert "inside the checkpoints of the run" in one_error_line(capsys)

@@ -11,6 +11,7 @@ from test_import import save_hf, tiny_hf_model
 
 from shared.checkpoint import read_state, resolve_checkpoint
 from shared.formats import importer
+from shared.training.run_folder import mark_folder
 
 pytest.importorskip("transformers")
 
@@ -93,6 +94,7 @@ def test_a_folder_left_by_an_unfinished_import_is_not_called_a_training_run(
     hf_folder, tmp_path, capsys
 ):
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    mark_folder(tmp_path / "run", "import")
     assert status_of([str(hf_folder), str(tmp_path / "run")]) == 2
     line = error_line(capsys)
     assert "stopped before it finished" in line and "training run" not in line

@@ -13,6 +13,7 @@ import pytest
 
 from eval import cli as duolm
 from eval.findings import __main__ as findings
+from shared.training.run_folder import mark_folder
 
 
 @pytest.fixture(autouse=True)
@@ -264,6 +265,7 @@ def test_resume_hints_suggest_overwrite_only_where_it_would_move_the_run(tmp_pat
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text('{"model_config": {}, "train_config": {}}')
+    mark_folder(run, "run")
     with pytest.raises(
         CheckpointError, match=f"start a new run there with --out {run} --overwrite"
     ):

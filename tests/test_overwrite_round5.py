@@ -18,11 +18,11 @@ import pytest
 from eval import cli as duolm
 from eval.experiments import compare
 from eval.findings.registration import fresh_job_folder
+from shared.door import check_output_file, write_atomic
 from shared.errors import ConfigError
-from shared.files import check_output_file, write_atomic
 from shared.training import cli as train_cli
 from shared.training import run_folder
-from shared.training.run_folder import made_here, move_aside, why_not_movable
+from shared.training.run_folder import made_here, mark_folder, move_aside, why_not_movable
 
 
 @pytest.fixture()
@@ -113,6 +113,7 @@ def test_a_folder_holding_the_python_environment_or_a_mount_point_is_never_moved
     env = tmp_path / "work"
     (env / "venv" / "bin").mkdir(parents=True)
     (env / "metrics.jsonl").write_text("{}\n")
+    mark_folder(env, "run")
     monkeypatch.setattr(sys, "prefix", str(env / "venv"))
     assert "Python environment" in why_not_movable(env)
     assert "Python environment" in why_not_movable(env / "venv")
@@ -123,25 +124,27 @@ def test_a_folder_holding_the_python_environment_or_a_mount_point_is_never_moved
 
 
 def test_only_what_duolm_made_or_an_empty_folder_is_movable(tmp_path):
+    """Made by duolm means marked by it (tests/test_folder_marker.py): each kind's marker makes
+    its folder movable; the records alone (an earlier version's folder) do not."""
     cases = {
         "export": ("duolm_export.json", "an export"),
         "import": ("import.json", "a training run (an imported checkpoint)"),
-        "job": ("stages/", "a compare or sweep job"),
-        "findings": ("finding-code.json", "a findings job"),
+        "compare job": ("stages/", "a compare or sweep job"),
+        "findings job": ("finding-code.json", "a findings job"),
         "run": ("metrics.jsonl", "a training run"),
     }
-    for name, (marker, said) in cases.items():
-        folder = tmp_path / name
+    for kind, (record, said) in cases.items():
+        folder = tmp_path / kind.replace(" ", "-")
         folder.mkdir()
-        if marker.endswith("/"):
-            (folder / marker).mkdir()
+        if record.endswith("/"):
+            (folder / record).mkdir()
         else:
-            (folder / marker).write_text("{}")
+            (folder / record).write_text("{}")
+        assert made_here(folder) is None and "earlier version" in why_not_movable(folder)
+        mark_folder(folder, kind)
         assert made_here(folder) == said and why_not_movable(folder) is None
     config_only = tmp_path / "config-only"
     config_only.mkdir()
-    (config_only / "config.json").write_text('{"model_config": {}, "train_config": {}}')
-    assert made_here(config_only) == "a training run"
     (config_only / "config.json").write_text('{"vocab_size": 5}')  # a user's own config.json
     assert made_here(config_only) is None and "did not make" in why_not_movable(config_only)
     (tmp_path / "empty").mkdir()
@@ -212,6 +215,7 @@ def test_fewer_families_onto_a_job_folder_refuses_naming_both_sets(tmp_path, cap
     for name in ("ar", "mdm", "udm"):
         (out / "seed-0" / name).mkdir(parents=True)
         (out / "seed-0" / name / "metrics.jsonl").write_text("{}\n")
+        mark_folder(out / "seed-0" / name, "run")
     (out / "report.md").write_text("three families")
     before = tree(out)
     flags = ["--preset", "smoke", "--out", str(out), "--no-mauve", "--max-steps", "2"]

@@ -109,8 +109,30 @@ def test_a_registration_never_committed_or_outside_the_history(repo):
     commit_registry(root, run, [HASH, OTHER], at(1, 18))
     run("checkout", "-q", "main")
     found = check(root, HASH, result, started=at(2))
-    assert found.label == NOT_IN_HISTORY and "not an ancestor" in found.why
+    assert found.label == NOT_IN_HISTORY and "not in the history" in found.why
     assert check(root, OTHER, None, started=at(2)).label == NOT_IN_HISTORY
+
+
+def test_a_draft_branch_registration_does_not_hide_the_one_in_the_results_history(repo):
+    """The hash first committed on a draft branch that never merged; registered again on main
+    before the run: main's registration is the one that counts."""
+    root, run = repo
+    commit_registry(root, run, [OTHER], at(1))
+    run("checkout", "-q", "-b", "draft")
+    commit_registry(root, run, [HASH, OTHER], at(1, 14), "draft registration")
+    run("checkout", "-q", "main")
+    on_main = commit_registry(root, run, [HASH, OTHER], at(2, 9), "registration on main")
+    result = commit_result(root, run, at(3))
+    found = check(root, HASH, result, started=at(2, 12))
+    assert found.label == PRE_REGISTERED and found.registration_commit == on_main
+
+
+@pytest.mark.parametrize("commit", ["HEAD", "--all", "main; rm -rf /", "abc123", "g" * 40])
+def test_a_result_commit_that_is_not_40_hex_digits_is_never_given_to_git(repo, commit):
+    root, run = repo
+    commit_registry(root, run, [HASH], at(1))
+    found = check(root, HASH, commit, started=at(2))
+    assert found.label == NOT_IN_HISTORY and "40 hex digits" in found.why
 
 
 def test_without_git_it_says_it_could_not_check(tmp_path, monkeypatch):

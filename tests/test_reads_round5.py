@@ -18,10 +18,10 @@ import pytest
 
 from shared import checkpoint as ckpt
 from shared.cli_args import seed_argument
+from shared.door import read_json_file
 from shared.errors import CheckpointError, ConfigError
 from shared.formats import importer
 from shared.formats.reader import check_folder_files, read_folder, shard_files
-from shared.received import read_json_file
 from shared.training import cli, resume_run
 from shared.training.config import DEFAULT_CACHE
 from shared.training.resume import resumed_config

@@ -242,9 +242,13 @@ def test_an_index_that_unpickles_anything_else_is_refused_and_runs_nothing(small
         def __reduce__(self):
             return (os.system, (f"touch {witness}",))
 
-    (crafted / "shards" / ".metadata").write_bytes(pickle.dumps(Payload()))
+    (crafted / "shards" / ".metadata").write_bytes(pickle.dumps(Payload(), protocol=2))
     rewrite_manifest(crafted)
     with pytest.raises(CheckpointError, match="refused to unpickle: it asks for posix.system"):
+        sharded.read_index(crafted)
+    (crafted / "shards" / ".metadata").write_bytes(pickle.dumps(Payload(), protocol=4))
+    rewrite_manifest(crafted)
+    with pytest.raises(CheckpointError, match="pickled at protocol 4"):
         sharded.read_index(crafted)
     assert convert.main([str(crafted), "--to", "single"]) == 2
     assert not witness.exists()

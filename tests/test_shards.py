@@ -295,7 +295,7 @@ def test_shard_data_command_refuses_bad_input_in_one_line(tmp_path, capsys):
     assert shard_command.main(args) == 2  # the folder already holds shards
     assert shard_command.main([*args[:3], str(tmp_path / "p"), "--shard-tokens", "0"]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 2 and "already holds shards" in err[0] and "shard-tokens" in err[1]
+    assert len(err) == 2 and "already holds token shards" in err[0] and "shard-tokens" in err[1]
 
 
 @pytest.mark.slow

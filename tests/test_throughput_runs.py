@@ -276,7 +276,7 @@ def test_a_json_list_or_a_broken_file_is_one_line(tmp_path, capsys):
         assert line.startswith(f"error: {bad}: ") and said in line, line
     (tmp_path / "folder.json").mkdir()
     assert main([str(good), str(tmp_path / "folder.json")]) == 2
-    assert "cannot read a throughput measurement" in error_line(capsys)
+    assert "is a folder" in error_line(capsys)
 
 
 def test_the_json_output_is_checked_before_anything_is_read(tmp_path, capsys):

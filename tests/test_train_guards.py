@@ -19,7 +19,7 @@ from shared import checkpoint as ckpt
 from shared.errors import CheckpointError, ConfigError
 from shared.training import cli
 from shared.training.config import TrainConfig
-from shared.training.run_folder import RunFolderLock
+from shared.training.run_folder import RunFolderLock, mark_folder
 from shared.training.setup import unique_rows
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -227,6 +227,7 @@ def test_a_folder_left_before_the_first_checkpoint_names_overwrite(tmp_path, cac
     out.mkdir()
     # a run that died during its first step: its config.json and nothing else
     (out / "config.json").write_text('{"model_config": {}, "train_config": {}}')
+    mark_folder(out, "run")
     with pytest.raises(ConfigError, match="before its first checkpoint.*--overwrite"):
         cli.train_from_argv(tiny(out, cache_dir, "--max-steps", "2"))
     with pytest.raises(CheckpointError, match="nothing to resume.*--overwrite"):

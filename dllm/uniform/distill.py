@@ -50,13 +50,14 @@ from shared.cli_args import (
 )
 from shared.data.corpus import load_corpus
 from shared.data.rows import EpochSampler, tokenize_corpus
+from shared.door import read_json_file, write_atomic
 from shared.errors import ConfigError, report_user_errors
-from shared.files import cache_folder, write_atomic
+from shared.files import cache_folder
 from shared.objective import loss_positions
-from shared.received import read_json_file
 from shared.training.run_folder import (
     RunFolderLock,
     contents,
+    mark_folder,
     move_aside,
     output_folder_is_used,
     removed_if_unfinished,
@@ -207,6 +208,7 @@ def distill(
         )
         with removed_if_unfinished(out):
             write_run(out, run, student.eval(), tokenizer, state, record, losses)
+            mark_folder(out, "run")
     finally:
         lock.release()
     log(f"wrote {out}: a student distilled for {record['trained_for_steps']} sampler steps")

@@ -55,6 +55,7 @@ from eval.sample_sets import (
     diffusion_sample_set,
     judged,
 )
+from shared.cli_args import CommandParser
 from shared.faults import StopRequest
 from shared.sampling import SamplingConfig
 from shared.training import resolve_config
@@ -408,7 +409,7 @@ def sweep_results(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--preset", default="demo")

@@ -60,6 +60,7 @@ from eval.experiments.stages import (
 from eval.experiments.synthetic_compare import run_synthetic
 from eval.experiments.tuning import tune_learning_rates
 from eval.likelihood import evaluate_checkpoint
+from shared.cli_args import CommandParser
 from shared.errors import ConfigError
 from shared.faults import StopRequest
 from shared.training import resolve_config
@@ -281,7 +282,7 @@ def refuse_other_families(out: Path, objectives: tuple[str, ...]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--preset", default="demo")

@@ -42,9 +42,9 @@ from eval.experiments.stages import (
     train_both,
 )
 from shared.checkpoint import checkpoint_name
+from shared.door import read_json_file
 from shared.errors import ConfigError
 from shared.objective import objective_class
-from shared.received import read_json_file
 from shared.training import resolve_config, resume_run, train
 from shared.training.config import TrainConfig
 from shared.training.run_folder import move_aside

@@ -11,7 +11,7 @@ from typing import Any
 from eval.experiments.compare_budgets import attention_pattern, family_analyses, seed_folder
 from eval.experiments.compare_settings import CompareSettings, diffusion_families
 from eval.report import Report, Table, frontier_figure
-from shared.received import read_json_file
+from shared.door import read_json_file
 
 
 def model_config(run_dir: Path) -> dict[str, Any]:

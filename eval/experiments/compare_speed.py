@@ -10,7 +10,6 @@ every family's tokens/s counts the same positions."""
 
 from __future__ import annotations
 
-import json
 import math
 import multiprocessing
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from eval.sample_sets import fit_to_blocks
 from eval.speed.frontier import points_from_stages
 from eval.speed.frontier_headline import report_frontier
 from eval.speed.throughput import Throughput, host_probes, measure_batches, merge_runs
+from shared import door
 from shared.checkpoint import read_state, resolve_checkpoint
 from shared.sampling import SamplingConfig
 
@@ -139,8 +139,8 @@ def measured_setup(out: Path, settings: CompareSettings, processes: int) -> dict
 def run_preset(run_dir: Path) -> str | None:
     """The preset a training run was started from, as its config.json records it."""
     try:
-        return json.loads((run_dir / "config.json").read_text()).get("preset")
-    except (OSError, ValueError, AttributeError):
+        return door.read_json_object(run_dir / "config.json", root=run_dir).get("preset")
+    except (OSError, ValueError):
         return None
 
 

@@ -56,6 +56,7 @@ from eval.speed.throughput import Setting, measure
 from eval.synthetic.exact.denoisers import exact_denoiser
 from eval.synthetic.exact.frontier import sampler_error
 from eval.synthetic.likelihood import language_rows, model_estimate
+from shared.cli_args import CommandParser
 from shared.data.synthetic.hmm import HMMLanguage
 from shared.faults import StopRequest
 from shared.hardware import cpu_name
@@ -266,7 +267,7 @@ def run_frontier(out: Path, scale_name: str, force: bool, stop: StopRequest | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", required=True, help="output directory")

@@ -24,6 +24,7 @@ from dllm.sampler import SamplerConfig
 from dllm.strategies import Ancestral, FixedCount
 from dllm.uniform.sampler import UniformSamplerConfig
 from eval.budgets import seed_spread
+from shared import door
 from shared.data.synthetic.hmm import HMMLanguage
 from shared.errors import ConfigError
 from shared.tokenizer import EOS_TOKEN, PAD_TOKEN
@@ -82,8 +83,8 @@ def symbol_tokenizer(out: Path, alphabet: str) -> str:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "symbols-tokenizer.json"
     text = backend.to_str()
-    if not path.exists() or json.loads(path.read_text()) != json.loads(text):
-        path.write_text(text)
+    if not path.exists() or door.read_json_file(path, root=out) != json.loads(text):
+        door.write_atomic(path, text, root=out)
     return f"hf:{path.resolve()}"
 
 

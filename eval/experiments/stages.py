@@ -15,18 +15,19 @@ import numpy as np
 
 from eval.report import code_hash
 from eval.sample_sets import HeldOutText
+from shared import door
 from shared.checkpoint import load_model_from_checkpoint
 from shared.data.corpus import load_corpus
 from shared.data.rows import tokenize_corpus
+from shared.door import read_json_file, write_atomic
 from shared.errors import ConfigError, report_user_errors
 from shared.faults import StageInterrupted, StopRequest
-from shared.files import cache_folder, use_cache_root, write_atomic
-from shared.received import read_json_file
+from shared.files import cache_folder, use_cache_root
 from shared.tokenizer import Tokenizer
 from shared.training import new_run, resume_run, train
 from shared.training.cli import parse_args
 from shared.training.config import TrainConfig
-from shared.training.run_folder import LOCK_FILE, RunFolderLock, move_aside
+from shared.training.run_folder import LOCK_FILE, RunFolderLock, mark_folder, move_aside
 from shared.training.setup import unique_rows
 
 OBJECTIVES = ("ar", "mdm")
@@ -128,8 +129,8 @@ def read_stage(path: Path) -> dict[str, Any]:
     """A stored stage, or an empty record when it cannot be read as one (a damaged or foreign
     file is recomputed, not trusted)."""
     try:
-        stored = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):
+        stored = door.read_json_file(path, root=path.parent)
+    except (OSError, ValueError):
         return {}
     return stored if isinstance(stored, dict) else {}
 
@@ -159,13 +160,18 @@ def claim_job_folder(out: Path, force: bool) -> RunFolderLock:
     the first); with ``force``, move what an earlier job left there aside (nothing is deleted),
     so the job starts over and a rerun without ``--force`` resumes it."""
     lock = RunFolderLock(out).acquire()
-    if force and any(entry.name != LOCK_FILE for entry in out.iterdir()):
+    # a new job (or one forced over an earlier one) marks its folder; a refusal of a
+    # continuation below then leaves the folder as it found it
+    fresh = not any(entry.name != LOCK_FILE for entry in out.iterdir())
+    if force and not fresh:
         try:
             aside = move_aside(out)
         except ConfigError:
             lock.release()
             raise
         print(f"--force: moved the earlier job in {out} aside to {aside}")
+    if fresh or force:
+        mark_folder(out, "compare job")
     return lock
 
 

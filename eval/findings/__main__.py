@@ -37,10 +37,10 @@ from eval.findings.registry import FINDINGS
 from eval.findings.table import findings_table
 from eval.report import PROJECT_ROOT
 from shared.cli_args import CommandParser
+from shared.door import read_json_file, write_atomic
 from shared.errors import ConfigError, report_user_errors
 from shared.faults import StopRequest
-from shared.files import use_cache_root, write_atomic
-from shared.received import read_json_file
+from shared.files import use_cache_root
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,8 +18,8 @@ from eval.findings.registration import (
 )
 from eval.findings.verdicts import RULES, LearnedCheck, learned_gate, one_seed_guard
 from eval.report import Report, Table, code_state
+from shared.door import read_json_file
 from shared.faults import StopRequest
-from shared.received import read_json_file
 
 SCALES = ("smoke", "cpu", "gpu")
 

@@ -39,7 +39,7 @@ from eval.findings.verdicts import (
     magnitude_verdict,
 )
 from eval.report import Table
-from shared.received import read_json_file
+from shared.door import read_json_file
 
 CLAIM = Claim(
     "Compute gap on fresh data",

@@ -43,7 +43,7 @@ from eval.findings.verdicts import (
     seed_interval,
 )
 from eval.report import Report, Table
-from shared.received import read_json_file
+from shared.door import read_json_file
 from shared.training import resolve_config
 
 CLAIM = Claim(

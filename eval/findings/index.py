@@ -14,7 +14,7 @@ from eval.findings.common import FindingResult
 from eval.findings.preregistered import result_label
 from eval.findings.table import findings_table
 from eval.report import PROJECT_ROOT, provenance
-from shared.files import write_atomic
+from shared.door import write_atomic
 
 
 def labelled(row: dict[str, Any], root: Path) -> dict[str, Any]:

@@ -21,6 +21,7 @@ An index row whose report ran under no registered hash (``eval.findings.registra
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -45,13 +46,17 @@ class Check:
     registered_at: datetime | None = None
 
 
+COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
 def registration_commit(
-    root: Path, registration_hash: str, registry: str = REGISTRY_PATH
+    root: Path, registration_hash: str, registry: str = REGISTRY_PATH, within: str = "--all"
 ) -> tuple[str, datetime] | None:
-    """The oldest commit on any branch that added ``registration_hash`` to ``registry``, with
-    its commit time (git's pickaxe: commits that change how often the text occurs), or None."""
+    """The oldest commit in the history of ``within`` (a commit, or every branch) that added
+    ``registration_hash`` to ``registry``, with its commit time (git's pickaxe: commits that
+    change how often the text occurs), or None."""
     out = git_output(
-        "log", "--all", "--reverse", "--format=%H %ct", "-S", registration_hash, "--", registry,
+        "log", within, "--reverse", "--format=%H %ct", "-S", registration_hash, "--", registry,
         cwd=root, timeout=60,
     )  # fmt: skip
     lines = (out or "").split("\n")
@@ -69,25 +74,29 @@ def check(
     registry: str = REGISTRY_PATH,
 ) -> Check:
     """The label of a result with ``registration_hash`` that ran at ``result_commit`` from
-    ``started`` (aware UTC), from the git history of ``root`` (the rules of the docstring)."""
+    ``started`` (aware UTC), from the git history of ``root`` (the rules of the docstring).
+    Only the result's own history is searched: a first registration on a draft branch that
+    never reached it does not stand in for the one that did."""
     if git_output("rev-parse", "--git-dir", cwd=root) is None:
         return Check(NOT_CHECKED, f"no git history at {root}: whether the registration came "
                      "before the result could not be checked")  # fmt: skip
-    found = registration_commit(root, registration_hash, registry)
+    valid = isinstance(result_commit, str) and COMMIT.fullmatch(result_commit) is not None
+    found = registration_commit(root, registration_hash, registry, result_commit) if valid else None
     if found is None:
-        return Check(NOT_COMMITTED, f"no commit of {registry} holds the hash {registration_hash}")
-    commit, when = found
-    ancestor = result_commit and git_output(
-        "merge-base", "--is-ancestor", commit, result_commit, cwd=root
-    )
-    if ancestor is None or not result_commit:
+        elsewhere = registration_commit(root, registration_hash, registry)
+        if elsewhere is None:
+            return Check(
+                NOT_COMMITTED, f"no commit of {registry} holds the hash {registration_hash}"
+            )
+        shown = str(result_commit)[:40] if result_commit else "none recorded"
+        why = "" if valid else " (not a commit: 40 hex digits)"
         return Check(
             NOT_IN_HISTORY,
-            f"the registration commit {commit[:7]} is not an ancestor of the result's commit "
-            f"{(result_commit or 'none recorded')[:7]}",
-            commit,
-            when,
+            f"the registration commit {elsewhere[0][:7]} is not in the history of the result's "
+            f"commit {shown}{why}",
+            *elsewhere,
         )
+    commit, when = found
     if when >= started:
         return Check(
             AFTER_THE_RESULT,

@@ -6,15 +6,15 @@ python -m eval.findings.register --because "reason" [--only NAME]  # register th
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from eval.findings.registration import load_registry, register, stale_entries
 from eval.findings.registry import FINDINGS
+from shared.cli_args import CommandParser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = CommandParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--because", help="register the stale entries, with this reason")
     parser.add_argument("--only", nargs="+", default=None, metavar="FINDING", help="a subset")
     args = parser.parse_args(argv)

@@ -31,11 +31,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from shared.files import write_atomic
+from shared import door
+from shared.door import read_json_file, write_atomic
 from shared.hardware import bf16_is_fast
-from shared.received import read_json_file
 from shared.training import resolve_config
-from shared.training.run_folder import FINDINGS_STAMP, move_aside
+from shared.training.run_folder import FINDINGS_STAMP, mark_folder, move_aside
 
 REGISTRY = Path(__file__).with_name("registered.json")
 PRE_REGISTERED, EXPLORATORY = "pre-registered", "exploratory"
@@ -145,7 +145,7 @@ def registration_hash(finding: Any, scale: str, resolution: dict[str, str] | Non
 
 
 def load_registry(path: Path = REGISTRY) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.exists() else {}
+    return door.read_json_object(path) if path.exists() else {}
 
 
 def registration(finding: Any, scale: str, code: dict[str, Any], registry=None) -> dict[str, Any]:
@@ -268,3 +268,4 @@ def fresh_job_folder(out: Path, stamp: dict[str, Any], force: bool) -> None:
         print(f"[{out.name}] moved the earlier job aside to {move_aside(out)}: {why}")
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(stamp, indent=2, sort_keys=True))
+    mark_folder(out, "findings job")

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from eval.speed.throughput import Record, Spread, Throughput
+from shared import door
 from shared.errors import ConfigError
 
 
@@ -21,7 +22,7 @@ def load(path: Path) -> Throughput:
     """A measurement as ``Throughput.as_dict`` wrote it, bare or inside a stored stage's
     ``result``; anything else is one line naming the file (and the field)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = door.read_text(path, limit=1 << 26)
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no such file; give a throughput stage's JSON") from None
     except (OSError, UnicodeDecodeError) as error:

@@ -54,8 +54,8 @@ from eval.speed.ratios import REFERENCE, RatioEstimate, process_ratios, ratio_es
 from eval.speed.throughput import Record, Spread, Throughput
 from eval.speed.throughput_files import load
 from shared.cli_args import CommandParser, writable_file
+from shared.door import write_atomic
 from shared.errors import ConfigError, report_user_errors
-from shared.files import write_atomic
 
 REPRODUCED = "reproduced"
 HOST_CHANGED = "host changed speed"

@@ -17,6 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from shared import door
 from shared.data import hub
 from shared.data.synthetic.specs import corpus_splits
 from shared.errors import ResourceUnavailableError
@@ -229,7 +230,7 @@ def _local_files(path: Path, field: str) -> list[Path]:
 
 def _check_utf8(path: Path, field: str) -> None:
     decoder = codecs.getincrementaldecoder("utf-8")()
-    with path.open("rb") as fh:
+    with door.open_read(path) as fh:
         try:
             while chunk := fh.read(1 << 20):
                 if b"\x00" in chunk:

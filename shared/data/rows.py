@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from shared import door
 from shared.data.corpus import CorpusSplits
-from shared.files import write_atomic
+from shared.door import write_atomic
 from shared.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -150,11 +151,12 @@ def _load_cache(folder: Path, protocol: str, seq_len: int) -> dict[str, Tokenize
     if not meta_path.is_file():
         return None
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta = door.read_json_object(meta_path, root=folder)
         out = {}
         for name in ("train", "validation"):
             info = meta["splits"][name]
-            tokens = np.load(folder / f"{name}.npy", allow_pickle=False)  # data, never objects
+            with door.open_read(folder / f"{name}.npy", folder) as handle:
+                tokens = np.load(handle, allow_pickle=False)  # data, never objects
             if list(tokens.shape) != info["shape"] or tokens.dtype != np.int32:
                 raise ValueError(f"{name}.npy does not match meta.json")
             out[name] = TokenizedSplit(

@@ -24,6 +24,13 @@ from shared.data.shards import write_shards
 from shared.errors import ConfigError, report_user_errors
 from shared.files import cache_root
 from shared.tokenizer import build_tokenizer
+from shared.training.run_folder import (
+    RunFolderLock,
+    contents,
+    mark_folder,
+    removed_if_unfinished,
+    what_it_holds,
+)
 
 
 def build_parser() -> CommandParser:
@@ -77,15 +84,37 @@ def shard(args: argparse.Namespace) -> dict:
         corpus_fingerprint=fingerprint,
         cache_dir=Path(args.cache_dir),
     )
-    return write_shards(
-        Path(args.out),
-        documents,
-        tokenizer,
-        protocol=args.protocol,
-        seq_len=args.seq_len,
-        shard_tokens=args.shard_tokens,
-        source=args.data,
-    )
+    out = Path(args.out)
+    lock = claim_shard_folder(out)
+    try:
+        with removed_if_unfinished(out):
+            manifest = write_shards(
+                out,
+                documents,
+                tokenizer,
+                protocol=args.protocol,
+                seq_len=args.seq_len,
+                shard_tokens=args.shard_tokens,
+                source=args.data,
+            )
+            mark_folder(out, "shards")
+    finally:
+        lock.release()
+    return manifest
+
+
+def claim_shard_folder(out: Path) -> RunFolderLock:
+    """Lock ``out`` as every writer does (a live run's folder, a run's checkpoints, a FIFO or a
+    file refuse in one line) and refuse it unless it is new or empty: shards are written only
+    into a folder of their own, never among other files."""
+    lock = RunFolderLock(out).acquire()
+    if contents(out):
+        lock.release()
+        raise ConfigError(
+            f"{out} already holds {what_it_holds(out)}; write the shards into a new or empty "
+            "--out folder"
+        )
+    return lock
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from shared import door
 from shared.data.rows import PROTOCOLS
+from shared.door import write_atomic
 from shared.errors import ConfigError
-from shared.files import write_atomic
 from shared.tokenizer import Tokenizer
 
 SHARDS_PREFIX = "shards:"
@@ -230,59 +233,134 @@ def batched(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
 # ---- reading ------------------------------------------------------------------------------------
 
 
+_SHARD_NAME = re.compile(r"(train|validation)-[0-9]{5,}\.bin")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+MANIFEST_LIMIT = 64 << 20  # bytes: a manifest of a million shards fits in a tenth of it
+
+
+def _count(value: Any, what: str, *, at_least: int = 0, below: int | None = None) -> int:
+    """``value`` when it is an integer (not a bool, a float or a string) in range; else a
+    ValueError naming ``what``."""
+    if type(value) is not int or value < at_least or (below is not None and value >= below):
+        bound = f" and below {below:,}" if below is not None else ""
+        raise ValueError(f"{what} is {str(value)[:40]!r}, not an integer >= {at_least}{bound}")
+    return value
+
+
+def check_manifest(manifest: Any) -> None:
+    """Every field training reads, with its exact type and range; a ValueError names the first
+    that is not (a crafted manifest: a string token count, 1e30 rows, a shard named
+    ``../x``, an id beyond its vocabulary)."""
+    if not isinstance(manifest, dict):
+        raise ValueError("not a JSON object")
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"shard format {manifest.get('format')!r}; this version reads {FORMAT}")
+    if manifest.get("dtype") not in ("<u2", "<u4"):
+        raise ValueError(f"dtype {manifest.get('dtype')!r} is not <u2 or <u4")
+    if manifest.get("protocol") not in PROTOCOLS or not isinstance(manifest.get("source"), str):
+        raise ValueError(f"protocol {manifest.get('protocol')!r} or source is not valid")
+    seq_len = _count(manifest.get("seq_len"), "seq_len", at_least=4, below=1 << 24)
+    if manifest.get("row_tokens") != seq_len - 1:
+        raise ValueError(f"row_tokens {manifest.get('row_tokens')!r} is not seq_len - 1")
+    tokenizer = manifest.get("tokenizer")
+    if not isinstance(tokenizer, dict) or not isinstance(tokenizer.get("fingerprint"), str):
+        raise ValueError("tokenizer is not a record with a fingerprint")
+    vocab = _count(tokenizer.get("vocab_size"), "tokenizer.vocab_size", at_least=1, below=1 << 32)
+    for field in ("eos_id", "pad_id"):
+        _count(tokenizer.get(field), f"tokenizer.{field}", below=vocab)
+    splits = manifest.get("splits")
+    if not isinstance(splits, dict):
+        raise ValueError("splits is not a record")
+    for split in SPLITS:
+        record = splits.get(split)
+        if not isinstance(record, dict) or not isinstance(record.get("shards"), list):
+            raise ValueError(f"splits.{split} lists no shards")
+        tokens = 0
+        for shard in record["shards"]:
+            if not isinstance(shard, dict) or not isinstance(shard.get("file"), str):
+                raise ValueError(f"a {split} shard has no file name")
+            if not _SHARD_NAME.fullmatch(shard["file"]) or not shard["file"].startswith(split):
+                raise ValueError(f"shard name {shard['file'][:60]!r} is not a plain shard name")
+            count = _count(shard.get("tokens"), f"{shard['file']} tokens", below=1 << 48)
+            if count % (seq_len - 1):
+                raise ValueError(f"{shard['file']} holds {count} tokens, not whole rows")
+            if not isinstance(shard.get("sha256"), str) or not _SHA256.fullmatch(shard["sha256"]):
+                raise ValueError(f"{shard['file']} sha256 is not 64 hex digits")
+            tokens += count
+        if _count(record.get("n_rows"), f"splits.{split}.n_rows") != tokens // (seq_len - 1):
+            raise ValueError(f"splits.{split}.n_rows does not match its shards' tokens")
+        for field in ("n_bytes", "n_loss_tokens"):
+            _count(record.get(field), f"splits.{split}.{field}")
+
+
 def read_manifest(folder: Path) -> dict[str, Any]:
-    """The manifest of a shard folder, its fields checked; one-line refusals otherwise."""
+    """The manifest of a shard folder, read through the door (no link in the folder, no FIFO)
+    and every field checked (``check_manifest``); one-line refusals otherwise."""
     path = folder / MANIFEST
     if not folder.is_dir():
         raise ConfigError(f"shards:{folder}: no such folder")
+    door.refuse_links_within(folder, "a shard folder")
     if not path.is_file():
         raise ConfigError(
             f"shards:{folder}: no {MANIFEST} (not a folder written by duolm shard-data, or its "
             "writing did not finish)"
         )
+    manifest = door.read_json_object(path, root=folder, limit=MANIFEST_LIMIT)
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-        if manifest["format"] != FORMAT:
-            raise ConfigError(
-                f"{path}: shard format {manifest['format']!r}; this version reads {FORMAT}"
-            )
-        np.dtype(manifest["dtype"])
-        for split in SPLITS:
-            for shard in manifest["splits"][split]["shards"]:
-                if "/" in shard["file"] or shard["file"].startswith("."):
-                    raise ConfigError(f"{path}: shard name {shard['file']!r} is not a plain name")
-                int(shard["tokens"]), str(shard["sha256"])
-        int(manifest["seq_len"]), str(manifest["tokenizer"]["fingerprint"])
-    except (ValueError, KeyError, TypeError) as error:
-        if isinstance(error, ConfigError):
-            raise
-        raise ConfigError(f"{path} is not a valid shard manifest ({error!r})") from None
+        check_manifest(manifest)
+    except ValueError as error:
+        raise ConfigError(f"{path} is not a valid shard manifest: {error}") from None
     return manifest
 
 
-def file_sha256(path: Path) -> str:
+def file_sha256(path: Path, root: Path | None = None) -> str:
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
+    with door.open_read(path, root) as handle:
         while chunk := handle.read(_HASH_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
 
 
-def check_shard(folder: Path, shard: dict[str, Any], itemsize: int, verify: bool) -> Path:
-    """The shard's path once its file exists, has the manifest's size and (``verify``) hash."""
+def scan_shard(path: Path, folder: Path, dtype: np.dtype) -> tuple[str, int]:
+    """(sha256, the largest token id) of a shard, read once in bounded chunks."""
+    digest, largest = hashlib.sha256(), -1
+    with door.open_read(path, folder, what="a shard folder") as handle:
+        while chunk := handle.read(_HASH_CHUNK - _HASH_CHUNK % dtype.itemsize):
+            digest.update(chunk)
+            ids = np.frombuffer(chunk[: len(chunk) - len(chunk) % dtype.itemsize], dtype=dtype)
+            largest = max(largest, int(ids.max())) if ids.size else largest
+    return digest.hexdigest(), largest
+
+
+def check_shard(
+    folder: Path, shard: dict[str, Any], dtype: np.dtype, verify: bool, vocab_size: int
+) -> Path:
+    """The shard's path once its file is a regular file of the manifest's size and (``verify``)
+    has its hash and no token id beyond the vocabulary, so training never meets one mid-run."""
     path = folder / shard["file"]
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise ConfigError(f"shard {path} is missing (listed in {folder / MANIFEST})")
-    expected = int(shard["tokens"]) * itemsize
-    size = path.stat().st_size
+    kind = door.not_a_regular_file(path)
+    if kind:
+        raise ConfigError(f"shard {path} is {kind}, not a regular file")
+    expected = shard["tokens"] * dtype.itemsize
+    size = os.lstat(path).st_size
     if size != expected:
         raise ConfigError(
             f"shard {path} is truncated or altered: {size} bytes, the manifest says {expected}"
         )
-    if verify and file_sha256(path) != shard["sha256"]:
+    if not verify:
+        return path
+    digest, largest = scan_shard(path, folder, dtype)
+    if digest != shard["sha256"]:
         raise ConfigError(
             f"shard {path} fails its checksum (sha256 differs from {folder / MANIFEST}): "
             "the file changed after it was written; write the shards again"
+        )
+    if largest >= vocab_size:
+        raise ConfigError(
+            f"shard {path} holds token id {largest}, beyond the vocabulary of {vocab_size} ids: "
+            "written with another tokenizer; write the shards again"
         )
     return path
 
@@ -307,7 +385,7 @@ class ShardRows:
 
     def __init__(self, paths: list[Path], dtype: np.dtype, seq_len: int, eos_id: int) -> None:
         self.seq_len, self.width, self.eos_id = seq_len, seq_len - 1, eos_id
-        self.maps = [np.memmap(p, dtype=dtype, mode="r").reshape(-1, self.width) for p in paths]
+        self.maps = [door.memmap(p, dtype).reshape(-1, self.width) for p in paths]
         self.starts = np.cumsum([0] + [len(m) for m in self.maps])
 
     def __len__(self) -> int:
@@ -363,7 +441,7 @@ def open_shards(
     saved_tok = manifest["tokenizer"]
     if saved_tok["fingerprint"] != tokenizer.fingerprint():
         raise ConfigError(
-            f"shards:{folder} were written with another tokenizer ({saved_tok['kind']}, "
+            f"shards:{folder} were written with another tokenizer ({saved_tok.get('kind')}, "
             f"fingerprint {saved_tok['fingerprint']}) than this run's ({tokenizer.kind}, "
             f"{tokenizer.fingerprint()}); write the shards with this tokenizer or train with theirs"
         )
@@ -380,13 +458,13 @@ def open_shards(
     train_shards = rank_shards(manifest["splits"]["train"]["shards"], rank, world, folder)
 
     def rows_of(shards: list[dict[str, Any]]) -> ShardRows:
-        paths = [check_shard(folder, s, dtype.itemsize, verify) for s in shards]
+        paths = [check_shard(folder, s, dtype, verify, tokenizer.vocab_size) for s in shards]
         return ShardRows(paths, dtype, seq_len, tokenizer.eos_id)
 
-    total = sum(int(s["tokens"]) for s in manifest["splits"]["train"]["shards"]) // (seq_len - 1)
+    total = sum(s["tokens"] for s in manifest["splits"]["train"]["shards"]) // (seq_len - 1)
     return ShardSplits(
         manifest,
-        file_sha256(folder / MANIFEST),
+        file_sha256(folder / MANIFEST, folder),
         rows_of(train_shards),
         total,
         rows_of(manifest["splits"]["validation"]["shards"]),

@@ -13,9 +13,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,6 +20,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_model
 
+from shared import door
 from shared.files import cache_root
 
 
@@ -41,7 +39,7 @@ def converted_folder(gguf: Path) -> Path:
     import transformers
 
     digest = hashlib.sha256(transformers.__version__.encode())
-    with open(gguf, "rb") as handle:
+    with door.open_read(gguf) as handle:
         for block in iter(lambda: handle.read(1 << 22), b""):
             digest.update(block)
     return cache_root() / "gguf" / f"{gguf.stem}-{digest.hexdigest()[:16]}"
@@ -57,7 +55,7 @@ def load_gguf(gguf: Path):
             try:
                 return load_pretrained(str(folder))
             except (OSError, ValueError):
-                shutil.rmtree(folder, ignore_errors=True)  # damaged: replaced below
+                door.remove_tree(folder)  # damaged: replaced below
         tokenizer, model = load_pretrained(str(gguf.parent), gguf_file=gguf.name)
         keep_converted(folder, tokenizer, model)
         return tokenizer, model
@@ -69,7 +67,7 @@ def _converting(folder: Path):
     cannot be written: then every process converts for itself)."""
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(folder.parent / f".{folder.name}.lock", "w")
+        handle = door.open_lock_file(folder.parent / f".{folder.name}.lock")
     except OSError:
         yield
         return
@@ -84,18 +82,18 @@ def keep_converted(folder: Path, tokenizer, model) -> None:
     a cache that cannot be written (read-only, full) is skipped."""
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+        staging = door.make_temp_folder(folder.parent, f".{folder.name}.")
     except OSError:
         return
     try:
         # transformers marks a model read from GGUF as quantized and will not save it, though
         # its weights are dequantized float32: write the config and weights directly.
         config = {k: v for k, v in model.config.to_dict().items() if k != "quantization_config"}
-        (staging / "config.json").write_text(json.dumps(config, indent=2))
+        door.write_atomic(staging / "config.json", json.dumps(config, indent=2))
         save_model(model, str(staging / "model.safetensors"))
         tokenizer.save_pretrained(staging)
-        os.rename(staging, folder)
+        door.rename(staging, folder)
     except (OSError, SafetensorError):  # safetensors reports a full disk in its own error
         pass
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        door.remove_tree(staging)

@@ -13,6 +13,7 @@ from pathlib import Path
 from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as Backend
 
+from shared import door
 from shared.tokenizer import EOS_TOKEN, PAD_TOKEN, Tokenizer, is_hf_kind
 from shared.tokenizer_backends import bytes_to_unicode
 
@@ -45,7 +46,8 @@ def hf_tokenizer(tokenizer: Tokenizer, saved_dir: Path, max_length: int):
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         backend.decoder = decoders.ByteLevel()
     else:
-        backend = Backend.from_file(str(saved_dir / "tokenizer.json"))
+        text = door.read_text(saved_dir / "tokenizer.json", limit=door.TOKENIZER_LIMIT)
+        backend = Backend.from_str(text)
     eos_name, pad_name = EOS_TOKEN, PAD_TOKEN
     if is_hf_kind(tokenizer.kind):
         eos_name = backend.id_to_token(tokenizer.eos_id)

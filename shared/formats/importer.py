@@ -36,10 +36,11 @@ from typing import Any
 
 import torch
 
+from shared import door
 from shared.checkpoint import save_checkpoint, tied_copies
 from shared.cli_args import CommandParser
+from shared.door import write_atomic
 from shared.errors import ConfigError, report_user_errors, with_path
-from shared.files import write_atomic
 from shared.formats.diffusion import Format, checkpoint_format
 from shared.formats.reader import Source, open_source
 from shared.model import Transformer
@@ -48,6 +49,7 @@ from shared.tokenizer_backends import first_token_id
 from shared.training.config import TrainConfig
 from shared.training.run_folder import (
     claim_output_folder,
+    mark_folder,
     output_folder_is_used,
     removed_if_unfinished,
 )
@@ -196,7 +198,7 @@ def write_safetensors(
         offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
-    with named_in_errors(path), open(path, "wb") as handle:
+    with named_in_errors(path), door.open_new_file(path) as handle:
         handle.write(struct.pack("<Q", len(text)))
         handle.write(text)
         for name, origin in plan.items():
@@ -303,6 +305,7 @@ def import_checkpoint(
             )
             record = origin | {"checkpoint": str(checkpoint)}
             write_atomic(out / IMPORT_RECORD, json.dumps(record, indent=2))
+            mark_folder(out, "import")
     except KeyboardInterrupt:
         kept = f"; what was there before is in {aside}" if aside else ""
         raise ImportInterrupted(

@@ -21,10 +21,11 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer as HFTokenizer
 
+from shared import door
+from shared.door import check_inside, read_json_file
 from shared.errors import ConfigError, ResourceUnavailableError
 from shared.formats.exported import EXPORT_INFO
 from shared.formats.gguf_cache import load_gguf
-from shared.received import check_inside, read_json_file
 
 SAFETENSORS_DTYPES = {
     "F64": torch.float64,
@@ -130,7 +131,7 @@ def open_safetensors(files: list[Path]) -> tuple[dict, dict, Callable[[str], tor
     handles, shapes, dtypes = {}, {}, {}
     for path in files:
         try:
-            handle = safe_open(str(path), framework="pt")
+            handle = safe_open(door.checked_name(path), framework="pt")
         except (SafetensorError, OSError) as error:
             raise ConfigError(f"{path}: unreadable safetensors file ({error})") from None
         for name in handle.keys():
@@ -168,7 +169,7 @@ def read_json(path: Path) -> dict[str, Any]:
 def read_hf_tokenizer(path: Path) -> HFTokenizer:
     """A ``tokenizer.json``; an empty, damaged or foreign file is one line naming it."""
     try:
-        return HFTokenizer.from_file(str(path))
+        return HFTokenizer.from_str(door.read_text(path, limit=door.TOKENIZER_LIMIT))
     except Exception as error:  # the tokenizers library raises plain Exceptions
         reason = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
         raise ConfigError(

@@ -11,7 +11,7 @@ from safetensors import SafetensorError
 
 from shared import checkpoint as ckpt
 from shared import sharded_checkpoint as sharded
-from shared.files import write_json_atomic
+from shared.door import write_json_atomic
 from shared.tokenizer import Tokenizer
 
 

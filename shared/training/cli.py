@@ -198,7 +198,7 @@ def build_parser(preset: dict[str, dict[str, Any]] | None) -> argparse.ArgumentP
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, Any]]:
     """Returns the parsed arguments and the explicitly given config overrides."""
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--preset", default="demo")
     known, _ = pre.parse_known_args(argv)
     try:

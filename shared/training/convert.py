@@ -24,18 +24,16 @@ removed; a conversion that stops half-way leaves the checkpoint as it was, to co
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import re
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from shared import door
 from shared.checkpoint import (
     CHECKPOINT_PATTERN,
     MANIFEST,
@@ -46,8 +44,9 @@ from shared.checkpoint import (
     verify_checkpoint,
 )
 from shared.cli_args import CommandParser
+from shared.door import fsync_dir, fsync_tree, write_atomic
 from shared.errors import CheckpointError, ConfigError, report_user_errors
-from shared.files import follow_umask, fsync_dir, fsync_tree, write_atomic
+from shared.files import follow_umask
 from shared.sharded_checkpoint import to_single_file
 from shared.training.run_folder import holder_if_locked
 from shared.training_state import (
@@ -84,7 +83,8 @@ def read_pickled(file: Path) -> Any:
     unpickler; one that asks for any other object is refused before that object is made."""
     try:
         with torch.serialization.safe_globals(NUMPY_RNG_GLOBALS):
-            return torch.load(file, map_location="cpu", weights_only=True)
+            with door.open_read(file, error=CheckpointError) as handle:
+                return torch.load(handle, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         asked = re.search(r"GLOBAL (\S+)", str(error))
         what = f"it asks for {asked.group(1)}" if asked else str(error).strip().splitlines()[0]
@@ -118,7 +118,7 @@ def convert_checkpoint(path: Path) -> bool:
         return False
     state = read_pickled_state(path, listed)
     # staged as ".step_NNNNNN.*", which checkpoint listings skip and the next save clears
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.convert.", dir=path.parent))
+    staging = door.make_temp_folder(path.parent, f".{path.name}.convert.")
     try:
         try:
             written = write_training_state(staging, **state)
@@ -130,16 +130,16 @@ def convert_checkpoint(path: Path) -> bool:
         follow_umask(staging)
         fsync_tree(staging)
         for name in written:
-            os.replace(staging / name, path / name)
+            door.replace(staging / name, path / name)
         fsync_dir(path)
         kept = {name: digest for name, digest in listed.items() if name not in PICKLED_FILES}
         manifest = dict(sorted((kept | {n: file_sha256(path / n) for n in written}).items()))
         write_atomic(path / MANIFEST, json.dumps(manifest, indent=2), durable=True)
         fsync_dir(path)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        door.remove_tree(staging)
     for name in PICKLED_FILES:
-        (path / name).unlink(missing_ok=True)
+        door.remove_file(path / name)
     fsync_dir(path)
     return True
 
@@ -171,21 +171,21 @@ def sharded_to_single(path: Path) -> bool:
     if not is_sharded_checkpoint(path):
         verify_checkpoint(path)
         return False
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.convert.", dir=path.parent))
+    staging = door.make_temp_folder(path.parent, f".{path.name}.convert.")
     retired = staging.with_name(f"{staging.name}.retired")
     try:
         to_single_file(path, staging)
         follow_umask(staging)
         fsync_tree(staging)
-        os.rename(path, retired)
-        os.rename(staging, path)
+        door.rename(path, retired)
+        door.rename(staging, path)
         fsync_dir(path.parent)
     except BaseException:
         if retired.exists() and not path.exists():
-            os.rename(retired, path)
-        shutil.rmtree(staging, ignore_errors=True)
+            door.rename(retired, path)
+        door.remove_tree(staging)
         raise
-    shutil.rmtree(retired, ignore_errors=True)
+    door.remove_tree(retired)
     return True
 
 

@@ -13,11 +13,12 @@ import numpy as np
 import torch
 
 from shared import checkpoint as ckpt
+from shared.door import read_json_file, remove_file
 from shared.errors import ConfigError
 from shared.hardware import peak_flops
-from shared.received import read_json_file
 from shared.training.config import TrainConfig
 from shared.training.run import RunSpec
+from shared.training.run_folder import MARKER
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -35,8 +36,8 @@ def forget_unstarted_run(out: Path) -> None:
     config.json and metrics would otherwise make the folder refuse the same command."""
     if ckpt.list_checkpoints(out / "checkpoints"):
         return
-    for name in ("config.json", "metrics.jsonl", "final.json"):
-        (out / name).unlink(missing_ok=True)
+    for name in ("config.json", "metrics.jsonl", "final.json", MARKER):
+        remove_file(out / name)
     with contextlib.suppress(OSError):
         (out / "checkpoints").rmdir()
 

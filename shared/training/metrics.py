@@ -8,9 +8,9 @@ from typing import Any
 
 from accelerate import Accelerator
 
+from shared import door
+from shared.door import append_line, parse_json, write_atomic
 from shared.errors import ConfigError
-from shared.files import append_line, write_atomic
-from shared.received import parse_json
 
 
 def metric_records(path: Path) -> list[tuple[str, dict[str, Any]]]:
@@ -21,7 +21,7 @@ def metric_records(path: Path) -> list[tuple[str, dict[str, Any]]]:
     is a record a killed run was writing, and it is left out (``drop_after`` then rewrites the
     file without it)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = door.read_bytes(path, path.parent).decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text (not a metrics file of this project)") from None
     lines = text.splitlines()
@@ -59,7 +59,7 @@ class Metrics:
         log can run ahead of the newest checkpoint). Returns how many were dropped."""
         if not self.accelerator.is_main_process or not self.path.is_file():
             return 0
-        lines = self.path.read_text(encoding="utf-8").splitlines()
+        lines = door.read_text(self.path, self.path.parent).splitlines()
         kept = [line for line, record in metric_records(self.path) if record.get("step", 0) <= step]
         if len(kept) != len(lines):
             write_atomic(self.path, "".join(line + "\n" for line in kept))

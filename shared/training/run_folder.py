@@ -9,6 +9,13 @@ findings job, recognised by the record each leaves), and only after its path is 
 through a symbolic link, never the root, a mount point, the current folder or one above it, the
 home folder, the Python environment, this project or a folder that holds the command's source.
 A command refused before it wrote anything leaves no folder and no lock file behind.
+
+Ownership is by a marker, never by guesswork: every folder a command makes holds ``.duolm``
+(``MARKER``, JSON naming its kind: a run, an import, an export, a compare or findings job, token
+shards). ``--overwrite`` and ``--force`` move aside only a folder with the marker, or an empty
+one; a folder of a user's own files is never moved because it happens to hold a subfolder named
+``checkpoints`` or ``stages``. A folder an earlier version made (its records, no marker) gets one
+line saying how to move it by hand. Files here are opened through ``shared.door``.
 """
 
 from __future__ import annotations
@@ -17,61 +24,75 @@ import contextlib
 import fcntl
 import json
 import os
-import shutil
 import socket
-import stat
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from shared import door
 from shared.checkpoint import list_checkpoints, verify_checkpoint
+from shared.door import current_umask
 from shared.errors import DISK_FULL, CheckpointError, ConfigError, free_space, with_path
-from shared.files import cache_root, current_umask
+from shared.files import cache_root
 from shared.formats.exported import EXPORT_INFO
 
 LOCK_FILE = ".lock"
-# What a run writes into its folder besides config.json; any of them means the folder holds a
-# run. config.json alone is too common a name: it counts when it is a run's (RUN_CONFIG_KEYS).
-RUN_FILES = ("metrics.jsonl", "final.json", "checkpoints")
-RUN_CONFIG_KEYS = ("model_config", "train_config")
-# The record each other command leaves in its folder.
+MARKER = ".duolm"
+# The kinds of folder duolm makes, as the marker names them, in words.
+KINDS = {
+    "run": "a training run",
+    "import": "a training run (an imported checkpoint)",
+    "export": "an export",
+    "compare job": "a compare or sweep job",
+    "findings job": "a findings job",
+    "shards": "token shards",
+}
 IMPORT_RECORD = "import.json"
+# The records earlier versions left instead of a marker: named in a message, never trusted.
+EARLIER_RECORDS = (
+    "checkpoints", "metrics.jsonl", "final.json", "stages", "finding-code.json", IMPORT_RECORD,
+    EXPORT_INFO,
+)
 JOB_STAGES = "stages"  # compare and sweep jobs store their stages here
 FINDINGS_STAMP = "finding-code.json"
 
 
-def holds_run(folder: Path) -> bool:
-    return any((folder / name).exists() for name in RUN_FILES) or _is_run_config(
-        folder / "config.json"
-    )
+def mark_folder(folder: Path, kind: str) -> None:
+    """Mark ``folder`` as made by duolm as a ``kind`` (``KINDS``); a folder already marked keeps
+    its first kind (a resumed import stays an import)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind of folder {kind!r}")
+    if folder_kind(folder) is None:
+        door.write_json_atomic(folder / MARKER, {"kind": kind, "made_by": "duolm"}, root=folder)
 
 
-def _is_run_config(path: Path) -> bool:
-    if not path.is_file():
-        return False
+def folder_kind(folder: Path) -> str | None:
+    """The kind ``folder``'s marker names; None without a (readable, known) marker."""
     try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(record, dict) and all(key in record for key in RUN_CONFIG_KEYS)
+        record = door.read_json_file(Path(folder) / MARKER, root=folder, limit=4096)
+    except (OSError, ValueError):
+        return None
+    kind = record.get("kind") if isinstance(record, dict) else None
+    return kind if kind in KINDS else None
+
+
+def holds_run(folder: Path) -> bool:
+    return folder_kind(folder) in ("run", "import")
 
 
 def made_here(folder: Path) -> str | None:
-    """What this project made ``folder`` as (a run, an export, an import, a compare or findings
-    job), read from the record each command leaves in it; None when it holds nothing it made."""
-    if (folder / EXPORT_INFO).is_file():
-        return "an export"
-    if (folder / IMPORT_RECORD).is_file():
-        return "a training run (an imported checkpoint)"
-    if holds_run(folder):
-        return "a training run"
-    if (folder / JOB_STAGES).is_dir():
-        return "a compare or sweep job"
-    if (folder / FINDINGS_STAMP).is_file():
-        return "a findings job"
-    return None
+    """What this project made ``folder`` as (``KINDS``), read from its marker; None when it has
+    no marker (a user's folder, or one an earlier version made: ``made_by_earlier_version``)."""
+    return KINDS.get(folder_kind(folder) or "")
+
+
+def made_by_earlier_version(folder: Path) -> bool:
+    """Whether ``folder`` has no marker but holds records an earlier version left: said in a
+    message (how to move it by hand), never a reason to move it."""
+    return made_here(folder) is None and any(
+        os.path.lexists(Path(folder) / name) for name in EARLIER_RECORDS
+    )
 
 
 def contents(folder: Path) -> list[str]:
@@ -117,10 +138,10 @@ def remove_added(out: Path, found: set[str], created: list[Path]) -> None:
     for name in set(contents(out)) - found:
         entry = out / name
         if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
+            door.remove_tree(entry)
         else:
             with contextlib.suppress(OSError):
-                entry.unlink()
+                door.remove_file(entry)
     for folder in created:
         try:
             folder.rmdir()
@@ -188,7 +209,7 @@ class RunFolderLock:
         leaves empty (``release``): a lock taken on that unlinked file protects nothing, so it is
         taken again on the file the path names now."""
         while True:
-            handle = open(self.path, "a+")  # held open for the life of the run
+            handle = door.open_lock_file(self.path)  # held open for the life of the run
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -216,7 +237,7 @@ class RunFolderLock:
         # it made.
         untouched = self._made_lock_file and contents(self.folder) == self._found
         if untouched:
-            self.path.unlink(missing_ok=True)
+            door.remove_file(self.path)
         fcntl.flock(self._handle, fcntl.LOCK_UN)
         self._handle.close()
         self._handle = None
@@ -242,13 +263,13 @@ def lock_holder(folder: Path) -> dict | None:
     """The record of whoever holds ``folder``'s lock right now (None when nobody does)."""
     path = Path(folder) / LOCK_FILE
     try:
-        with open(path) as handle:
+        with door.open_read(path) as handle:
             try:
                 fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
                 return _read_holder(handle)
             fcntl.flock(handle, fcntl.LOCK_UN)
-    except OSError:  # no lock file (or none this user may read): nobody holds it
+    except (OSError, ConfigError):  # no lock file (none this user may read, or not a file)
         return None
     return None
 
@@ -278,9 +299,10 @@ def refuse_inside_a_run(folder: Path) -> None:
 def _read_holder(handle) -> dict:
     handle.seek(0)
     try:
-        return json.loads(handle.read() or "{}")
-    except (ValueError, RecursionError):  # a damaged lock record (ValueError: text or bytes)
+        record = door.parse_json(handle.read(4096) or "{}", "lock")
+    except ConfigError:  # a damaged lock record
         return {}
+    return record if isinstance(record, dict) else {}
 
 
 def claim_run_folder(
@@ -296,11 +318,7 @@ def claim_run_folder(
         return move_aside(folder, sources)  # or the one reason it may not
     made = made_here(folder)
     if made is None:
-        raise ConfigError(
-            f"{folder} holds files that duolm did not make ({listing(folder)}); train into a new "
-            "or empty folder (--overwrite moves aside only a folder duolm made: a run, an "
-            "export, an import or a job)"
-        )
+        raise ConfigError(f"{folder} {not_ours(folder)}; train into a new or empty folder")
     why_not = why_not_movable(folder, sources)
     start_over = (
         f"start a new run in another folder ({folder} {why_not})"
@@ -329,8 +347,9 @@ def listing(folder: Path, shown: int = 3) -> str:
 
 def what_it_holds(folder: Path) -> str:
     """What a used output folder holds, in words, from the record each command leaves."""
-    made = made_here(folder)
-    if made == "a training run" and not (folder / "config.json").is_file():
+    made, kind = made_here(folder), folder_kind(folder)
+    record = {"run": "config.json", "import": IMPORT_RECORD}.get(kind or "")
+    if record and not (folder / record).is_file():
         return "the files of a run or import that stopped before it finished"
     return made or f"files duolm did not make ({listing(folder)})"
 
@@ -376,22 +395,7 @@ def output_folder_is_used(
 
 def kind_of_path(path: Path) -> str:
     """What ``path`` is, in words, without following a final symbolic link."""
-    mode = path.lstat().st_mode
-    if stat.S_ISLNK(mode):
-        return f"a symbolic link to {os.readlink(path)}"
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISREG(mode):
-        return "a file"
-    for test, name in (
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
+    return door.kind_of_mode(path.lstat().st_mode, path)
 
 
 def protected_places() -> dict[str, Path]:
@@ -436,12 +440,21 @@ def why_not_movable(folder: Path, sources: Sequence[Path] = ()) -> str | None:
         if source == resolved or resolved in source.parents:
             return f"cannot be moved aside: {resolved} holds the source {source}"
     if contents(resolved) and made_here(resolved) is None:
-        return (
-            f"cannot be moved aside: it holds files duolm did not make ({listing(resolved)}); "
-            "--overwrite and --force move only a folder duolm made (a run, an export, an "
-            "import or a job) or an empty one"
-        )
+        return f"cannot be moved aside: it {not_ours(resolved)}"
     return None
+
+
+def not_ours(folder: Path) -> str:
+    """Why ``folder`` (not empty, no marker) is not duolm's to move, in words."""
+    if made_by_earlier_version(folder):
+        return (
+            f"was made by an earlier version of duolm (it has no {MARKER} marker), so it is "
+            f"never moved for you: move it by hand (mv {folder} {folder}.old) and run again"
+        )
+    return (
+        f"holds files duolm did not make ({listing(folder)}); --overwrite and --force move only "
+        f"a folder duolm made (marked by its {MARKER} file) or an empty one"
+    )
 
 
 def move_aside(folder: Path, sources: Sequence[Path] = ()) -> str:
@@ -454,11 +467,11 @@ def move_aside(folder: Path, sources: Sequence[Path] = ()) -> str:
     resolved = folder.resolve()
     # mkdtemp picks a name no other folder has, atomically; then give it the usual mode.
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    aside = Path(tempfile.mkdtemp(prefix=f"{resolved.name}.replaced-{stamp}-", dir=resolved.parent))
+    aside = door.make_temp_folder(resolved.parent, f"{resolved.name}.replaced-{stamp}-")
     os.chmod(aside, 0o777 & ~current_umask())
     for entry in resolved.iterdir():
         if entry.name != LOCK_FILE:
-            entry.rename(aside / entry.name)
+            door.rename(entry, aside / entry.name)
     return str(aside)
 
 

@@ -1,7 +1,6 @@
 """One training run as named units: ``Trainer`` sets the run up (data, model, records), takes
-one optimizer step (``train_step``), validates, runs the step loop with its logging, validations
-and checkpoints (``fit``) and finishes it (``finish``: the final validation and the summary).
-``shared.training.loop.train`` holds the run folder's lock around it."""
+one optimizer step (``train_step``), validates, runs the step loop (``fit``) and finishes it
+(``finish``: the final validation and the summary), under ``shared.training.loop``'s lock."""
 
 from __future__ import annotations
 
@@ -18,8 +17,8 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
 from shared import checkpoint as ckpt
+from shared.door import write_json_atomic
 from shared.faults import StopRequest, fault_active, hold_step_if, run_out_of_memory_if
-from shared.files import write_json_atomic
 from shared.hardware import peak_memory, total_memory
 from shared.model import Transformer
 from shared.objective import annealing_noise, loss_positions, objective_for_run, slice_noise
@@ -38,6 +37,7 @@ from shared.training.guards import (
 )
 from shared.training.metrics import Metrics
 from shared.training.run import RunSpec
+from shared.training.run_folder import mark_folder
 from shared.training.schedule import (
     batch_generator,
     branch_points,
@@ -175,7 +175,7 @@ class Trainer:
         how its schedule relates to the one it continues, if any."""
         cfg, accelerator = self.cfg, self.accelerator
         if accelerator.is_main_process:
-            self.out.mkdir(parents=True, exist_ok=True)
+            mark_folder(self.out, "run")  # made here, by this run's first write
             config = self.run_record() | {"preset": self.spec.preset}
             write_json_atomic(self.out / "config.json", config, durable=False)
         accelerator.init_trackers("duolm", config={**self.run_config, **self.model_cfg.to_dict()})

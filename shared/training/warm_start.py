@@ -27,6 +27,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from shared import checkpoint as ckpt
+from shared import door
 from shared.config import ModelConfig
 from shared.errors import CheckpointError, ConfigError
 from shared.objective import objective_class
@@ -138,7 +139,10 @@ def load_source_weights(source: InitSource, model: nn.Module, tokenizer_vocab: i
     the ``[MASK]`` row; returns a line saying what was done."""
     where = f"--init-from {source.record['path']}"
     ckpt.refuse_sharded(source.checkpoint)
-    saved = load_file(str(source.checkpoint / "model.safetensors"))
+    ckpt.refuse_unlisted_weights(source.checkpoint)
+    weights = source.checkpoint / ckpt.WEIGHTS
+    with door.opened_path(weights, source.checkpoint, error=CheckpointError) as name:
+        saved = load_file(name)
     own = model.state_dict()
     source_vocab = source.state["model_config"]["vocab_size"]
     target_vocab = model.config.vocab_size
