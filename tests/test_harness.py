@@ -55,7 +55,7 @@ GENERATE = """output_type: generate_until
 doc_to_text: "{{question}}"
 doc_to_target: " the"
 generation_kwargs:
-  until: ["e"]
+  until: [{stop}]
   max_gen_toks: 6
 metric_list:
   - metric: exact_match
@@ -92,12 +92,21 @@ def task_dir(tmp_path_factory, tiny_runs):
     for name, rows, body in (
         ("duolm_choice", [c | {"answer": 0} for c in choices], CHOICE),
         ("duolm_rolling", documents, ROLLING),
-        ("duolm_generate", [{"question": c["question"]} for c in choices[:2]], GENERATE),
+        ("duolm_generate", [{"question": q} for q in GENERATE_PROMPTS], GENERATE),
     ):
         data = root / f"{name}.jsonl"
         data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        body = body.replace("{stop}", json.dumps(generation_stop(tiny_runs["ar"])))
         (root / f"{name}.yaml").write_text(TASK.format(name=name, data=data, body=body))
     return root
+
+
+GENERATE_PROMPTS = ["In the beginning God created the ", "And God said, Let there be"]
+
+
+def generation_stop(run) -> str:
+    """A stop string the AR run's first greedy continuation holds (its third character)."""
+    return greedy_text(run, GENERATE_PROMPTS[0], 6)[2]
 
 
 @pytest.fixture(scope="module")
@@ -235,7 +244,10 @@ def test_mdm_scores_follow_lm_evals_seed_and_carry_a_standard_error(tiny_runs, t
     assert all(item["stderr"] > 0 and math.isfinite(item["stderr"]) for item in items)
 
 
-def test_generation_stops_at_the_stop_string_for_both_objectives(tiny_runs, task_dir):
+def test_generation_is_greedy_and_cut_at_the_stop_string(tiny_runs, task_dir):
+    """The AR's text is its own greedy continuation (6 tokens) cut at the first stop string;
+    the MDM's holds no stop string either."""
+    stop = generation_stop(tiny_runs["ar"])
     for objective in ("ar", "mdm"):
         responses = per_item(
             "duolm",
@@ -244,7 +256,11 @@ def test_generation_stops_at_the_stop_string_for_both_objectives(tiny_runs, task
             ["duolm_generate"],
         )
         texts = [text for doc in responses["duolm_generate"] for text in doc]
-        assert len(texts) == 2 and all(isinstance(t, str) and "e" not in t for t in texts)
+        assert len(texts) == 2 and all(stop not in text for text in texts)
+        if objective == "ar":
+            greedy = [greedy_text(tiny_runs["ar"], p, 6) for p in GENERATE_PROMPTS]
+            # the first holds the stop string, so an uncut text cannot pass
+            assert texts == [text.split(stop)[0] for text in greedy]
 
 
 @pytest.mark.parametrize(
