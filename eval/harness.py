@@ -157,6 +157,20 @@ class DuoLM(TemplateLM):
         self.item_records: list[dict[str, Any]] = []  # per MDM item: its estimate and stderr
         self._stderrs: list[float] = []  # of the last _loglikelihood_tokens call, in its order
 
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
+        """lm-eval's constructor call, with ``--model_args`` winning over the batch size and
+        device lm-eval adds: its command line always adds them (``--batch_size`` defaults to
+        1, ``--device`` to cuda:0), so a key in both was a TypeError before any check."""
+        added = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        return cls(**(added | dict(arg_dict)))
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+        return cls.create_from_arg_obj(
+            lm_utils.simple_parse_args_string(arg_string), additional_config
+        )
+
     # ---- what lm-eval reads
 
     @property

@@ -299,6 +299,11 @@ def test_command_line_arguments_arrive_typed(tiny_runs):
         {"batch_size": "8", "max_batch_size": None, "device": "cpu"},
     )
     assert (lm.batch_size, lm.max_length, lm.draws, lm.seed) == (8, 20, 5, 3)
+    # lm-eval's command line always adds --batch_size and --device: --model_args wins
+    lm = DuoLM.create_from_arg_string(
+        f"checkpoint={tiny_runs['ar']},batch_size=2,device=cpu", {"batch_size": 1, "device": "x"}
+    )
+    assert (lm.batch_size, str(lm.device)) == (2, "cpu")
     assert DuoLM(str(tiny_runs["ar"])).max_length == 32  # the run's rows, not its 64 positions
     assert argument_names()[:3] == ["checkpoint", "batch_size", "max_batch_size"]
 
