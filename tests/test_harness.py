@@ -292,6 +292,16 @@ def test_a_folder_that_is_not_a_run_is_refused_in_one_line(tmp_path):
         DuoLM(str(tmp_path))
 
 
+def test_a_run_of_another_objective_is_refused_in_one_line(tiny_runs, monkeypatch):
+    from eval import harness
+
+    model, tokenizer, state = load_model_from_checkpoint(tiny_runs["mdm"])
+    udm = (model, tokenizer, state | {"objective": "udm"})
+    monkeypatch.setattr(harness, "load_model_from_checkpoint", lambda *_: udm)
+    with pytest.raises(ConfigError, match=r"is a 'udm' run; .* scores 'ar' and 'mdm' runs$"):
+        DuoLM(str(tiny_runs["mdm"]))
+
+
 def test_command_line_arguments_arrive_typed(tiny_runs):
     """lm-eval's command line passes --batch_size and --model_args values as text."""
     lm = DuoLM.create_from_arg_string(
