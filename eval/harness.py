@@ -1,33 +1,45 @@
-"""An ``lm-evaluation-harness`` model for checkpoints of either objective.
+"""The ``duolm`` model of lm-evaluation-harness, for AR and MDM runs, registered in lm-eval's
+model registry and scoring each request as lm-eval's own ``hf`` backend scores the export.
 
-    import lm_eval
-    from eval.harness import DuoLM
-    lm_eval.simple_evaluate(model=DuoLM("runs/demo/mdm"), tasks=[...])
+    python -m eval.harness --model duolm --model_args checkpoint=runs/demo/ar \\
+        --tasks my_task --include_path tasks/ --device cpu --batch_size 8
+    duolm lm-eval ...                                       # the same command
+    lm_eval.simple_evaluate(model="duolm", model_args={"checkpoint": "runs/demo/mdm"}, ...)
 
-- ``loglikelihood``: AR exact log p(continuation | context); MDM the negative NELBO of the
-  continuation with the context visible (``samples`` noise draws; a *bound*, so
-  ``likelihood_kind`` says "bound") or, with ``mdm_likelihood="chain_rule"``, the exact
-  left-to-right chain rule. ``is_greedy``: AR, every continuation token is the argmax given its
-  prefix; MDM, every continuation token is the argmax when the whole continuation is masked.
-- ``loglikelihood_rolling``: the text cut into windows of the model's context, each window
-  scoring only tokens not scored before (AR windows overlap to keep full context; MDM windows
-  are disjoint chunks scored by the NELBO).
-- ``generate_until``: greedy AR decoding with the KV cache, or the MDM's low-confidence
-  fixed-count sampler, cut at the first stop string.
+lm-eval (0.4) looks models up in its own registry and discovers none outside its package (no
+entry points, no plugin folder; ``--include_path`` covers tasks only). Importing this module
+registers "duolm" there, so ``lm_eval --model duolm`` alone does not find it; the two commands
+above import it and then run lm-eval's own command line, with every one of its flags.
 
-Requires ``pip install lm-eval`` (not a dependency of the project).
+Requests are handled as ``hf`` handles them (lm-eval's ``TemplateLM`` for the context and
+continuation split, its rolling windows, ``hf``'s truncation), so ``hf`` on ``duolm export``'s
+folder gives the same per-item log-likelihoods for an AR run (tested to 1e-4). The MDM scores
+each continuation by a Monte-Carlo NELBO whose noise is a function of the request alone (lm-eval's
+seed and a hash of the request's tokens), so batch size and batch mates change nothing. The
+arguments and the estimator are described in docs/evaluation.md ("lm-evaluation-harness").
+
+Requires ``pip install lm-eval`` (the ``harness`` extra; not a dependency of the project).
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import logging
+import math
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 try:
-    from lm_eval.api.model import LM
+    import lm_eval.models  # noqa: F401  (lm-eval's own models first: see register())
+    from lm_eval import utils as lm_utils
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.api.registry import model_registry
 except ImportError as error:  # pragma: no cover - exercised only without lm-eval
     raise ImportError("eval.harness needs lm-evaluation-harness: pip install lm-eval") from error
 
@@ -35,150 +47,364 @@ from arlm.generate import ARGenerator, GenerationConfig
 from dllm.generator import DiffusionGenerator
 from dllm.sampler import SamplerConfig
 from dllm.strategies import FixedCount
-from eval.likelihood import ar_nll, continuation_rows, mdm_chain_rule_nll, mdm_nelbo
 from shared.checkpoint import load_model_from_checkpoint
-from shared.objective import objective_for_run
+from shared.errors import CheckpointError, ConfigError, result_or_status
+from shared.objective import objective_for_run, sum_per_row
 from shared.sampling import SamplingConfig
 
+log = logging.getLogger(__name__)
 
-class DuoLM(LM):
+MODEL_NAME = "duolm"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+LIKELIHOODS = ("nelbo", "chain_rule")
+ESTIMATORS = ("time", "count")
+
+
+def _integer(name: str, value: Any, least: int = 1, most: int | None = None, why: str = ""):
+    """``value`` (an int, or its text as lm-eval's command line passes it) as an int in
+    least..most, else one line naming the argument and that range."""
+    try:
+        number = int(value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        number = None
+    if (
+        number is None
+        or str(number) != str(value).strip()
+        or number < least
+        or (most is not None and number > most)
+    ):
+        valid = f"an integer >= {least}" if most is None else f"an integer in {least}..{most}"
+        raise ConfigError(f"{name}={value!r} must be {valid}{why}")
+    return number
+
+
+def item_seed(seed: int, tokens: list[int], n_scored: int) -> int:
+    """The seed of one request's noise: a hash of the run's seed, the request's tokens and how
+    many of them are scored, so equal requests draw equal noise wherever they sit in a batch."""
+    digest = hashlib.sha256(f"{seed}:{n_scored}:".encode() + np.asarray(tokens, np.int64).tobytes())
+    return int.from_bytes(digest.digest()[:8], "little")
+
+
+class DuoLM(TemplateLM):
+    """lm-eval's view of a duolm run (AR or MDM); see docs/evaluation.md for every argument."""
+
     def __init__(
         self,
-        checkpoint: str,
+        checkpoint: str | None = None,
         *,
-        samples: int = 16,
+        batch_size: int | str = 16,
+        max_batch_size: int | str | None = None,
+        max_length: int | str | None = None,
+        device: str | None = None,
+        dtype: str = "float32",
         mdm_likelihood: str = "nelbo",
-        batch_size: int = 16,
-        max_gen_toks: int = 64,
-        diffusion_steps: int = 64,
-        seed: int = 0,
-        device: str = "cpu",
+        estimator: str | None = None,
+        draws: int | str = 16,
+        seed: int | str | None = None,
+        max_gen_toks: int | str = 64,
+        diffusion_steps: int | str = 64,
+        **unknown: Any,
     ):
         super().__init__()
-        if mdm_likelihood not in ("nelbo", "chain_rule"):
-            raise ValueError(f"mdm_likelihood={mdm_likelihood!r} must be 'nelbo' or 'chain_rule'")
-        self.model, self.tokenizer, self.state = load_model_from_checkpoint(
-            Path(checkpoint), device
-        )
+        if unknown:
+            valid = ", ".join(argument_names())
+            raise ConfigError(
+                f"unknown duolm model argument(s) {', '.join(sorted(unknown))}; valid: {valid}"
+            )
+        if not checkpoint:
+            raise ConfigError(
+                "checkpoint= is required: a duolm run folder or one of its checkpoints"
+            )
+        self.batch_size_per_gpu = _integer("batch_size", batch_size)
+        del max_batch_size  # lm-eval passes it for batch_size=auto, which duolm does not do
+        self.draws = _integer("draws", draws, least=2)
+        self.max_gen_toks_ = _integer("max_gen_toks", max_gen_toks)
+        self.diffusion_steps = _integer("diffusion_steps", diffusion_steps)
+        self.fixed_seed = None if seed is None else _integer("seed", seed, least=0)
+        if mdm_likelihood not in LIKELIHOODS:
+            raise ConfigError(f"mdm_likelihood={mdm_likelihood!r} must be one of {LIKELIHOODS}")
+        if estimator is not None and estimator not in ESTIMATORS:
+            raise ConfigError(f"estimator={estimator!r} must be one of {ESTIMATORS}")
+        if dtype not in DTYPES:
+            raise ConfigError(f"dtype={dtype!r} must be one of {', '.join(DTYPES)}")
+        self._device = torch.device(_device(device))
+        try:
+            self.model, self.tokenizer, self.state = load_model_from_checkpoint(
+                Path(checkpoint), self._device
+            )
+        except (CheckpointError, FileNotFoundError) as error:
+            raise ConfigError(
+                f"checkpoint={checkpoint!r} is not a duolm run or checkpoint ({error})"
+            ) from None
         self.kind = self.state["objective"]
-        self.objective = objective_for_run(self.kind, self.state["train_config"], self.tokenizer)
-        self.samples, self.mdm_likelihood = samples, mdm_likelihood
-        self.batch_size, self.max_gen_toks = batch_size, max_gen_toks
-        self.diffusion_steps, self.seed, self._device = diffusion_steps, seed, device
-        self.max_length = self.model.config.max_seq_len
-        self.token_bytes = self.tokenizer.token_bytes()
+        if self.kind not in ("ar", "mdm"):
+            raise ConfigError(
+                f"checkpoint={checkpoint!r} is a {self.kind!r} run; the duolm lm-eval model "
+                "scores 'ar' and 'mdm' runs"
+            )
+        self.model.to(DTYPES[dtype])
+        self.dtype, self.checkpoint, self.mdm_likelihood = dtype, str(checkpoint), mdm_likelihood
+        config = self.state["train_config"]
+        options = {"estimator": estimator} if estimator and self.kind == "mdm" else {}
+        self.objective = objective_for_run(self.kind, config, self.tokenizer, **options)
+        positions = self.model.config.max_seq_len
+        # the row length the run trained on: what the model has seen, BOS included
+        trained = min(int(config.get("seq_len") or positions), positions)
+        self._max_length = trained
+        if max_length is not None:
+            why = f" (the model's positions; the run trained on rows of {trained})"
+            self._max_length = _integer("max_length", max_length, 2, positions, why)
+        self.item_records: list[dict[str, Any]] = []  # per MDM item: its estimate and stderr
+        self._stderrs: list[float] = []  # of the last _loglikelihood_tokens call, in its order
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
+        """lm-eval's constructor call, with ``--model_args`` winning over the batch size and
+        device lm-eval adds: its command line always adds them (``--batch_size`` defaults to
+        1, ``--device`` to cuda:0), so a key in both was a TypeError before any check."""
+        added = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        return cls(**(added | dict(arg_dict)))
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+        return cls.create_from_arg_obj(
+            lm_utils.simple_parse_args_string(arg_string), additional_config
+        )
+
+    # ---- what lm-eval reads
+
+    @property
+    def eot_token_id(self) -> int:
+        return self.tokenizer.eos_id
+
+    @property
+    def prefix_token_id(self) -> int:
+        return self.tokenizer.eos_id  # BOS: every training row opens with the end-of-text id
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    @property
+    def max_gen_toks(self) -> int:
+        return self.max_gen_toks_
+
+    @property
+    def batch_size(self) -> int:
+        return self.batch_size_per_gpu
+
+    @property
+    def seed(self) -> int:
+        """The explicit ``seed=``, else the torch seed lm-eval set (``--seed``'s third value),
+        read when requests are scored so a model built before ``simple_evaluate`` seeds too."""
+        return self.fixed_seed if self.fixed_seed is not None else torch.initial_seed()
 
     @property
     def likelihood_kind(self) -> str:
         if self.kind == "ar":
             return "exact"
-        return "exact (left-to-right)" if self.mdm_likelihood == "chain_rule" else "bound (NELBO)"
+        if self.mdm_likelihood == "chain_rule":
+            return "exact (left-to-right)"
+        return f"bound (NELBO, {self.objective.estimator} estimator, {self.draws} draws)"
 
-    # ---- scoring
+    def tok_encode(
+        self, string: str, add_special_tokens: bool | None = None, **kwargs
+    ) -> list[int]:
+        # Our tokenizer adds no specials (neither does the export's): BOS comes from lm-eval's
+        # prefix token where hf puts it, an empty context and the first rolling window.
+        return self.tokenizer.encode(string)
 
-    def _fit(self, context: list[int], continuation: list[int]) -> tuple[list[int], list[int]]:
-        """Drop the oldest context tokens so BOS + context + continuation fits the model."""
-        room = self.max_length - 1 - len(continuation)
-        if room < 0:
-            raise ValueError(
-                f"a continuation of {len(continuation)} tokens does not fit the model's "
-                f"context of {self.max_length}"
-            )
-        return context[len(context) - room :] if len(context) > room else context, continuation
+    def tok_decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens)
 
-    def _score(self, pairs: list[tuple[list[int], list[int]]]) -> list[float]:
-        rows, scored = continuation_rows(
-            [p for p, _ in pairs],
-            [c for _, c in pairs],
-            bos_id=self.tokenizer.eos_id,
-            pad_id=self.tokenizer.pad_id,
-        )
-        rows_np = rows.numpy()
-        if self.kind == "ar":
-            estimate = ar_nll(
-                self.model,
-                self.objective,
-                rows_np,
-                self.token_bytes,
-                batch_size=self.batch_size,
-                device=self._device,
-                scored=scored,
+    def get_model_info(self) -> dict[str, Any]:
+        """Recorded in lm-eval's results under "config": what the scores mean, and for the MDM's
+        NELBO every item's estimate with its Monte-Carlo standard error."""
+        return {"duolm": harness_info(self) | {"items": self.item_records}}
+
+    # ---- log-likelihoods
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        results = super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+        self._record(requests, [score for score, _ in results], self._stderrs)
+        return results
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        # The MDM sees context and continuation in one row of max_length positions; the AR's
+        # input is one token shorter than the tokens it covers (the last is only predicted).
+        span = self.max_length if self.kind == "ar" else self.max_length - 1
+        windows, owner = [], []
+        for index, (text,) in enumerate(r.args for r in requests):
+            for window in lm_utils.get_rolling_token_windows(
+                token_list=self.tok_encode(text),
+                prefix_token=self.prefix_token_id,
+                max_seq_len=span,
+                context_len=1,
+            ):
+                windows.append((None, *lm_utils.make_disjoint_window(window)))
+                owner.append(index)
+        scores = self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm)
+        totals, variances = [0.0] * len(requests), [0.0] * len(requests)
+        for index, (score, _), stderr in zip(owner, scores, self._stderrs):
+            totals[index] += score
+            variances[index] += stderr**2
+        self._record(requests, totals, [math.sqrt(v) for v in variances])
+        for (text,), total in zip((r.args for r in requests), totals):
+            self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
+        return totals
+
+    def _record(self, requests, scores: list[float], stderrs: list[float]) -> None:
+        if self.kind != "mdm" or self.mdm_likelihood != "nelbo":
+            return
+        for request, score, stderr in zip(requests, scores, stderrs):
+            self.item_records.append(
+                {
+                    "task": getattr(request, "task_name", None),
+                    "doc_id": getattr(request, "doc_id", None),
+                    "idx": getattr(request, "idx", None),
+                    "loglikelihood": score,
+                    "stderr": stderr,
+                }
             )
-        elif self.mdm_likelihood == "chain_rule":
-            estimate = mdm_chain_rule_nll(
-                self.model,
-                self.objective,
-                rows_np,
-                self.token_bytes,
-                batch_size=self.batch_size,
-                device=self._device,
-                scored=scored,
-            )
-        else:
-            estimate = mdm_nelbo(
-                self.model,
-                self.objective,
-                rows_np,
-                self.token_bytes,
-                samples=self.samples,
-                batch_size=self.batch_size * self.samples,
-                seed=self.seed,
-                device=self._device,
-                scored=scored,
-            )
-        return [-nats for nats in estimate.row_nats]
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs):
+        """(log-likelihood, is_greedy) per ((context, continuation), context ids, continuation
+        ids), in input order; their Monte-Carlo standard errors land in ``self._stderrs``."""
+        rows, n_scored = [], []
+        for _, context, continuation in requests:
+            if not 0 < len(continuation) <= self.max_length - (self.kind != "ar"):
+                raise ConfigError(
+                    f"a continuation of {len(continuation)} tokens does not fit "
+                    f"max_length={self.max_length}; raise max_length (up to the model's "
+                    f"{self.model.config.max_seq_len} positions)"
+                )
+            # hf's truncation: keep the last max_length + 1 tokens (the AR's input is all but
+            # the last); the MDM's row holds max_length tokens
+            keep = self.max_length + (self.kind == "ar")
+            rows.append((list(context) + list(continuation))[-keep:])
+            n_scored.append(len(continuation))
+        # longest first, as hf's collator does: each batch is padded to its first row
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
+        scores, greedy = [0.0] * len(rows), [False] * len(rows)
+        stderrs = [0.0] * len(rows)
+        seed = self.seed
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start : start + self.batch_size]
+            found = self._score_batch([rows[i] for i in batch], [n_scored[i] for i in batch], seed)
+            for i, (score, is_greedy, stderr) in zip(batch, zip(*found)):
+                scores[i], greedy[i], stderrs[i] = score, is_greedy, stderr
+        self._stderrs = stderrs
+        for (request, _, _), score, is_greedy in zip(requests, scores, greedy):
+            if request is not None:
+                self.cache_hook.add_partial("loglikelihood", request, (score, is_greedy))
+        return list(zip(scores, greedy))
 
     @torch.no_grad()
-    def _is_greedy(self, context: list[int], continuation: list[int]) -> bool:
-        rows, scored = continuation_rows(
-            [context], [continuation], bos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id
-        )
-        rows, scored = rows.to(self._device), scored.to(self._device)
+    def _score_batch(self, rows: list[list[int]], n_scored: list[int], seed: int):
         if self.kind == "ar":
-            logits = self.model(rows[:, :-1], attention="causal")
-            predicted = logits.argmax(-1)[scored[:, 1:]]
-        else:
-            mask_id = self.objective.mask_id
-            noised = torch.where(scored, torch.full_like(rows, mask_id), rows)
-            logits = self.model(noised, attention="bidirectional", output_mask=scored)
-            predicted = logits[:, :mask_id].argmax(-1)
-        return bool((predicted == rows[scored]).all())
+            return self._ar_batch(rows, n_scored)
+        if self.mdm_likelihood == "chain_rule":
+            return self._chain_rule_batch(rows, n_scored)
+        return self._nelbo_batch(rows, n_scored, seed)
 
-    def loglikelihood(self, requests) -> list[tuple[float, bool]]:
-        pairs = [
-            self._fit(self.tokenizer.encode(context), self.tokenizer.encode(continuation))
-            for context, continuation in (r.args for r in requests)
-        ]
-        scores = self._score(pairs)
-        return [(score, self._is_greedy(*pair)) for score, pair in zip(scores, pairs)]
+    def _padded(self, rows: list[list[int]], n_scored: list[int], copies: int = 1):
+        """Rows right-padded to the longest, each repeated ``copies`` times, with the masks of
+        real tokens and of the scored (last ``n_scored``) positions."""
+        width = max(map(len, rows))
+        tokens = torch.full((len(rows) * copies, width), self.tokenizer.pad_id, dtype=torch.long)
+        valid = torch.zeros_like(tokens, dtype=torch.bool)
+        scored = torch.zeros_like(valid)
+        for i, (row, n) in enumerate(zip(rows, n_scored)):
+            span = slice(i * copies, (i + 1) * copies)
+            tokens[span, : len(row)] = torch.tensor(row)
+            valid[span, : len(row)] = True
+            scored[span, len(row) - n : len(row)] = True
+        return tokens.to(self._device), valid.to(self._device), scored.to(self._device)
 
-    def loglikelihood_rolling(self, requests) -> list[float]:
-        results = []
-        for (text,) in (r.args for r in requests):
-            ids = self.tokenizer.encode(text)
-            window = self.max_length - 1
-            pairs, scored_upto = [], 0
-            while scored_upto < len(ids):
-                end = min(len(ids), scored_upto + window)
-                if self.kind == "ar":  # full context: the window ends at `end`
-                    start = max(0, end - window)
-                    pairs.append((ids[start:scored_upto], ids[scored_upto:end]))
-                else:  # disjoint chunks: the NELBO of each chunk from BOS
-                    pairs.append(([], ids[scored_upto:end]))
-                scored_upto = end
-            results.append(float(sum(self._score(pairs))) if pairs else 0.0)
-        return results
+    def _ar_batch(self, rows, n_scored):
+        tokens, _, scored = self._padded(rows, n_scored)
+        # Position i predicts token i+1; right padding sits after every real token, so causal
+        # attention keeps it out of them. is_greedy comes from the same logits.
+        targets_scored = scored[:, 1:]
+        logits = self.model(tokens[:, :-1], attention="causal", output_mask=targets_scored)
+        targets = tokens[:, 1:][targets_scored]
+        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        picked = log_probs.gather(1, targets[:, None])[:, 0].double()
+        row_of = targets_scored.nonzero()[:, 0]
+        scores = sum_per_row(picked, row_of, len(rows))
+        misses = sum_per_row((logits.argmax(-1) != targets).double(), row_of, len(rows))
+        return scores.tolist(), (misses == 0).tolist(), [0.0] * len(rows)
+
+    def _greedy_mdm(self, tokens, valid, scored) -> list[bool]:
+        """Every scored token is the argmax when the whole continuation is masked."""
+        mask_id = self.objective.mask_id
+        noised = torch.where(scored, torch.full_like(tokens, mask_id), tokens)
+        logits = self.model(noised, attention="bidirectional", output_mask=scored, key_valid=valid)
+        misses = (logits[:, :mask_id].argmax(-1) != tokens[scored]).double()
+        return (sum_per_row(misses, scored.nonzero()[:, 0], len(tokens)) == 0).tolist()
+
+    def _nelbo_batch(self, rows, n_scored, seed):
+        """The NELBO of each row's scored tokens over ``draws`` noise draws, drawn for the row
+        alone (its own length, its own generator) and padded after, so the batch cannot move
+        them; padding is kept out of attention (``key_valid``), so it cannot move the logits."""
+        draws, objective = self.draws, self.objective
+        tokens, valid, scored = self._padded(rows, n_scored, copies=draws)
+        t = torch.empty(len(tokens), dtype=torch.float64)
+        # 2.0 is above any masking threshold: padding is never masked (nor scored)
+        uniforms = torch.full(tokens.shape, 2.0, dtype=torch.float64)
+        for i, (row, n) in enumerate(zip(rows, n_scored)):
+            generator = torch.Generator().manual_seed(item_seed(seed, row, n))
+            noise = objective.repeated_noise(1, draws, len(row), generator)
+            t[i * draws : (i + 1) * draws] = noise["t"]
+            uniforms[i * draws : (i + 1) * draws, : len(row)] = noise["uniforms"]
+        noised, masked, weight = objective.noise_rows(
+            tokens, {"t": t, "uniforms": uniforms}, scored
+        )
+        logits = self.model(noised, attention="bidirectional", output_mask=masked, key_valid=valid)
+        token_nats = F.cross_entropy(
+            logits[:, : objective.mask_id].float(), tokens[masked], reduction="none"
+        )
+        row_of = masked.nonzero()[:, 0]
+        weighted = token_nats.double() * weight.to(token_nats.device)[row_of]
+        per_draw = sum_per_row(weighted, row_of, len(tokens)).view(len(rows), draws).cpu()
+        stderr = per_draw.std(1, unbiased=True) / math.sqrt(draws)
+        one = slice(None, None, draws)  # one copy of each row for the greedy check
+        greedy = self._greedy_mdm(tokens[one], valid[one], scored[one])
+        return (-per_draw.mean(1)).tolist(), greedy, stderr.tolist()
+
+    def _chain_rule_batch(self, rows, n_scored):
+        """The exact left-to-right log-likelihood: every scored position masked, then revealed
+        left to right, each scored under the model's prediction at that step."""
+        tokens, valid, scored = self._padded(rows, n_scored)
+        greedy = self._greedy_mdm(tokens, valid, scored)
+        mask_id = self.objective.mask_id
+        state = torch.where(scored, torch.full_like(tokens, mask_id), tokens)
+        total = torch.zeros(len(rows), dtype=torch.float64, device=tokens.device)
+        for position in range(tokens.shape[1]):
+            active = scored[:, position]
+            if not active.any():
+                continue
+            select = torch.zeros_like(scored)
+            select[:, position] = active
+            logits = self.model(
+                state, attention="bidirectional", output_mask=select, key_valid=valid
+            )
+            log_probs = torch.log_softmax(logits[:, :mask_id].float(), dim=-1)
+            total[active] += log_probs.gather(1, tokens[active, position][:, None])[:, 0].double()
+            state[active, position] = tokens[active, position]
+        return total.tolist(), greedy, [0.0] * len(rows)
 
     # ---- generation
 
-    def generate_until(self, requests) -> list[str]:
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         outputs = []
         for context, gen_kwargs in (r.args for r in requests):
             until = gen_kwargs.get("until", []) if isinstance(gen_kwargs, dict) else []
             until = [until] if isinstance(until, str) else list(until)
             max_new = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
-            prompt = self.tokenizer.encode(context)
-            prompt = prompt[-(self.max_length - 1 - max_new) :] if max_new < self.max_length else []
+            max_new = min(max_new, self.max_length - 1)  # BOS takes one position
+            room = self.max_length - 1 - max_new
+            prompt = self.tok_encode(context)[-room:] if room else []
             text = self._generate(prompt, max_new)
             for stop in until:
                 if stop and stop in text:
@@ -202,13 +428,67 @@ class DuoLM(LM):
         return generator.generate([prompt], max_new, config, seed=self.seed, eos="stop").texts[0]
 
 
+def _device(device: str | None) -> str:
+    """``device``, or CUDA when there is one; lm-eval's command line passes "cuda:0" by default,
+    so on a machine without CUDA it falls back to the CPU, as lm-eval's ``hf`` backend does."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        log.warning("device=%s: no CUDA here, scoring on the CPU", device)
+        return "cpu"
+    return str(device)
+
+
+def argument_names() -> list[str]:
+    """The model arguments ``--model_args`` takes, as ``DuoLM`` declares them."""
+    parameters = inspect.signature(DuoLM.__init__).parameters.values()
+    return [p.name for p in parameters if p.name != "self" and p.kind != p.VAR_KEYWORD]
+
+
 def harness_info(lm: DuoLM) -> dict[str, Any]:
-    """What to record beside harness scores: the objective and what its likelihoods mean."""
+    """What to record beside harness scores: the run, its objective and what its likelihoods
+    mean (for the MDM's NELBO the estimator, draws and seed that make it reproducible)."""
+    nelbo = lm.kind == "mdm" and lm.mdm_likelihood == "nelbo"
     return {
+        "checkpoint": lm.checkpoint,
         "objective": lm.kind,
         "likelihood": lm.likelihood_kind,
-        "samples": lm.samples if lm.kind == "mdm" else None,
+        "estimator": lm.objective.estimator if nelbo else None,
+        "draws": lm.draws if nelbo else None,
+        "seed": lm.seed if nelbo else None,
         "max_length": lm.max_length,
+        "dtype": lm.dtype,
         "tokenizer": lm.tokenizer.kind,
-        "numpy": np.__version__,
     }
+
+
+def register() -> None:
+    """Register "duolm" in lm-eval's model registry, by module path (the registry imports
+    ``eval.harness`` when the name is first used), once per process.
+
+    lm-eval fills its registry with its own models only when the registry is empty, so they
+    are imported (``lm_eval.models``, at the top) before this adds to it."""
+    if MODEL_NAME not in model_registry:
+        # by path, not the class: under ``python -m eval.harness`` this file runs as __main__
+        model_registry.register(MODEL_NAME, target="eval.harness:DuoLM")
+
+
+register()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """lm-eval's own command line, with "duolm" registered: ``python -m eval.harness`` or
+    ``duolm lm-eval`` takes exactly lm-eval's flags. A bad model argument is one line, exit 2."""
+    from lm_eval.__main__ import cli_evaluate
+
+    argv = sys.argv[1:] if argv is None else argv
+    program, sys.argv = sys.argv, ["lm-eval", *argv]
+    try:
+        _, status = result_or_status(cli_evaluate)
+    finally:
+        sys.argv = program
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -124,7 +124,8 @@ def test_transformers_logits_equal_ours(exported):
 @pytest.mark.parametrize("penalty", [1.0, 1.3])
 def test_transformers_greedy_generate_yields_our_tokens(exported, penalty):
     """Greedy decoding, EOS stopping off on both sides, one prompt at a time and as a
-    left-padded batch through each side's own tokenizer and padding."""
+    left-padded batch through each side's own tokenizer and padding; the exported tokenizer
+    adds no BOS, so the HF side puts ``bos_token_id`` in front as the docs say."""
     model, tokenizer, hf, hf_tokenizer = exported
     prompts = ["In the beginning", "God", "and the earth was without form", ""]
     config = GenerationConfig(
@@ -135,7 +136,8 @@ def test_transformers_greedy_generate_yields_our_tokens(exported, penalty):
     ours = ARGenerator(model, tokenizer).generate(prompts, config).tokens
 
     def hf_generate(texts: list[str]) -> list[list[int]]:
-        batch = hf_tokenizer(texts, return_tensors="pt", padding=True)
+        with_bos = [[hf_tokenizer.bos_token_id, *hf_tokenizer(t).input_ids] for t in texts]
+        batch = hf_tokenizer.pad({"input_ids": with_bos}, return_tensors="pt")
         with torch.no_grad():
             out = hf.generate(
                 **batch,
@@ -169,7 +171,9 @@ def test_exported_tokenizer_gives_our_ids(tmp_path, kind, bpe_tokenizer):
     for text in TEXTS:
         ids = tokenizer.encode(text)
         assert hf(text, add_special_tokens=False).input_ids == ids, text
-        assert hf(text).input_ids == [tokenizer.eos_id, *ids], text  # BOS as in training
+        # nothing added: lm-eval's hf backend prepends BOS itself (rolling texts, empty
+        # contexts), and a second one from the tokenizer scored [BOS, BOS] + text
+        assert hf(text).input_ids == ids, text
         with_specials = [tokenizer.eos_id, *ids, tokenizer.pad_id]
         assert hf.decode(with_specials, skip_special_tokens=True) == tokenizer.decode(ids)
 

@@ -31,8 +31,8 @@ def require_transformers():
 
 def hf_tokenizer(tokenizer: Tokenizer, saved_dir: Path, max_length: int):
     """A ``PreTrainedTokenizerFast`` equal to ``tokenizer``: same ids for every text (literal
-    special-token text included), the two specials at our ids, BOS added in front of every text,
-    left padding.
+    special-token text included), the two specials at our ids, nothing added to a text (training
+    rows open with BOS: put ``bos_token_id`` in front to condition as they do), left padding.
 
     Our own kinds name the specials ``<|endoftext|>`` and ``<|pad|>``; an ``hf:`` tokenizer
     keeps its own names for them (e.g. ``[SEP]``/``[PAD]``), and gets ``<|pad|>`` only when we
@@ -60,11 +60,10 @@ def hf_tokenizer(tokenizer: Tokenizer, saved_dir: Path, max_length: int):
         got = backend.token_to_id(token)
         if got != wanted:
             raise ValueError(f"{token} landed at id {got} in the exported tokenizer, not {wanted}")
-    backend.post_processor = processors.TemplateProcessing(
-        single=f"{eos_name} $A",
-        pair=f"{eos_name} $A {eos_name} $B",
-        special_tokens=[(eos_name, tokenizer.eos_id)],
-    )
+    # No specials added to a text (as GPT-2's tokenizer): lm-eval's hf backend puts BOS in front
+    # of a rolling text and an empty context itself, so a tokenizer that added one too gave
+    # [BOS, BOS] + text there, and no single hf setting then matched duolm's own scoring.
+    backend.post_processor = processors.TemplateProcessing(single="$A", pair="$A $B")
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token=eos_name,
