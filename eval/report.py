@@ -8,17 +8,14 @@ models do). Plots are PNG files next to the markdown, which embeds them by relat
 
 from __future__ import annotations
 
-import ast
-import functools
 import hashlib
 import importlib.metadata
-import importlib.util
 import json
 import math
 import os
 import platform
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -89,57 +86,6 @@ def git_output(*args: str, cwd: Path = PROJECT_ROOT, timeout: float = 5) -> str 
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
-
-
-def imported_names(source: str) -> list[str]:
-    """Every module name an ``import`` or ``from ... import`` of ``source`` may load (for
-    ``from a import b``, both ``a`` and ``a.b``: b may be a module)."""
-    names = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names += [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-    return names
-
-
-def project_module_file(name: str) -> Path | None:
-    """The source file of the project module ``name``; None for another package's module, a
-    name that is not a module (``from a import some_function``) or one without a file."""
-    if name.split(".")[0] not in SOURCE_PACKAGES:
-        return None
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
-        return None
-    return Path(spec.origin)
-
-
-@functools.cache
-def code_hash(module: str) -> str:
-    """A hash of the source of ``module`` and of every project module it imports, directly or
-    through others: the code a stored result computed by ``module`` depends on (read once per
-    process)."""
-    return closure_hash(module, project_module_file)
-
-
-def closure_hash(module: str, locate: Callable[[str], Path | None]) -> str:
-    """``code_hash`` with the module files found by ``locate`` (None: not a project module)."""
-    files: dict[str, Path] = {}
-    waiting = [module]
-    while waiting:
-        name = waiting.pop()
-        path = locate(name)
-        if name in files or path is None:
-            continue
-        files[name] = path
-        waiting += imported_names(path.read_text())
-    digest = hashlib.sha256()
-    for name in sorted(files):
-        digest.update(name.encode() + b"\0" + files[name].read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def code_state(root: Path = PROJECT_ROOT) -> dict[str, Any]:

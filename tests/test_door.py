@@ -81,13 +81,14 @@ ALLOWED = {
     "door opened",
     ("eval/findings/registration.py", "module_text"): "hashes the project's own source",
     ("eval/report.py", "source_hash"): "hashes the project's own source",
-    ("eval/report.py", "closure_hash"): "hashes the project's own source",
+    ("eval/stage_key.py", "file_hash"): "hashes the project's own source (a stage's key)",
     ("shared/data/rows.py", "_load_cache"): "np.load over a handle the door opened",
     ("bench/peer_adapters.py", "*"): "loads a fetched peer implementation's own source, "
     "a benchmark's input named on its command line",
     ("bench/ar_decode.py", "*"): "a benchmark's own temporary folders",
     ("bench/import_memory.py", "*"): "a benchmark's own temporary folders",
     ("bench/import_parity.py", "*"): "a benchmark's own temporary folders",
+    ("bench/lm_eval_speed.py", "*"): "a benchmark's own temporary folders",
 }
 
 

@@ -137,9 +137,12 @@ def test_markdown_table_lists_the_front_with_entropy_and_interval():
     text = front_markdown(frontier(points))
     assert "| ar | ar T=1 | 12,000 | - | - | - | 620 [560, 690] | 3.850 (3.600) |  |" in text
     assert "| mdm | fixed 64 | 430 | - | 2 | 32 | 133.5 | 2.804 (3.600) | low-entropy |" in text
-    measured = replace(points[1], speed_ratios=((0.03, 0.04, 0.05),))
+    # process ratios a factor 1.25 apart: geometric mean 0.04, t-interval of the logs mapped back
+    measured = replace(points[1], speed_ratios=((0.032, 0.04, 0.05),))
     text = front_markdown(frontier([points[0], measured]))
-    assert "| mdm | fixed 64 | 430 | 0.04 [0.0152, 0.0648] | 2 | 32 |" in text
+    half = 4.302652729911275 * math.log(1.25) / math.sqrt(3)
+    low, high = 0.04 * math.exp(-half), 0.04 * math.exp(half)
+    assert f"| mdm | fixed 64 | 430 | 0.04 [{low:.3g}, {high:.3g}] | 2 | 32 |" in text
     assert "1 of 2 points marked" in text
 
 
@@ -195,20 +198,23 @@ def measured(p, *per_seed):
 def test_headline_interval_over_seeds_of_the_process_means():
     def seed(ratio):
         m = point("mdm", "m", 1000 * ratio, 120)
-        # three processes per seed, their mean the seed's ratio
-        return [point("ar", "ar T=1", 1000, 100), measured(m, (ratio - 0.02, ratio, ratio + 0.02))]
+        # three processes per seed, their geometric mean the seed's ratio
+        return [point("ar", "ar T=1", 1000, 100), measured(m, (ratio / 1.1, ratio, ratio * 1.1))]
 
-    text = headline({0: seed(0.5), 1: seed(0.6), 2: seed(0.7)}, 64)
-    half = 4.302652729911275 * 0.1 / math.sqrt(3)  # t(0.975, 2) * sd / sqrt(n)
-    assert "is m, at 600 tokens/s" in text
-    assert f"0.6x (95% t-interval [{0.6 - half:.3g}, {0.6 + half:.3g}] over 3 seeds)" in text
+    # seeds a factor 1.2 apart: geometric mean 0.6, the log ratios' sd log(1.2)
+    text = headline({0: seed(0.5), 1: seed(0.6), 2: seed(0.72)}, 64)
+    half = 4.302652729911275 * math.log(1.2) / math.sqrt(3)  # t(0.975, 2) * sd / sqrt(n)
+    low, high = 0.6 * math.exp(-half), 0.6 * math.exp(half)
+    assert "is m, at 607 tokens/s" in text
+    assert f"0.6x (95% t-interval [{low:.3g}, {high:.3g}] over 3 seeds)" in text
 
 
 def test_headline_interval_over_processes_with_one_seed():
-    m = measured(point("mdm", "m", 600, 120), (0.55, 0.6, 0.65))
+    m = measured(point("mdm", "m", 600, 120), (0.6 / 1.1, 0.6, 0.66))
     text = headline({0: [point("ar", "ar T=1", 1000, 100), m]}, 64)
-    half = 4.302652729911275 * 0.05 / math.sqrt(3)
-    assert f"0.6x (95% t-interval [{0.6 - half:.3g}, {0.6 + half:.3g}] over 3 processes)" in text
+    half = 4.302652729911275 * math.log(1.1) / math.sqrt(3)
+    low, high = 0.6 * math.exp(-half), 0.6 * math.exp(half)
+    assert f"0.6x (95% t-interval [{low:.3g}, {high:.3g}] over 3 processes)" in text
     one = measured(point("mdm", "m", 600, 120), (0.6,))
     assert "0.6x (1 process, no interval)" in headline(
         {0: [point("ar", "ar T=1", 1000, 100), one]}, 64
@@ -303,7 +309,10 @@ def test_points_from_the_compare_stages_take_the_fair_median():
             speed_ratios=((1.0,),),
         ),
         # bounds unknown; its ratio to the AR from the rounds they shared
-        Point("mdm", "mdm fixed", 64, 900.0, 130.0, None, 2.8, speed_ratios=((0.1,),)),
+        Point(
+            "mdm", "mdm fixed", 64, 900.0, 130.0, None, 2.8,
+            speed_ratios=((pytest.approx(0.1),),),
+        ),
     ]  # fmt: skip
     # without the AR at a batch size there is no ratio
     alone = Throughput([record("mdm fixed", 64, 900.0)], {})
@@ -335,7 +344,8 @@ def test_report_section_has_rule_headline_tables_and_figure(tmp_path):
     per_seed = results["batch 64"]["per_seed"]
     assert per_seed["headline_setting"] == "m"
     assert per_seed["headline_ratios"] == [[0.5, 0.5], [0.6, 0.8]]
-    assert per_seed["headline_ratio"]["mean"] == pytest.approx(0.6)
+    # the geometric mean over the seeds of each seed's geometric mean over its processes
+    assert per_seed["headline_ratio"]["mean"] == pytest.approx(math.sqrt(0.5 * math.sqrt(0.48)))
     assert per_seed["headline_ratio"]["over"] == "seeds"
     assert [p["tokens_per_s"] for p in per_seed["points"]["1"]] == [1000, 700]
 

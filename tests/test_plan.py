@@ -5,7 +5,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from eval import cli as duolm
-from shared.training import cli
+from shared.model import Transformer
+from shared.training import cli, resolve_config
 from shared.training.plan import PlanRequest, make_plan
 
 
@@ -16,12 +17,14 @@ def private_home(tmp_path, monkeypatch):
 
 def test_plan_of_the_gpt2_small_preset():
     plan = make_plan(PlanRequest("small", gpus=8, mfu=0.4, flops=1e20, peak_tflops=989))
-    assert plan["parameters"] == 123_552_000  # GPT-2 small, tied embeddings
-    m = plan["model"]
-    n_matmul = m["n_layers"] * (4 * m["dim"] ** 2 + 3 * m["dim"] * m["hidden_dim"])
-    n_matmul += m["dim"] * m["vocab_size"]
-    attention = 12 * m["n_layers"] * m["dim"] * plan["seq_len"]
-    assert plan["flops_per_token"] == 6 * n_matmul + attention
+    config = resolve_config("small", {})[0].with_vocab(plan["model"]["vocab_size"])
+    with torch.device("meta"):
+        model = Transformer(config)
+    # the counts of the model's own modules, not the plan's formulas
+    assert plan["parameters"] == sum(p.numel() for p in model.parameters())  # tied: once
+    matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    attention = 12 * config.n_layers * config.dim * plan["seq_len"]
+    assert plan["flops_per_token"] == 6 * matmul + attention
     assert plan["seconds"] == pytest.approx(1e20 / (8 * 989e12 * 0.4))
     ddp, fsdp = plan["memory"]["DDP"], plan["memory"]["FSDP2"]
     assert ddp["state"] == 16 * plan["parameters"] and ddp["ddp_buckets"] == 4 * plan["parameters"]

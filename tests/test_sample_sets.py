@@ -1,7 +1,6 @@
 """The one sample-and-judge path (eval/sample_sets.py): one EOS policy for every family (a model
 that emits EOS at once gives empty samples under AR and diffusion alike), token-weighted judge
-perplexity, held-out documents cut as samples are, and the stage cache that knows its code
-(eval/report.py code_hash, eval/experiments/stages.py)."""
+perplexity and held-out documents cut as samples are (the stage cache's key: test_stage_key.py)."""
 
 import math
 
@@ -13,10 +12,8 @@ from arlm.generate import ARGenerator, GenerationConfig
 from dllm.generator import DiffusionGenerator
 from dllm.sampler import SamplerConfig
 from dllm.strategies import Ancestral
-from eval.experiments import stages as stages_module
-from eval.experiments.stages import Stages, held_out_documents
+from eval.experiments.stages import held_out_documents
 from eval.quality import JudgeScore, log_perplexity_interval
-from eval.report import closure_hash, imported_names
 from eval.sample_sets import SampleSet, ar_sample_set, diffusion_sample_set, judged
 from shared.config import ModelConfig
 from shared.model import Transformer
@@ -106,45 +103,6 @@ def test_held_out_documents_start_after_a_boundary_and_stop_at_eos():
     documents = held_out_documents(rows, eos, pad, count=10, length=3)
     assert documents == [[1, 2], [3, 4, 5], [1, 1, 1], [4]]
     assert held_out_documents(rows, eos, pad, count=2, length=3) == [[1, 2], [3, 4, 5]]
-
-
-def test_code_hash_follows_imports(tmp_path):
-    sources = {
-        "eval.a": "import eval.b\nfrom eval.c import thing\n",
-        "eval.b": "X = 1\n",
-        "eval.c": "thing = 2\n",
-        "eval.unrelated": "Y = 3\n",
-    }
-    for name, text in sources.items():
-        (tmp_path / f"{name}.py").write_text(text)
-
-    def locate(name):
-        path = tmp_path / f"{name}.py"
-        return path if path.is_file() else None
-
-    assert imported_names(sources["eval.a"]) == ["eval.b", "eval.c", "eval.c.thing"]
-    before = closure_hash("eval.a", locate)
-    (tmp_path / "eval.unrelated.py").write_text("Y = 4\n")
-    assert closure_hash("eval.a", locate) == before
-    (tmp_path / "eval.c.py").write_text("thing = 3\n")  # imported through `from ... import`
-    assert closure_hash("eval.a", locate) != before
-
-
-def test_a_stored_stage_is_recomputed_when_its_code_changed(tmp_path, monkeypatch):
-    calls = []
-
-    def compute():
-        calls.append(1)
-        return {"value": len(calls)}
-
-    monkeypatch.setattr(stages_module, "code_hash", lambda module: "code-1")
-    assert Stages(tmp_path, False).run("s", {"k": 1}, compute) == {"value": 1}
-    assert Stages(tmp_path, False).run("s", {"k": 1}, compute) == {"value": 1}  # reused
-    monkeypatch.setattr(stages_module, "code_hash", lambda module: "code-2")
-    assert Stages(tmp_path, False).run("s", {"k": 1}, compute) == {"value": 2}
-    # a damaged stage file is recomputed, not trusted
-    (tmp_path / "stages" / "s.json").write_text("[" * 100_000)
-    assert Stages(tmp_path, False).run("s", {"k": 1}, compute) == {"value": 3}
 
 
 def test_tokens_per_forward_is_valid_tokens_over_evaluations_summed_over_samples():

@@ -242,17 +242,28 @@ def test_training_refuses_shards_of_another_tokenizer_in_one_line(tmp_path, caps
 def test_a_saved_per_process_order_refuses_another_process_count():
     from shared.training.data_order import DataOrder
 
-    class OneProcess:
-        num_processes, process_index = 1, 0
+    def order_on(processes: int) -> DataOrder:
+        class Processes:
+            num_processes, process_index = processes, 0
 
-    order = DataOrder(
-        np.zeros((10, 4)), seed=0, batch_size=2, accelerator=OneProcess(), sharded=True, source="x"
-    )
-    saved = order.position(3) | {"order": "per-process shards", "processes": 2, "rows": None}
-    with pytest.raises(ConfigError, match="per-process shards over 2 processes"):
-        order.check_resume(saved, 3)
-    order.check_resume(order.position(3), 3)
-    order.check_resume(None, 3)  # a checkpoint from before data positions were saved
+        return DataOrder(
+            np.zeros((12, 4)), seed=0, batch_size=6, accelerator=Processes(), sharded=True,
+            source="x",
+        )  # fmt: skip
+
+    saved = order_on(2).position(3)
+    assert saved["order"] == "per-process shards" and saved["processes"] == 2
+    order_on(2).check_resume(saved, 3)
+    # the same kind of order on another count: only the process count tells them apart
+    with pytest.raises(
+        ConfigError,
+        match="order is per-process shards over 2 processes, this run's is per-process shards "
+        "over 3 processes",
+    ):
+        order_on(3).check_resume(saved, 3)
+    with pytest.raises(ConfigError, match="over 2 processes, this run's is global"):
+        order_on(1).check_resume(saved, 3)
+    order_on(3).check_resume(None, 3)  # a checkpoint from before data positions were saved
 
 
 def test_streaming_hub_corpus_offline_is_one_clear_line(tmp_path, monkeypatch, capsys):
@@ -300,6 +311,7 @@ def test_shard_data_command_refuses_bad_input_in_one_line(tmp_path, capsys):
 
 @pytest.mark.slow
 @pytest.mark.serial
+@pytest.mark.multiprocess
 def test_two_processes_read_their_own_shards_and_resume_only_on_two(tmp_path):
     import shutil
     import subprocess

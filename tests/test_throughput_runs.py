@@ -16,6 +16,7 @@ from eval.speed.throughput_runs import (
     NOT_REPRODUCED,
     RATIOS_NOT_REPRODUCED,
     RATIOS_REPRODUCED,
+    RATIOS_WITHIN_CHANCE,
     REPRODUCED,
     compare_runs,
     main,
@@ -340,7 +341,8 @@ def test_reruns_are_compared_on_their_ratios_to_the_ar():
     assert batch.verdict == NO_PROBES
     assert batch.ratio_verdict == RATIOS_REPRODUCED
     (pair,) = batch.ratios
-    assert pair.name == "m" and pair.first.mean == pytest.approx(3.0) and pair.inside
+    assert pair.name == "m" and pair.first.mean == pytest.approx((2.9 * 3.0 * 3.1) ** (1 / 3))
+    assert pair.inside and pair.rerun_interval == pair.first.rerun_interval(3)
     assert pair.first.over == "processes" and pair.first.count == 3
     # a rerun whose ratio moved past the first run's interval
     moved = merge_runs([process({"m": r}) for r in (3.6, 3.7, 3.8)])
@@ -349,6 +351,19 @@ def test_reruns_are_compared_on_their_ratios_to_the_ar():
     # one process: no interval to hold a rerun
     (batch,) = compare_runs(process({"m": 3.0}), first)
     assert batch.ratio_verdict == NO_RATIO_INTERVAL
+
+
+def test_one_setting_of_two_outside_its_95_percent_interval_is_within_chance():
+    first = merge_runs([process({"m": r, "k": r}) for r in (2.9, 3.0, 3.1)])
+    ((low, high),) = {p.rerun_interval for p in compare_runs(first, first)[0].ratios}
+    # m's rerun above its 95% interval for a rerun but inside the family-wise one (2 settings:
+    # 97.5%), k's inside both
+    rerun = merge_runs([process({"m": 1.04 * high, "k": 3.0}) for _ in range(3)])
+    (batch,) = compare_runs(first, rerun)
+    assert [p.inside for p in batch.ratios] == [False, True]
+    assert batch.ratio_verdict == RATIOS_WITHIN_CHANCE
+    beyond = merge_runs([process({"m": 1.2 * high, "k": 3.0}) for _ in range(3)])
+    assert compare_runs(first, beyond)[0].ratio_verdict == RATIOS_NOT_REPRODUCED
 
 
 def test_the_command_prints_and_writes_the_ratio_verdict(tmp_path, capsys):
@@ -362,7 +377,9 @@ def test_the_command_prints_and_writes_the_ratio_verdict(tmp_path, capsys):
     assert main([str(paths[0]), str(paths[1]), "--json", str(summary)]) == 0
     out = capsys.readouterr().out
     assert "Ratios to the AR (ar T=1) in the same rounds: ratios reproduced." in out
-    assert "| m | 3.000 [2.752, 3.248] | 3.033 [2.890, 3.177] | yes |" in out
+    # the geometric mean [95% t-interval of the logs], and the wider interval for a rerun's mean
+    assert "| m | 2.999 [2.760, 3.258] | 3.033 [2.894, 3.179] | [2.667, 3.372] | yes |" in out
+    assert "t(0.975, n1 - 1) * s1 * sqrt(1/n1 + 1/n2)" in out
     written = json.loads(summary.read_text())[0]
     assert written["ratio_verdict"] == RATIOS_REPRODUCED and written["ratios"]["m"]["inside"]
 

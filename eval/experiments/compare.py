@@ -6,8 +6,9 @@
 
 ``--objectives`` names the families (default ``ar,mdm``; ``bd`` and ``udm`` may join, AR must
 be there: each diffusion family's M(L) is read against it). Stages, each resumable (its result
-is stored under ``<out>/stages/`` and reused by a rerun with the same settings and the same
-source of the code that computed it: ``eval.report.code_hash``; ``--force`` redoes everything):
+is stored under ``<out>/stages/`` and reused by a rerun with the same settings, the same source
+of every project module it ran and the same package versions: ``eval.stage_key``; ``--force``
+redoes everything):
 
 1. train   every objective from the same preset, corpus, tokenizer, seed and budget;
 2. likelihood  AR exact NLL and each diffusion family's NELBO (with its interval) on the same
@@ -115,14 +116,10 @@ def run_comparison(
     main = seed_folder(out, settings.seeds[0])
     stages = Stages(evaluation or out, force, stop)
     key = stage_key(runs, settings, settings.seeds[0])
-    likelihood = stages.run(
-        "likelihood", key, lambda: likelihood_stage(main, settings), likelihood_stage.__module__
-    )
+    likelihood = stages.run("likelihood", key, lambda: likelihood_stage(main, settings))
     per_seed = evaluate_seeds(out, runs, settings, stages)
     first = per_seed[settings.seeds[0]]
-    examples = stages.run(
-        "examples", key, lambda: examples_stage(main, settings), examples_stage.__module__
-    )
+    examples = stages.run("examples", key, lambda: examples_stage(main, settings))
     inputs = ReportInputs(
         out,
         preset,
@@ -148,7 +145,6 @@ def evaluate_seeds(
 ) -> dict[int, dict[str, Any]]:
     """Every seed's main-budget models sampled, timed and judged (each seed's stages stored
     apart): seed -> {"sets", "throughput", "quality"}."""
-    samples_code, speed_code = generation_stage.__module__, throughput_stage.__module__
     per_seed = {}
     for seed in settings.seeds:
         folder, suffix = seed_folder(out, seed), stage_suffix(seed, settings)
@@ -157,19 +153,16 @@ def evaluate_seeds(
             f"generate{suffix}",
             key,
             lambda folder=folder: generation_stage(folder, settings),
-            samples_code,
         )
         throughput = stages.run(
             f"throughput{suffix}",
             key,
             lambda folder=folder: throughput_stage(folder, settings),
-            speed_code,
         )
         quality = stages.run(
             f"quality{suffix}",
             key,
             lambda folder=folder, sets=sets: quality_stage(folder, sets, settings),
-            samples_code,
         )
         per_seed[seed] = {"sets": sets, "quality": quality, "throughput": throughput}
     return per_seed

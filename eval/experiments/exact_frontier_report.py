@@ -46,7 +46,7 @@ def setting_row(setting, exact: dict, seeds: dict) -> dict[str, Any]:
         row[f"model_share_{metric}"] = [t - sampler[metric] for t in totals]
     row["trained"] = spread_of(row[f"total_{HEADLINE_METRIC}"])
     row["sampler"] = {"mean": sampler[HEADLINE_METRIC]}
-    row["speed_ratio"] = spread_of([s["speed"][setting.name] for s in seeds.values()])
+    row["speed_ratio"] = spread_of([s["speed"][setting.name] for s in seeds.values()], True)
     return row
 
 

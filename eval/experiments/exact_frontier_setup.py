@@ -140,9 +140,10 @@ def is_positive_control(setting: SamplerSetting) -> bool:
     )
 
 
-def spread_of(values: Sequence[float]) -> dict[str, Any]:
-    """Mean and 95% t-interval over seeds (no interval below 2 seeds)."""
-    spread = seed_spread(list(values))
+def spread_of(values: Sequence[float], geometric: bool = False) -> dict[str, Any]:
+    """Mean and 95% t-interval over seeds (no interval below 2 seeds); ``geometric``: both on
+    log values (ratios)."""
+    spread = seed_spread(list(values), geometric)
     low = None if spread is None else spread.low
     high = None if spread is None else spread.high
     return {"values": list(values), "mean": spread.mean, "low": low, "high": high}

@@ -4,7 +4,6 @@ when finished and resumed when interrupted, and loading a run's checkpoint and v
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -13,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from eval.report import code_hash
 from eval.sample_sets import HeldOutText
+from eval.stage_key import stage_code, stage_packages, what_changed
 from shared import door
 from shared.checkpoint import load_model_from_checkpoint
 from shared.data.corpus import load_corpus
@@ -75,39 +74,35 @@ def check_equal_budgets(summaries: dict[str, dict[str, Any]], budget: str) -> No
 
 
 class Stages:
-    """Stage results stored as JSON, keyed by a hash of the inputs that produced them and of the
-    source of the code that computed them (``eval.report.code_hash``): a stored result is reused
-    only when both are unchanged, so a report never shows a number from code other than the
-    code it names."""
+    """Stage results stored as JSON with the key they were computed under: the inputs that
+    produced them (settings, and fingerprints of the runs and data they read), the project
+    source the stage executed and the versions of the packages that compute it
+    (``eval.stage_key``). A stored result is reused only when all three are unchanged, so a
+    report never shows a number from code other than the code it names; otherwise it is
+    recomputed with one line saying what changed."""
 
     def __init__(self, root: Path, force: bool, stop: StopRequest | None = None):
         self.root, self.force, self.stop = root / "stages", force, stop
         self.root.mkdir(parents=True, exist_ok=True)
         self.reused: list[str] = []
 
-    def run(
-        self,
-        name: str,
-        inputs: dict[str, Any],
-        compute: Callable[[], Any],
-        code: str | None = None,
-    ) -> Any:
-        """The stored result of stage ``name`` when its inputs and code are unchanged, else
-        ``compute()`` (stored). ``code``: the module whose source, with every project module it
-        imports, computes the stage (default: the module ``compute`` was defined in)."""
-        key = hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()
-        source = code_hash(code or compute.__module__)
+    def run(self, name: str, inputs: dict[str, Any], compute: Callable[[], Any]) -> Any:
+        """The stored result of stage ``name`` when its inputs, the code it ran and the packages
+        are unchanged, else ``compute()`` (stored)."""
+        # the inputs as they read back from JSON, so that a stored key compares equal
+        key = json.loads(json.dumps(inputs, sort_keys=True, default=str))
         path = self.root / f"{name}.json"
         if path.exists() and not self.force:
             stored = read_stage(path)
-            if stored.get("key") == key and stored.get("code") == source:
+            changed = what_changed(stored, key)
+            if not changed:
                 print(f"[{name}] reusing the stored result (--force recomputes)")
                 self.reused.append(name)
                 return stored["result"]
-            if stored.get("key") == key:
-                print(f"[{name}] the code it depends on changed since it was stored: recomputing")
+            print(f"[{name}] recomputing: {'; '.join(changed)}")
         if self.stop is not None:
             stop_requested_between_stages(self.stop)
+        before = stage_code()
         start = time.perf_counter()
         try:
             with self.stop.interrupting(name) if self.stop else contextlib.nullcontext():
@@ -118,7 +113,13 @@ class Stages:
                 "stored); rerun the same command to continue"
             ) from None
         elapsed = time.perf_counter() - start
-        record = {"key": key, "code": source, "seconds": elapsed, "result": result}
+        record = {
+            "inputs": key,
+            "code": stage_code(before),
+            "packages": stage_packages(),
+            "seconds": elapsed,
+            "result": result,
+        }
         # whole or not at all: a stage cut short by a full disk is recomputed, never half-read
         write_atomic(path, json.dumps(record, indent=2, default=float))
         print(f"[{name}] done in {elapsed:.1f} s")

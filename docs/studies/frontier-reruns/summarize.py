@@ -1,6 +1,8 @@
 """The tables of docs/studies/frontier-reruns/README.md, from the files run.sh saved:
 run-K.json (each run's throughput stage), frontier-K.json (its report's frontier section) and
-compare-1-K.json (``eval.speed.throughput_runs`` of run 1 against run K).
+compare-1-K.json (``eval.speed.throughput_runs`` of run 1 against run K, remade from run-K.json
+by rejudge.sh). Ratios are geometric means over processes; a rerun is judged against run 1's 95%
+prediction interval for its mean (``eval.speed.ratios``).
 
     python docs/studies/frontier-reruns/summarize.py > docs/studies/frontier-reruns/summary.md
 """
@@ -8,13 +10,14 @@ compare-1-K.json (``eval.speed.throughput_runs`` of run 1 against run K).
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from eval.speed.ratios import REFERENCE, process_ratios, ratio_estimate  # noqa: E402
+from eval.speed.ratios import REFERENCE, RERUN_LEVEL, process_ratios, ratio_estimate  # noqa: E402
 from eval.speed.throughput_files import load  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -44,38 +47,52 @@ def short(section: dict) -> str:
 
 
 def ratio_table(numbers: list[int], batch: int) -> list[str]:
-    """Per setting: run 1's ratio [95% over its processes], each rerun's mean (* outside run
-    1's interval), and the max/min of the runs' means."""
+    """Per setting: run 1's ratio [95% over its processes], its 95% interval for a rerun's mean
+    (``RatioEstimate.rerun_interval``) and that interval's half-width, each rerun's ratio (*
+    outside that interval), and the max/min of the runs' ratios; then the count outside, and
+    the count outside run 1's interval for its own mean (the rule these runs were first judged
+    by)."""
     measured = {k: load(HERE / f"run-{k}.json") for k in numbers}
     first = measured[numbers[0]]
     names = [r.name for r in first.records if r.batch_size == batch and r.name != REFERENCE]
     lines = [
-        "| setting | run 1 ratio [95%] | half-width | "
+        "| setting | run 1 ratio [95%] | run 1's interval for a rerun | half-width | "
         + " | ".join(f"run {k}" for k in numbers[1:])
         + " | max / min over runs |",
-        "| --- | --- | ---: | " + " | ".join("---:" for _ in numbers[1:]) + " | ---: |",
+        "| --- | --- | --- | ---: | " + " | ".join("---:" for _ in numbers[1:]) + " | ---: |",
     ]
-    outside = 0
+    outside = outside_own = 0
     for name in names:
         estimates = {
             k: ratio_estimate([process_ratios(run, name, batch)]) for k, run in measured.items()
         }
         base = estimates[numbers[0]]
         low, high = base.interval
+        counts = {estimates[k].count for k in numbers[1:]}
+        (rerun_count,) = counts  # every rerun measured with as many processes
+        rerun_low, rerun_high = base.rerun_interval(rerun_count)
         cells = []
         for k in numbers[1:]:
             mean = estimates[k].mean
-            flag = "" if base.holds(mean) else " *"
-            outside += not base.holds(mean)
-            cells.append(f"{mean:.3f}{flag}")
+            inside = base.holds(mean, estimates[k].count)
+            outside += not inside
+            outside_own += not low <= mean <= high
+            cells.append(f"{mean:.3f}{'' if inside else ' *'}")
         means = [e.mean for e in estimates.values()]
         lines.append(
             f"| {name} | {base.mean:.3f} [{low:.3f}, {high:.3f}] | "
-            f"{(high - low) / 2 / base.mean:.1%} | " + " | ".join(cells) + " | "
-            f"{max(means) / min(means):.3f} |"
+            f"[{rerun_low:.3f}, {rerun_high:.3f}] | {math.sqrt(rerun_high / rerun_low) - 1:.1%} | "
+            + " | ".join(cells)
+            + f" | {max(means) / min(means):.3f} |"
         )
     total = len(names) * (len(numbers) - 1)
-    lines += ["", f"Rerun ratios outside run 1's interval (*): {outside} of {total}."]
+    lines += [
+        "",
+        f"Rerun ratios outside run 1's {RERUN_LEVEL:.0%} interval for a rerun (*): {outside} of "
+        f"{total} (a setting that reproduces lands outside {1 - RERUN_LEVEL:.0%} of the time: "
+        f"{(1 - RERUN_LEVEL) * total:.1f} of {total} expected). Outside run 1's interval for "
+        f"its own mean (the rule first used): {outside_own} of {total}.",
+    ]
     return lines
 
 
