@@ -43,6 +43,7 @@ from lm_eval.models.huggingface import HFLM  # noqa: E402
 from arlm.export import export_checkpoint  # noqa: E402
 from eval.harness import DuoLM  # noqa: E402
 from shared.checkpoint import read_state, resolve_checkpoint  # noqa: E402
+from shared.cli_args import CommandParser
 from shared.data.corpus import load_corpus  # noqa: E402
 from shared.hardware import cpu_name  # noqa: E402
 from shared.training import cli  # noqa: E402
@@ -51,7 +52,7 @@ CHOICES = 4  # the true continuation and three others', as in a four-way benchma
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = CommandParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", default=None, help="an AR run (default: train one step)")
     parser.add_argument("--preset", default="demo-d256", help="the shape trained without --run")
     parser.add_argument("--batch-size", type=int, default=8)

@@ -85,7 +85,7 @@ def lm_eval_command(argv: list[str]) -> int:
     """lm-evaluation-harness's own command line with the "duolm" model registered (lm-eval is
     an optional dependency, so it is imported only here)."""
     try:
-        from eval import harness
+        import eval.harness as harness
     except ImportError as error:
         print(f"duolm lm-eval: error: {error}", file=sys.stderr)
         return 2

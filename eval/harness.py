@@ -85,6 +85,37 @@ def item_seed(seed: int, tokens: list[int], n_scored: int) -> int:
     return int.from_bytes(digest.digest()[:8], "little")
 
 
+def check_choices(unknown, checkpoint, mdm_likelihood, estimator, dtype) -> None:
+    """The model arguments that name a choice, each refused in one line naming the valid ones."""
+    if unknown:
+        valid = ", ".join(argument_names())
+        raise ConfigError(
+            f"unknown duolm model argument(s) {', '.join(sorted(unknown))}; valid: {valid}"
+        )
+    if not checkpoint:
+        raise ConfigError("checkpoint= is required: a duolm run folder or one of its checkpoints")
+    if mdm_likelihood not in LIKELIHOODS:
+        raise ConfigError(f"mdm_likelihood={mdm_likelihood!r} must be one of {LIKELIHOODS}")
+    if estimator is not None and estimator not in ESTIMATORS:
+        raise ConfigError(f"estimator={estimator!r} must be one of {ESTIMATORS}")
+    if dtype not in DTYPES:
+        raise ConfigError(f"dtype={dtype!r} must be one of {', '.join(DTYPES)}")
+
+
+def load_run(checkpoint: str, device: torch.device):
+    """(model, tokenizer, state) of an AR or MDM run; anything else is one line."""
+    try:
+        model, tokenizer, state = load_model_from_checkpoint(Path(checkpoint), device)
+    except (CheckpointError, FileNotFoundError) as error:
+        raise ConfigError(f"checkpoint={checkpoint!r} is not a duolm run ({error})") from None
+    if state["objective"] not in ("ar", "mdm"):
+        raise ConfigError(
+            f"checkpoint={checkpoint!r} is a {state['objective']!r} run; the duolm lm-eval model "
+            "scores 'ar' and 'mdm' runs"
+        )
+    return model, tokenizer, state
+
+
 class DuoLM(TemplateLM):
     """lm-eval's view of a duolm run (AR or MDM); see docs/evaluation.md for every argument."""
 
@@ -106,42 +137,16 @@ class DuoLM(TemplateLM):
         **unknown: Any,
     ):
         super().__init__()
-        if unknown:
-            valid = ", ".join(argument_names())
-            raise ConfigError(
-                f"unknown duolm model argument(s) {', '.join(sorted(unknown))}; valid: {valid}"
-            )
-        if not checkpoint:
-            raise ConfigError(
-                "checkpoint= is required: a duolm run folder or one of its checkpoints"
-            )
+        check_choices(unknown, checkpoint, mdm_likelihood, estimator, dtype)
         self.batch_size_per_gpu = _integer("batch_size", batch_size)
         del max_batch_size  # lm-eval passes it for batch_size=auto, which duolm does not do
         self.draws = _integer("draws", draws, least=2)
         self.max_gen_toks_ = _integer("max_gen_toks", max_gen_toks)
         self.diffusion_steps = _integer("diffusion_steps", diffusion_steps)
         self.fixed_seed = None if seed is None else _integer("seed", seed, least=0)
-        if mdm_likelihood not in LIKELIHOODS:
-            raise ConfigError(f"mdm_likelihood={mdm_likelihood!r} must be one of {LIKELIHOODS}")
-        if estimator is not None and estimator not in ESTIMATORS:
-            raise ConfigError(f"estimator={estimator!r} must be one of {ESTIMATORS}")
-        if dtype not in DTYPES:
-            raise ConfigError(f"dtype={dtype!r} must be one of {', '.join(DTYPES)}")
         self._device = torch.device(_device(device))
-        try:
-            self.model, self.tokenizer, self.state = load_model_from_checkpoint(
-                Path(checkpoint), self._device
-            )
-        except (CheckpointError, FileNotFoundError) as error:
-            raise ConfigError(
-                f"checkpoint={checkpoint!r} is not a duolm run or checkpoint ({error})"
-            ) from None
+        self.model, self.tokenizer, self.state = load_run(checkpoint, self._device)
         self.kind = self.state["objective"]
-        if self.kind not in ("ar", "mdm"):
-            raise ConfigError(
-                f"checkpoint={checkpoint!r} is a {self.kind!r} run; the duolm lm-eval model "
-                "scores 'ar' and 'mdm' runs"
-            )
         self.model.to(DTYPES[dtype])
         self.dtype, self.checkpoint, self.mdm_likelihood = dtype, str(checkpoint), mdm_likelihood
         config = self.state["train_config"]

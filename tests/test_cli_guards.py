@@ -129,10 +129,13 @@ def test_only_the_first_process_of_a_launcher_prints_a_usage_error():
         assert ("unrecognized flag --bogus" in done.stderr) is printed
 
 
-def test_abbreviated_flags_still_parse():
+def test_a_flag_is_taken_whole_never_as_an_abbreviation(capsys):
     parser = CommandParser(prog="x")
     parser.add_argument("--max-new-tokens", type=int)
-    assert parser.parse_args(["--max-new", "3"]).max_new_tokens == 3
+    assert parser.parse_args(["--max-new-tokens", "3"]).max_new_tokens == 3
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--max-new", "3"])
+    assert "unrecognized flag --max-new" in capsys.readouterr().err
 
 
 def test_more_diffusion_steps_than_positions_says_how_many_ran(capsys):

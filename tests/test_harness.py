@@ -288,7 +288,7 @@ def test_bad_model_arguments_are_refused_in_one_line(arguments, message, tiny_ru
 
 
 def test_a_folder_that_is_not_a_run_is_refused_in_one_line(tmp_path):
-    with pytest.raises(ConfigError, match=r"checkpoint='.*' is not a duolm run or checkpoint"):
+    with pytest.raises(ConfigError, match=r"checkpoint='.*' is not a duolm run"):
         DuoLM(str(tmp_path))
 
 

