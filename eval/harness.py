@@ -47,6 +47,7 @@ from arlm.generate import ARGenerator, GenerationConfig
 from dllm.generator import DiffusionGenerator
 from dllm.sampler import SamplerConfig
 from dllm.strategies import FixedCount
+from eval.likelihood import left_to_right_log_likelihood
 from shared.checkpoint import load_model_from_checkpoint
 from shared.errors import CheckpointError, ConfigError, result_or_status
 from shared.objective import objective_for_run, sum_per_row
@@ -382,21 +383,9 @@ class DuoLM(TemplateLM):
         left to right, each scored under the model's prediction at that step."""
         tokens, valid, scored = self._padded(rows, n_scored)
         greedy = self._greedy_mdm(tokens, valid, scored)
-        mask_id = self.objective.mask_id
-        state = torch.where(scored, torch.full_like(tokens, mask_id), tokens)
-        total = torch.zeros(len(rows), dtype=torch.float64, device=tokens.device)
-        for position in range(tokens.shape[1]):
-            active = scored[:, position]
-            if not active.any():
-                continue
-            select = torch.zeros_like(scored)
-            select[:, position] = active
-            logits = self.model(
-                state, attention="bidirectional", output_mask=select, key_valid=valid
-            )
-            log_probs = torch.log_softmax(logits[:, :mask_id].float(), dim=-1)
-            total[active] += log_probs.gather(1, tokens[active, position][:, None])[:, 0].double()
-            state[active, position] = tokens[active, position]
+        total = left_to_right_log_likelihood(
+            self.model, tokens, scored, self.objective.mask_id, key_valid=valid
+        )
         return total.tolist(), greedy, [0.0] * len(rows)
 
     # ---- generation

@@ -194,26 +194,37 @@ def mdm_chain_rule_nll(
     for start, tokens in _batches(rows, batch_size, "left-to-right NLL"):
         counted = _scored(objective, tokens, scored, start)
         revealed = counted if scored is not None else _noised_positions(objective, tokens)
-        tokens, mask = tokens.to(device), revealed.to(device)
-        state = torch.where(mask, torch.full_like(tokens, mask_id), tokens)
-        row_nats = torch.zeros(len(tokens), dtype=torch.float64, device=tokens.device)
-        for position in range(tokens.shape[1]):
-            active = mask[:, position]
-            if not active.any():
-                continue
-            select = torch.zeros_like(mask)
-            select[:, position] = active
-            logits = model(state, attention="bidirectional", output_mask=select)
-            log_probs = torch.log_softmax(logits[:, :mask_id].double(), dim=-1)
-            picked = log_probs.gather(1, tokens[active, position][:, None])[:, 0]
-            row_nats[active] -= picked
-            state[active, position] = tokens[active, position]
+        tokens = tokens.to(device)
+        row_nats = -left_to_right_log_likelihood(model, tokens, revealed.to(device), mask_id)
         total.add(
             row_nats.cpu().tolist(),
             float(row_nats.sum()),
             int(counted.sum()),
             _bytes_of(tokens.cpu(), counted, token_bytes),
         )
+    return total
+
+
+def left_to_right_log_likelihood(
+    model, tokens: torch.Tensor, revealed: torch.Tensor, mask_id: int, key_valid=None
+) -> torch.Tensor:
+    """Each row's exact log-likelihood (float64) of its ``revealed`` positions under a masked
+    diffusion model: all of them masked, then revealed left to right, each scored under the
+    model's prediction at that step. ``key_valid`` keeps padding out of attention, so a row's
+    score does not depend on its batch."""
+    padding = {} if key_valid is None else {"key_valid": key_valid}  # exact tables take none
+    state = torch.where(revealed, torch.full_like(tokens, mask_id), tokens)
+    total = torch.zeros(len(tokens), dtype=torch.float64, device=tokens.device)
+    for position in range(tokens.shape[1]):
+        active = revealed[:, position]
+        if not active.any():
+            continue
+        select = torch.zeros_like(revealed)
+        select[:, position] = active
+        logits = model(state, attention="bidirectional", output_mask=select, **padding)
+        log_probs = torch.log_softmax(logits[:, :mask_id].double(), dim=-1)
+        total[active] += log_probs.gather(1, tokens[active, position][:, None])[:, 0]
+        state[active, position] = tokens[active, position]
     return total
 
 
