@@ -7,15 +7,18 @@
 
 Without ``--run`` an AR run of ``--preset`` is trained for one step in a temporary folder: the
 shape sets the speed, not what the weights learned. The requests are lm-eval's two likelihood
-kinds on held-out text of the run's corpus: multiple choice (``--items`` verses cut at a word,
-the next three words and three other verses' words there as choices, ``loglikelihood``) and rolling
-perplexity (``--items`` / 4 documents of several verses, each longer than the context,
-``loglikelihood_rolling``). After ``--warmup`` untimed rounds, ``--rounds`` rounds time each
-backend once on all requests, in alternating order. Printed: each backend's seconds per round
-(median [min, max]); the per-round ratio hf / duolm (above 1: duolm is faster), its median and
-min; the largest per-request difference between the two (a check that they did the same work);
-the machine, its load average and the versions. Measure on an idle machine: the ratio is paired
-within rounds, but two engineers' tests beside it still move it.
+kinds on distinct held-out verses of the run's corpus (no request repeats, so neither backend
+gains from a duplicate): multiple choice (``--items`` verses cut at a word, the next three words
+and three other verses' words there as choices; ``--items`` / 2 verses with four one-token
+answers, as in a lettered benchmark, where both backends score an item's choices from one
+forward pass; ``loglikelihood``) and rolling perplexity (``--items`` / 4 documents of eight
+verses, each longer than the context, ``loglikelihood_rolling``). After ``--warmup`` untimed
+rounds, ``--rounds`` rounds time each backend once on all requests, in alternating order.
+Printed: each backend's seconds per round (median [min, max]); the per-round ratio hf / duolm
+(above 1: duolm is faster), its median and min; the largest per-request difference between the
+two (a check that they did the same work); the machine, its load average and the versions.
+Measure on an idle machine: the ratio is paired within rounds, but two engineers' tests beside
+it still move it.
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ from shared.hardware import cpu_name  # noqa: E402
 from shared.training import cli  # noqa: E402
 
 CHOICES = 4  # the true continuation and three others', as in a four-way benchmark
+# the letters of the one-token items: the first four of these that are one token of the run's
+# tokenizer (the spaced ones for a BPE, the bare ones for bytes)
+ONE_TOKEN_CANDIDATES = (" A", " B", " C", " D", "A", "B", "C", "D")
 
 
 def parse_args() -> argparse.Namespace:
@@ -80,22 +86,44 @@ def trained_run(preset: str, folder: Path) -> Path:
     return run
 
 
-def requests(run: Path, items: int) -> tuple[list[Instance], list[Instance]]:
-    """Multiple-choice loglikelihood requests and rolling requests on held-out verses."""
+def one_token_answers(tokenizer) -> list[str]:
+    answers = [a for a in ONE_TOKEN_CANDIDATES if len(tokenizer.encode(a)) == 1][:CHOICES]
+    if len(answers) < CHOICES:
+        raise SystemExit(f"the run's tokenizer has fewer than {CHOICES} one-token answers")
+    return answers
+
+
+def requests(run: Path, items: int, tokenizer) -> tuple[list[Instance], list[Instance]]:
+    """Likelihood requests on distinct held-out verses (no request repeats, so neither backend
+    is helped by a duplicate): multiple choice with multi-token answers (``items``), with
+    one-token answers (``items`` / 2, as in a lettered benchmark, where one forward pass serves
+    an item's choices in both backends), and rolling documents (``items`` / 4 of 8 verses)."""
     config = read_state(resolve_checkpoint(run))["train_config"]
-    verses = [v for v in load_corpus(config["dataset"]).validation if len(v.split()) >= 6]
-    verses = (verses * (1 + 2 * items // max(len(verses), 1)))[: 2 * items]
+    chapters = load_corpus(config["dataset"]).validation
+    verses = list(dict.fromkeys(line for text in chapters for line in text.splitlines()))
+    verses = [verse for verse in verses if len(verse.split()) >= 6]
+    multi, single, documents = items, max(1, items // 2), max(1, items // 4)
+    needed = multi + single + 8 * documents
+    if len(verses) < needed:
+        raise SystemExit(
+            f"--items {items} needs {needed} distinct verses; the corpus has {len(verses)}"
+        )
     choice = []
-    for i, verse in enumerate(verses[:items]):
+    for i, verse in enumerate(verses[:multi]):
         words = verse.split()
         cut = len(words) * 3 // 5
         context = " ".join(words[:cut])
         for k in range(CHOICES):
-            other = verses[(i + k * 7) % len(verses)].split()
+            other = verses[(i + k * 7) % multi].split()
             rest = " " + " ".join((words if k == 0 else other)[cut : cut + 3] or other[-3:])
             choice.append(Instance("loglikelihood", {}, (context, rest), idx=k))
-    documents = [" ".join(verses[i : i + 8]) for i in range(0, 2 * items, 8)][: max(1, items // 4)]
-    rolling = [Instance("loglikelihood_rolling", {}, (d,), idx=0) for d in documents]
+    for verse in verses[multi : multi + single]:
+        context = verse + "\nAnswer:"
+        for k, answer in enumerate(one_token_answers(tokenizer)):
+            choice.append(Instance("loglikelihood", {}, (context, answer), idx=k))
+    rest = verses[multi + single : needed]
+    texts = [" ".join(rest[i : i + 8]) for i in range(0, 8 * documents, 8)]
+    rolling = [Instance("loglikelihood_rolling", {}, (text,), idx=0) for text in texts]
     return choice, rolling
 
 
@@ -131,13 +159,14 @@ def main() -> int:
         batch_size=args.batch_size,
         max_length=ours.max_length,
     )
-    choice, rolling = requests(run, args.items)
+    choice, rolling = requests(run, args.items, ours.tokenizer)
     print(f"machine: {machine()}")
     print(f"versions: {versions()}")
     print(
         f"run: {run} ({ours.model.num_parameters() / 1e6:.2f}M parameters), max_length "
-        f"{ours.max_length}, batch {args.batch_size}, {len(choice)} choice and {len(rolling)} "
-        f"rolling requests, device {args.device}"
+        f"{ours.max_length}, batch {args.batch_size}, {len(choice)} choice requests "
+        f"(multi-token and one-token answers) and {len(rolling)} rolling, none repeated, "
+        f"device {args.device}"
     )
 
     def timed(lm) -> tuple[float, list[float]]:

@@ -23,7 +23,6 @@ Requires ``pip install lm-eval`` (the ``harness`` extra; not a dependency of the
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import logging
 import math
@@ -31,9 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
 try:
     import lm_eval.models  # noqa: F401  (lm-eval's own models first: see register())
@@ -47,10 +44,10 @@ from arlm.generate import ARGenerator, GenerationConfig
 from dllm.generator import DiffusionGenerator
 from dllm.sampler import SamplerConfig
 from dllm.strategies import FixedCount
-from eval.likelihood import left_to_right_log_likelihood
+from eval import harness_scores
 from shared.checkpoint import load_model_from_checkpoint
 from shared.errors import CheckpointError, ConfigError, result_or_status
-from shared.objective import objective_for_run, sum_per_row
+from shared.objective import objective_for_run
 from shared.sampling import SamplingConfig
 
 log = logging.getLogger(__name__)
@@ -77,13 +74,6 @@ def _integer(name: str, value: Any, least: int = 1, most: int | None = None, why
         valid = f"an integer >= {least}" if most is None else f"an integer in {least}..{most}"
         raise ConfigError(f"{name}={value!r} must be {valid}{why}")
     return number
-
-
-def item_seed(seed: int, tokens: list[int], n_scored: int) -> int:
-    """The seed of one request's noise: a hash of the run's seed, the request's tokens and how
-    many of them are scored, so equal requests draw equal noise wherever they sit in a batch."""
-    digest = hashlib.sha256(f"{seed}:{n_scored}:".encode() + np.asarray(tokens, np.int64).tobytes())
-    return int.from_bytes(digest.digest()[:8], "little")
 
 
 def check_choices(unknown, checkpoint, mdm_likelihood, estimator, dtype) -> None:
@@ -289,16 +279,21 @@ class DuoLM(TemplateLM):
             keep = self.max_length + (self.kind == "ar")
             rows.append((list(context) + list(continuation))[-keep:])
             n_scored.append(len(continuation))
-        # longest first, as hf's collator does: each batch is padded to its first row
-        order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
+        # Requests that share a forward pass (eval/harness_scores.py) are scored as one group;
+        # groups go longest first, as hf's collator does: each batch is padded to its first row
+        groups: dict[tuple, list[int]] = {}
+        for i, row in enumerate(rows):
+            key = tuple(row[:-1]) if self.kind == "ar" else (tuple(row), n_scored[i])
+            groups.setdefault(key, []).append(i)
+        order = sorted(groups.values(), key=lambda group: -len(rows[group[0]]))
         scores, greedy = [0.0] * len(rows), [False] * len(rows)
         stderrs = [0.0] * len(rows)
         seed = self.seed
         for start in range(0, len(order), self.batch_size):
             batch = order[start : start + self.batch_size]
-            found = self._score_batch([rows[i] for i in batch], [n_scored[i] for i in batch], seed)
-            for i, (score, is_greedy, stderr) in zip(batch, zip(*found)):
-                scores[i], greedy[i], stderrs[i] = score, is_greedy, stderr
+            for group, found in zip(batch, self._score_batch(rows, n_scored, batch, seed)):
+                for i, (score, is_greedy, stderr) in zip(group, found):
+                    scores[i], greedy[i], stderrs[i] = score, is_greedy, stderr
         self._stderrs = stderrs
         for (request, _, _), score, is_greedy in zip(requests, scores, greedy):
             if request is not None:
@@ -306,87 +301,20 @@ class DuoLM(TemplateLM):
         return list(zip(scores, greedy))
 
     @torch.no_grad()
-    def _score_batch(self, rows: list[list[int]], n_scored: list[int], seed: int):
+    def _score_batch(self, rows, n_scored, groups: list[list[int]], seed: int):
+        """Per group of the batch, (log-likelihood, is_greedy, stderr) per member."""
+        pad_id = self.tokenizer.pad_id
         if self.kind == "ar":
-            return self._ar_batch(rows, n_scored)
+            return harness_scores.ar_scores(self.model, rows, n_scored, groups, pad_id)
+        heads, spans = [rows[g[0]] for g in groups], [n_scored[g[0]] for g in groups]
         if self.mdm_likelihood == "chain_rule":
-            return self._chain_rule_batch(rows, n_scored)
-        return self._nelbo_batch(rows, n_scored, seed)
-
-    def _padded(self, rows: list[list[int]], n_scored: list[int], copies: int = 1):
-        """Rows right-padded to the longest, each repeated ``copies`` times, with the masks of
-        real tokens and of the scored (last ``n_scored``) positions."""
-        width = max(map(len, rows))
-        tokens = torch.full((len(rows) * copies, width), self.tokenizer.pad_id, dtype=torch.long)
-        valid = torch.zeros_like(tokens, dtype=torch.bool)
-        scored = torch.zeros_like(valid)
-        for i, (row, n) in enumerate(zip(rows, n_scored)):
-            span = slice(i * copies, (i + 1) * copies)
-            tokens[span, : len(row)] = torch.tensor(row)
-            valid[span, : len(row)] = True
-            scored[span, len(row) - n : len(row)] = True
-        return tokens.to(self._device), valid.to(self._device), scored.to(self._device)
-
-    def _ar_batch(self, rows, n_scored):
-        tokens, _, scored = self._padded(rows, n_scored)
-        # Position i predicts token i+1; right padding sits after every real token, so causal
-        # attention keeps it out of them. is_greedy comes from the same logits.
-        targets_scored = scored[:, 1:]
-        logits = self.model(tokens[:, :-1], attention="causal", output_mask=targets_scored)
-        targets = tokens[:, 1:][targets_scored]
-        log_probs = torch.log_softmax(logits.float(), dim=-1)
-        picked = log_probs.gather(1, targets[:, None])[:, 0].double()
-        row_of = targets_scored.nonzero()[:, 0]
-        scores = sum_per_row(picked, row_of, len(rows))
-        misses = sum_per_row((logits.argmax(-1) != targets).double(), row_of, len(rows))
-        return scores.tolist(), (misses == 0).tolist(), [0.0] * len(rows)
-
-    def _greedy_mdm(self, tokens, valid, scored) -> list[bool]:
-        """Every scored token is the argmax when the whole continuation is masked."""
-        mask_id = self.objective.mask_id
-        noised = torch.where(scored, torch.full_like(tokens, mask_id), tokens)
-        logits = self.model(noised, attention="bidirectional", output_mask=scored, key_valid=valid)
-        misses = (logits[:, :mask_id].argmax(-1) != tokens[scored]).double()
-        return (sum_per_row(misses, scored.nonzero()[:, 0], len(tokens)) == 0).tolist()
-
-    def _nelbo_batch(self, rows, n_scored, seed):
-        """The NELBO of each row's scored tokens over ``draws`` noise draws, drawn for the row
-        alone (its own length, its own generator) and padded after, so the batch cannot move
-        them; padding is kept out of attention (``key_valid``), so it cannot move the logits."""
-        draws, objective = self.draws, self.objective
-        tokens, valid, scored = self._padded(rows, n_scored, copies=draws)
-        t = torch.empty(len(tokens), dtype=torch.float64)
-        # 2.0 is above any masking threshold: padding is never masked (nor scored)
-        uniforms = torch.full(tokens.shape, 2.0, dtype=torch.float64)
-        for i, (row, n) in enumerate(zip(rows, n_scored)):
-            generator = torch.Generator().manual_seed(item_seed(seed, row, n))
-            noise = objective.repeated_noise(1, draws, len(row), generator)
-            t[i * draws : (i + 1) * draws] = noise["t"]
-            uniforms[i * draws : (i + 1) * draws, : len(row)] = noise["uniforms"]
-        noised, masked, weight = objective.noise_rows(
-            tokens, {"t": t, "uniforms": uniforms}, scored
-        )
-        logits = self.model(noised, attention="bidirectional", output_mask=masked, key_valid=valid)
-        token_nats = F.cross_entropy(
-            logits[:, : objective.mask_id].float(), tokens[masked], reduction="none"
-        )
-        row_of = masked.nonzero()[:, 0]
-        weighted = token_nats.double() * weight.to(token_nats.device)[row_of]
-        per_draw = sum_per_row(weighted, row_of, len(tokens)).view(len(rows), draws).cpu()
-        stderr = per_draw.std(1, unbiased=True) / math.sqrt(draws)
-        one = slice(None, None, draws)  # one copy of each row for the greedy check
-        greedy = self._greedy_mdm(tokens[one], valid[one], scored[one])
-        return (-per_draw.mean(1)).tolist(), greedy, stderr.tolist()
-
-    def _chain_rule_batch(self, rows, n_scored):
-        """The exact left-to-right log-likelihood: every scored position masked, then revealed
-        left to right, each scored under the model's prediction at that step."""
-        tokens, valid, scored = self._padded(rows, n_scored)
-        greedy = self._greedy_mdm(tokens, valid, scored)
-        total = left_to_right_log_likelihood(
-            self.model, tokens, scored, self.objective.mask_id, key_valid=valid
-        )
-        return total.tolist(), greedy, [0.0] * len(rows)
+            mask_id = self.objective.mask_id
+            found = harness_scores.chain_rule_scores(self.model, mask_id, heads, spans, pad_id)
+        else:
+            found = harness_scores.nelbo_scores(
+                self.model, self.objective, heads, spans, self.draws, seed, pad_id
+            )
+        return [[one] * len(group) for one, group in zip(found, groups)]
 
     # ---- generation
 

@@ -70,7 +70,8 @@ class StageInterrupted(BaseException):
 class StopRequest:
     """SIGTERM/SIGINT ask the running job to stop at its next safe point (training: save a
     checkpoint at the end of the step; evaluation: after the current sample); a second signal
-    ends the process at once, with exit status 128 + the signal's number.
+    ends the process at once, with exit status 128 + the signal's number (a scheduler's SIGTERM
+    or SIGUSR1 repeated within ``REPEAT_WINDOW_S`` is the same request, see ``received``).
 
     Python runs signal handlers only when the main thread returns to the interpreter, which a
     long kernel (one training step over a huge row) may not do for minutes. So the handlers only
@@ -81,9 +82,15 @@ class StopRequest:
 
     # SIGUSR1: what a Slurm job is sent before its time runs out (--signal=B:USR1@120)
     SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+    # A scheduler's stop, passed on by more than one layer (srun, the launcher, torchrun), may
+    # arrive twice at once; within this window a repeat is the same request. Ctrl-C (SIGINT)
+    # twice still exits at once.
+    SCHEDULER_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+    REPEAT_WINDOW_S = 5.0
 
     def __init__(self, on_stop: str = "saving a checkpoint at the end of this step") -> None:
         self.signal_name: str | None = None
+        self._first: tuple[int, float] = (0, 0.0)  # the first signal and when it came
         self.on_stop = on_stop
         self.interrupt_stage: str | None = None
         self._previous: dict[int, object] = {}
@@ -137,15 +144,35 @@ class StopRequest:
                     self.received(signum)
 
     def received(self, signum: int) -> None:
-        """Act on one delivery of ``signum``: the first asks for a stop, the second exits."""
+        """Act on one delivery of ``signum``: the first asks for a stop, the second exits, except
+        a scheduler's signal (SIGTERM, SIGUSR1) repeated within ``REPEAT_WINDOW_S`` of the
+        first, which is the same request passed on twice (srun and torchrun may both do so)."""
+        now = time.monotonic()
         if self.requested:
+            if self.is_repeat(signum, now):
+                print(
+                    f"\n{signal.Signals(signum).name} again within {self.REPEAT_WINDOW_S:g} s: "
+                    f"the same request ({self.on_stop})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return
             print(f"\n{signal.Signals(signum).name} again: exiting now", file=sys.stderr)
             os._exit(128 + signum)
-        self.signal_name = signal.Signals(signum).name
+        self.signal_name, self._first = signal.Signals(signum).name, (signum, now)
+        again = "send it again to exit immediately"
+        if signum in self.SCHEDULER_SIGNALS:
+            again = f"send it again after {self.REPEAT_WINDOW_S:g} s to exit immediately"
         print(
-            f"\n{self.signal_name} received: {self.on_stop} (send it again to exit immediately)",
-            file=sys.stderr,
-            flush=True,
+            f"\n{self.signal_name} received: {self.on_stop} ({again})", file=sys.stderr, flush=True
+        )
+
+    def is_repeat(self, signum: int, now: float) -> bool:
+        first, first_at = self._first
+        return (
+            signum == first
+            and signum in self.SCHEDULER_SIGNALS
+            and now - first_at < self.REPEAT_WINDOW_S
         )
 
     def close(self) -> None:

@@ -86,6 +86,8 @@ def task_dir(tmp_path_factory, tiny_runs):
         {"question": VERSE + " And the Spirit of God moved", "choices": [" upon", ","]},
         # the model's own greedy tokens: is_greedy must come out True
         {"question": "And God said", "choices": [greedy, greedy[::-1] + "q"]},
+        # one-token answers (one byte each): one forward pass serves all three
+        {"question": "And God said,", "choices": [" ", "L", "q"]},
     ]
     documents = [{"text": "And God said, Let there be light: and there was light."}]
     documents.append({"text": " ".join([VERSE] * 3)})  # several windows at either context
@@ -161,7 +163,7 @@ def test_per_item_loglikelihoods_equal_the_hf_backend_on_the_export(
         tasks,
     )
     choice_ours, choice_theirs = flat(ours["duolm_choice"]), flat(theirs["duolm_choice"])
-    assert len(choice_ours) == len(choice_theirs) == 9
+    assert len(choice_ours) == len(choice_theirs) == 12
     for (score, greedy), (expected, expected_greedy) in zip(choice_ours, choice_theirs):
         assert score == pytest.approx(expected, abs=TOLERANCE)
         assert greedy == expected_greedy
@@ -169,6 +171,26 @@ def test_per_item_loglikelihoods_equal_the_hf_backend_on_the_export(
     rolling_ours, rolling_theirs = flat(ours["duolm_rolling"]), flat(theirs["duolm_rolling"])
     assert rolling_ours == pytest.approx(rolling_theirs, abs=TOLERANCE)
     assert len(" ".join([VERSE] * 3)) > 2 * seq_len  # longer than the context: several windows
+
+
+def test_requests_sharing_the_model_input_share_one_forward_pass(tiny_runs):
+    """An item's one-token answers, and a request repeated, are scored from one pass (as hf
+    groups them), each as it scores alone."""
+    lm = DuoLM(str(tiny_runs["ar"]), batch_size=1, device="cpu")
+    context = "And God said, Let there be"
+    requests = [Instance("loglikelihood", {}, (context, answer), idx=0) for answer in " lq"]
+    requests.append(Instance("loglikelihood", {}, (context, " light"), idx=0))
+    requests.append(Instance("loglikelihood", {}, (context, " light"), idx=0))
+    passes = []
+    hook = lm.model.register_forward_hook(lambda *_: passes.append(1))
+    together = lm.loglikelihood(requests, disable_tqdm=True)
+    assert len(passes) == 2  # the three one-token answers; the two equal requests
+    alone = [lm.loglikelihood([request], disable_tqdm=True)[0] for request in requests]
+    hook.remove()
+    assert len(passes) == 2 + len(requests)
+    for (score, greedy), (expected, expected_greedy) in zip(together, alone):
+        assert score == pytest.approx(expected, abs=ROUNDING)
+        assert greedy == expected_greedy
 
 
 def mdm_requests() -> tuple[list[Instance], list[Instance]]:

@@ -131,6 +131,28 @@ def test_second_signal_exits_at_once(monkeypatch):
 
 
 @pytest.mark.serial
+def test_a_scheduler_signal_repeated_within_the_window_is_one_request(monkeypatch):
+    """srun and torchrun may both pass one SIGTERM on: a repeat within the window is the same
+    request (the run still saves and exits 75); one after the window exits at once."""
+    request = faults.StopRequest()
+    exits, clock = [], [100.0]
+    monkeypatch.setattr(faults.os, "_exit", lambda status: exits.append(status))
+    monkeypatch.setattr(faults.time, "monotonic", lambda: clock[0])
+    try:
+        request.received(signal.SIGTERM)
+        clock[0] += request.REPEAT_WINDOW_S / 2
+        request.received(signal.SIGTERM)
+        assert request.signal_name == "SIGTERM" and not exits
+        request.received(signal.SIGUSR1)  # another signal is no repeat of this one
+        assert exits == [128 + signal.SIGUSR1]
+        clock[0] += request.REPEAT_WINDOW_S
+        request.received(signal.SIGTERM)
+        assert exits == [128 + signal.SIGUSR1, 128 + signal.SIGTERM]
+    finally:
+        request.close()
+
+
+@pytest.mark.serial
 def test_a_signal_is_noted_by_the_watcher_thread():
     request = faults.StopRequest()
     try:
@@ -297,7 +319,7 @@ def test_sigterm_to_the_accelerate_launcher_stops_every_process_at_one_step(tmp_
     _, err = launcher.communicate(timeout=120)
     # torchrun's launcher reports the signal itself (non-zero); the workers stop cleanly.
     summary = json.loads((out / "final.json").read_text())
-    assert summary["stopped_by"] == "SIGTERM" and summary["processes"] == 2, err[-2000:]
+    assert summary["stopped_by"] == "SIGTERM" and summary["processes"] == 2, err[-6000:]
     newest = ckpt.list_checkpoints(out / "checkpoints")[-1]
     assert newest.name == ckpt.checkpoint_name(summary["step"])
     ckpt.verify_checkpoint(newest)

@@ -4,6 +4,9 @@ an environment that lacks a variable (naming it), and the status that requeues a
 import subprocess
 import sys
 
+import pytest
+
+from shared.errors import ConfigError
 from shared.training import slurm
 from shared.training.cli import REQUEUE_STATUS
 
@@ -34,6 +37,14 @@ def test_a_slurm_environment_without_its_variables_is_refused_naming_them(monkey
     err = capsys.readouterr().err
     assert "lacks SLURM_NODEID, MASTER_ADDR, SLURM_GPUS_ON_NODE" in err
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("node", ["2", "7", "-1", "one"])
+def test_a_node_number_outside_the_job_is_refused(node):
+    """SLURM_NODEID must name one of the job's SLURM_NNODES nodes (0..N-1): node 2 of a
+    two-node job would give accelerate a machine rank no rendezvous ever completes."""
+    with pytest.raises(ConfigError, match=r"SLURM_NODEID=.* must be this node's number in 0\.\.1"):
+        slurm.launch_command(JOB | {"SLURM_NODEID": node}, "f.yaml", None, ["train.py"])
 
 
 def test_a_stopped_run_asks_to_be_requeued_and_nothing_else_does():

@@ -10,14 +10,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from shared.checkpoint import resolve_checkpoint
+from shared.checkpoint import check_training_state, resolve_checkpoint
 from shared.cli_args import CommandParser
 from shared.config import FIELD_TYPES, ModelConfig
 from shared.errors import CheckpointError, ConfigError, result_or_status
 from shared.training.config import TrainConfig, TrainingDiverged
 from shared.training.loop import release_process_group, train
 from shared.training.presets import get_preset
-from shared.training.run import RunSpec, new_run, resume_run
+from shared.training.processes import decided_on_main
+from shared.training.run import RunSpec, new_run, resumable_checkpoint, resume_run
 from shared.training.run_folder import holder_if_locked, holds_run
 
 # Every flag's group and one-line description (valid choices in the text); the help shows them
@@ -227,11 +228,15 @@ def spec_from_argv(argv: list[str] | None) -> RunSpec:
                 "--resume and --overwrite do not go together: --resume continues a run, "
                 "--overwrite starts a new one over it (drop one of them)"
             )
+        checkpoint = decided_on_main(
+            "find the checkpoint --resume continues", lambda: resumable_checkpoint(args.resume)
+        )
         return resume_run(
-            args.resume,
+            checkpoint,
             args.out,
             preset=args.preset,
             allow_config_change=args.allow_config_change,
+            verified=True,
             **overrides,
         )
     return new_run(args.preset, args.out, overwrite=args.overwrite, **overrides)
@@ -247,19 +252,34 @@ def auto_resume(args: argparse.Namespace, overrides: dict[str, Any]) -> RunSpec:
     if out is None:
         preset_spec = new_run(args.preset, None, **overrides)
         out = preset_spec.out
-    holder = holder_if_locked(out)
-    if holder:
-        raise ConfigError(
-            f"--resume auto: the run folder {out} is in use by another run "
-            f"({holder}); a requeued job waits for the old one to end"
-        )
-    valid = newest_valid_checkpoint(out)
+
+    def choose() -> Path | None:  # on the main process only: it reads every checkpoint
+        holder = holder_if_locked(out)
+        if holder:
+            raise ConfigError(
+                f"--resume auto: the run folder {out} is in use by another run "
+                f"({holder}); a requeued job waits for the old one to end"
+            )
+        valid = newest_valid_checkpoint(out)
+        if valid is None:
+            print(
+                f"--resume auto: no valid checkpoint in {out}; starting the run fresh", flush=True
+            )
+            return None
+        check_training_state(valid)  # before anything else: it may need converting first
+        print(f"--resume auto: continuing from {valid}", flush=True)
+        return valid
+
+    valid = decided_on_main("choose the checkpoint --resume auto continues", choose)
     if valid is None:
-        print(f"--resume auto: no valid checkpoint in {out}; starting the run fresh", flush=True)
         return new_run(args.preset, out, overwrite=holds_run(out), **overrides)
-    print(f"--resume auto: continuing from {valid}", flush=True)
     return resume_run(
-        out, out, preset=args.preset, allow_config_change=args.allow_config_change, **overrides
+        valid,
+        out,
+        preset=args.preset,
+        allow_config_change=args.allow_config_change,
+        verified=True,
+        **overrides,
     )
 
 

@@ -111,13 +111,16 @@ def resume_run(
     *,
     preset: str = "",
     allow_config_change: bool = False,
+    verified: bool = False,
     **overrides: Any,
 ) -> RunSpec:
     """The continuation of the newest valid checkpoint under ``path`` (a run or checkpoint
     folder), with ``overrides`` applied to its saved config (see ``resumed_config``). With an
     ``out`` other than the checkpoint's own run folder it is a branch: a new run that starts
-    from that checkpoint (a WSD cooldown branch, see docs/training.md)."""
-    checkpoint = resumable_checkpoint(Path(path))
+    from that checkpoint (a WSD cooldown branch, see docs/training.md). ``verified``: ``path``
+    is the checkpoint itself, which ``resumable_checkpoint`` has passed already (on the main
+    process, for every process of a launch)."""
+    checkpoint = Path(path) if verified else resumable_checkpoint(Path(path))
     saved = read_state(checkpoint)
     folder = Path(out) if out else checkpoint.parent.parent
     if folder.resolve() != checkpoint.parent.parent.resolve():
@@ -128,10 +131,11 @@ def resume_run(
     return RunSpec(model_cfg, train_cfg, folder, preset, checkpoint, allow_config_change)
 
 
-def resumable_checkpoint(path: Path) -> Path:
+def resumable_checkpoint(path: str | Path) -> Path:
     """The checkpoint ``--resume path`` continues from. A run folder in use by a live run is
     reported as such (its checkpoints may still be being written); one with no checkpoint says
     how to start over it, and one of an earlier release how to convert it."""
+    path = Path(path)
     holder = holder_if_locked(path)
     if holder:
         raise ConfigError(

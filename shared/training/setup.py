@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
-from accelerate.utils import DistributedType, gather_object
+from accelerate.utils import DistributedType, InitProcessGroupKwargs, gather_object
 
 from shared.config import ModelConfig
 from shared.data.corpus import load_corpus
@@ -28,6 +28,7 @@ from shared.model import flops_per_token
 from shared.objective import answer_positions
 from shared.tokenizer import Tokenizer, build_tokenizer
 from shared.training.config import TrainConfig
+from shared.training.processes import wait_timeout
 from shared.training.schedule import lr_multiplier
 
 
@@ -43,7 +44,12 @@ def make_accelerator(cfg: TrainConfig, out: Path) -> Accelerator:
     trackers = [t for t in cfg.log_with.split(",") if t]
     check_trackers_installed(trackers)
     return Accelerator(
-        cpu=not cuda, mixed_precision=mixed, log_with=trackers or None, project_dir=str(out)
+        # every wait for the other processes (joining, collectives) gives up after this
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=wait_timeout())],
+        cpu=not cuda,
+        mixed_precision=mixed,
+        log_with=trackers or None,
+        project_dir=str(out),
     )
 
 

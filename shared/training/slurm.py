@@ -60,6 +60,12 @@ def launch_command(
     if not script:
         raise ConfigError("no script to launch: put it after --, e.g. -- train.py --resume auto")
     nodes = whole_number(env, "SLURM_NNODES")
+    node = env["SLURM_NODEID"].strip()
+    if not (node.isdigit() and int(node) < nodes):
+        raise ConfigError(
+            f"SLURM_NODEID={env['SLURM_NODEID']!r} must be this node's number in 0..{nodes - 1} "
+            f"(SLURM_NNODES={nodes})"
+        )
     per_node = per_node or whole_number(env, "SLURM_GPUS_ON_NODE")
     return [
         "accelerate",
@@ -69,7 +75,7 @@ def launch_command(
         "--num_machines",
         str(nodes),
         "--machine_rank",
-        env["SLURM_NODEID"],
+        str(int(node)),
         "--num_processes",
         str(nodes * per_node),
         "--main_process_ip",
