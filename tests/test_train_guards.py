@@ -17,6 +17,7 @@ import pytest
 
 from shared import checkpoint as ckpt
 from shared.errors import CheckpointError, ConfigError
+from shared.faults import StopRequest
 from shared.training import cli
 from shared.training.config import TrainConfig
 from shared.training.run_folder import RunFolderLock, mark_folder
@@ -158,7 +159,7 @@ def test_a_second_sigterm_ends_a_step_that_never_returns_to_python(tmp_path, cac
         time.sleep(0.2)
     time.sleep(2)
     proc.send_signal(signal.SIGTERM)
-    time.sleep(1)
+    time.sleep(StopRequest.REPEAT_WINDOW_S + 0.5)  # a repeat inside the window is one request
     proc.send_signal(signal.SIGTERM)
     try:
         _, err = proc.communicate(timeout=60)  # the stall itself runs for minutes
