@@ -165,8 +165,9 @@ def result_or_status(
             message = str(error)
         if message is None or os.environ.get("DUOLM_DEBUG"):
             raise
-        # Under a launcher every process meets the same error; the first one reports it.
-        if os.environ.get("RANK", "0") == "0":
+        # Under a launcher every process meets the same error; the first one reports it, unless
+        # the error is this process's own (``own_error``: a wait only it gave up on).
+        if os.environ.get("RANK", "0") == "0" or getattr(error, "own_error", False):
             print(f"error: {message}", file=sys.stderr)
         return None, 2
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TypeVar
@@ -91,16 +90,16 @@ def decided_on_main(what: str, decide: Callable[[], T]) -> T:
     try:
         torch.distributed.broadcast_object_list(answer, src=0)
     except RuntimeError as error:
-        raise ResourceUnavailableError(
+        gave_up = ResourceUnavailableError(
             f"process {state.process_index} waited {timeout:g} s for the main process to "
             f"{what} and got no answer ({first_line(error)}); set {WAIT_TIMEOUT_VARIABLE} to "
             "wait longer"
-        ) from None
+        )
+        gave_up.own_error = True  # this process's own: it reports it (shared.errors)
+        raise gave_up from None
     kind, value = answer[0]
     if kind == "refused":
-        if not state.is_main_process:
-            print(f"process {state.process_index}: the main process refused", file=sys.stderr)
-        raise value
+        raise value  # the main process reported it; every process stops with status 2
     return value
 
 
