@@ -142,6 +142,13 @@ def check_budgets(plan: dict[str, list[int]], cfg: TrainConfig) -> None:
             )
 
 
+def same_branch_point(recorded: str | None, point: Path) -> bool:
+    """Whether a branch's recorded branch point is ``point``, named by its place in the job
+    (trunk folder, checkpoints, step) rather than by its spelling: a job given by another
+    path, from another working folder, moved or copied still has the same branches."""
+    return recorded is not None and Path(recorded).parts[-3:] == point.parts[-3:]
+
+
 def train_branch(trunk: Path, branch: Path, steps: int, force: bool) -> dict[str, Any]:
     """The run of ``steps`` steps that branches off ``trunk`` at its cooldown start: reused when
     it finished from the trunk's checkpoint, resumed when it was interrupted, else started."""
@@ -154,7 +161,7 @@ def train_branch(trunk: Path, branch: Path, steps: int, force: bool) -> dict[str
     final = branch / "final.json"
     if final.is_file() and not force:
         summary = read_json_file(final)
-        if summary.get("finished") and summary.get("branched_from") == str(point):
+        if summary.get("finished") and same_branch_point(summary.get("branched_from"), point):
             print(f"[train {branch.name}] reusing the finished branch in {branch}")
             return summary | {"reused": True}
     has_checkpoints = (branch / "checkpoints").is_dir() and any((branch / "checkpoints").iterdir())
