@@ -335,6 +335,7 @@ def test_a_moved_job_reuses_its_runs_branches_and_stages(smoke, tmp_path, capsys
     shutil.copytree(out, moved, symlinks=True)
     monkeypatch.chdir(moved.parent)
     relative = [("job" if flag == str(out) else flag) for flag in args]
+
     def written():
         return {p: p.stat().st_mtime_ns for p in moved.rglob("*") if p.is_file()}
 
