@@ -416,7 +416,14 @@ def check_training_state(path: Path) -> None:
         raise CheckpointError(f"{path}: no training state ({RNG_RECORD}) in its {MANIFEST}")
     # The records a resume restores are read and checked now, before the run writes anything:
     # a value out of range would otherwise fail mid-run, after config.json was rewritten.
-    check_step(read_state(path), path)
+    state = read_state(path)
+    check_step(state, path)
+    if "imported_from" in state:
+        # an import has weights and a model config but no corpus, optimizer or schedule
+        raise CheckpointError(
+            f"{path}: an imported model, not a training run, so there is no training to "
+            f"continue; train from its weights with --init-from {path}"
+        )
     read_rng_state(path)
     if OPTIMIZER_RECORD in listed:
         read_optimizer_record(path)

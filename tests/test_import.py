@@ -251,3 +251,18 @@ def test_smollm2_from_the_wheel_scores_tokens_as_transformers_does(smollm2):
         for _ in range(8):
             grown = torch.cat([grown, model(grown, "causal")[:, -1:].argmax(-1)], dim=1)
     assert torch.equal(grown, greedy)
+
+
+def test_resuming_an_imported_run_points_to_init_from_and_writes_nothing(tmp_path, capsys):
+    from eval import cli
+
+    save_hf(tiny_hf_model("llama"), tmp_path / "hf")
+    run = tmp_path / "run"
+    checkpoint = import_checkpoint(str(tmp_path / "hf"), run, log=lambda _: None)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    for argv in (["--resume", str(run)], ["--resume", "auto", "--out", str(run)]):
+        assert cli.main(["train", *argv, "--max-steps", "2"]) == 2
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "an imported model, not a training run" in line
+        assert f"--init-from {checkpoint}" in line
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before

@@ -37,12 +37,17 @@ def test_plan_refuses_bad_input_in_one_line(capsys):
         ["plan", "--preset", "nope", "--gpus", "1"],
         ["plan", "--preset", "tiny", "--gpus", "0"],
         ["plan", "--preset", "tiny", "--gpus", "1", "--mfu", "1.5"],
+        ["plan", "--preset", "tiny", "--gpus", "1", "--flops", "inf"],
+        ["plan", "--preset", "tiny", "--gpus", "1", "--peak-tflops", "inf"],
+        ["plan", "--preset", "tiny", "--gpus", "1", "--gpu-memory-gib", "nan"],
     ):
         assert duolm.main(argv) == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 3
+    assert len(err) == 6
     assert "preset='nope' is unknown" in err[0] and "--gpus 0 must be >= 1" in err[1]
     assert "--mfu" in err[2]
+    assert "--flops inf must be finite and > 0" in err[3]
+    assert "--peak-tflops inf must be finite" in err[4] and "--gpu-memory-gib nan" in err[5]
     assert duolm.main(["plan", "--preset", "small", "--gpus", "8"]) == 0
     out = capsys.readouterr().out
     assert "FSDP2" in out and "DDP" in out and "h (" in out

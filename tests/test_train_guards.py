@@ -116,6 +116,32 @@ def test_resuming_a_finished_run_at_its_budget_refuses_and_keeps_its_records(tmp
     assert (out / "metrics.jsonl").read_text() == metrics
 
 
+def test_a_refused_resume_writes_nothing(tmp_path, cache_dir):
+    # every check of a resume runs before its first write: config.json, metrics and the
+    # checkpoints stay byte for byte as they were, whichever check refuses
+    out = tmp_path / "run"
+    cli.train_from_argv(tiny(out, cache_dir, "--max-steps", "4", "--eval-every", "100"))
+
+    def contents():
+        return {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".lock"}
+
+    before = contents()
+    refusals = {
+        ("--preset", "demo"): "preset",
+        ("--objective", "mdm"): "objective",
+        ("--dataset", "shakespeare"): "dataset",
+        ("--lr", "nan"): "lr=nan",
+        ("--max-steps", "3"): "past this run's budget",
+    }
+    for flags, named in refusals.items():
+        with pytest.raises((ConfigError, CheckpointError), match=named):
+            cli.train_from_argv(["--resume", str(out), "--max-steps", "8", *flags])
+        assert contents() == before, flags
+    # a resume that goes ahead records the run's own preset, not the flag's default
+    cli.train_from_argv(["--resume", str(out), "--max-steps", "6"])
+    assert json.loads((out / "config.json").read_text())["preset"] == "tiny"
+
+
 def test_a_run_killed_before_its_final_validation_resumes_to_it_with_its_throughput(
     tmp_path, cache_dir
 ):

@@ -200,13 +200,15 @@ def build_parser(preset: dict[str, dict[str, Any]] | None) -> argparse.ArgumentP
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, Any]]:
     """Returns the parsed arguments and the explicitly given config overrides."""
     pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--preset", default="demo")
+    pre.add_argument("--preset", default=None)
     known, _ = pre.parse_known_args(argv)
     try:
-        preset = get_preset(known.preset)
+        preset = get_preset(known.preset or "demo")
     except ConfigError:
         preset = None  # reported below by resolve_config, after --help had its chance
     args = build_parser(preset).parse_args(argv)
+    # a resume records its run's own preset; only one typed is checked against it
+    args.typed_preset = known.preset or ""
     model_fields = {f.name for f in dataclasses.fields(ModelConfig)}
     train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
     overrides = {k: v for k, v in vars(args).items() if k in model_fields | train_fields}
@@ -234,7 +236,7 @@ def spec_from_argv(argv: list[str] | None) -> RunSpec:
         return resume_run(
             checkpoint,
             args.out,
-            preset=args.preset,
+            preset=args.typed_preset,
             allow_config_change=args.allow_config_change,
             verified=True,
             **overrides,
@@ -276,7 +278,7 @@ def auto_resume(args: argparse.Namespace, overrides: dict[str, Any]) -> RunSpec:
     return resume_run(
         valid,
         out,
-        preset=args.preset,
+        preset=args.typed_preset,
         allow_config_change=args.allow_config_change,
         verified=True,
         **overrides,

@@ -30,6 +30,7 @@ The formulas, and what they assume:
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -71,8 +72,9 @@ class PlanRequest:
         if not 0 < self.mfu <= 1:
             raise ConfigError(f"--mfu {self.mfu} must be in (0, 1] (a fraction of the peak)")
         for name in ("flops", "gpu_memory_gib", "peak_tflops"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)} must be > 0")
+            value = getattr(self, name)
+            if not 0 < value < math.inf:
+                raise ConfigError(f"--{name.replace('_', '-')} {value} must be finite and > 0")
         if self.precision not in BYTES:
             raise ConfigError(f"--precision {self.precision!r} is not one of {sorted(BYTES)}")
         if self.vocab_size < 0 or self.grad_accum < 0:

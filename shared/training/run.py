@@ -122,6 +122,7 @@ def resume_run(
     process, for every process of a launch)."""
     checkpoint = Path(path) if verified else resumable_checkpoint(Path(path))
     saved = read_state(checkpoint)
+    preset = resumed_preset(saved.get("preset"), preset, checkpoint)
     folder = Path(out) if out else checkpoint.parent.parent
     if folder.resolve() != checkpoint.parent.parent.resolve():
         # A branch (a shorter WSD budget off a longer run) does not inherit the points its
@@ -129,6 +130,19 @@ def resume_run(
         overrides = {"branch_budgets": ""} | overrides
     model_cfg, train_cfg = resumed_config(saved, overrides, allow_config_change)
     return RunSpec(model_cfg, train_cfg, folder, preset, checkpoint, allow_config_change)
+
+
+def resumed_preset(saved: Any, typed: str, checkpoint: Path) -> str:
+    """The preset a continued run records: the one it was made from (its shape and settings
+    come from the checkpoint, not from a preset). A different ``--preset`` typed beside
+    ``--resume`` is refused rather than recorded over the run's own."""
+    saved = saved if isinstance(saved, str) else ""
+    if typed and saved and typed != saved:
+        raise ConfigError(
+            f"--preset {typed}: the run of {checkpoint} was made from the preset {saved!r}, and "
+            "a resume keeps its shape and settings (drop --preset, or start a new run)"
+        )
+    return saved or typed
 
 
 def resumable_checkpoint(path: str | Path) -> Path:

@@ -176,8 +176,7 @@ class Trainer:
         cfg, accelerator = self.cfg, self.accelerator
         if accelerator.is_main_process:
             mark_folder(self.out, "run")  # made here, by this run's first write
-            config = self.run_record() | {"preset": self.spec.preset}
-            write_json_atomic(self.out / "config.json", config, durable=False)
+            write_json_atomic(self.out / "config.json", self.run_record(), durable=False)
         accelerator.init_trackers("duolm", config={**self.run_config, **self.model_cfg.to_dict()})
         self.metrics = Metrics(self.out / "metrics.jsonl", accelerator)
         if self.spec.resume_from is not None and self.metrics.drop_after(self.start_step):
@@ -214,6 +213,7 @@ class Trainer:
             "data": self.data.record,
             "init_from": self.init_record,
             "branched_from": self.branched_from,
+            "preset": self.spec.preset,
         }
 
     def checkpoint_keeper(self) -> keeping.CheckpointKeeper:
