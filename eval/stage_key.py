@@ -102,6 +102,12 @@ def what_changed(
     code, packages = stored.get("code"), stored.get("packages")
     if not isinstance(code, dict) or not isinstance(packages, dict) or "result" not in stored:
         return ["the stored file is damaged or was written under another key format"]
+    result = stored["result"]
+    if not isinstance(result, dict) and (
+        isinstance(result, bool) or not isinstance(result, int | float)
+    ):
+        # every stage computes a JSON object or a number: anything else is damage
+        return [f"its stored result is a JSON {type(result).__name__}, not an object or a number"]
     reasons = []
     if stored.get("inputs") != inputs:
         old = stored.get("inputs") if isinstance(stored.get("inputs"), dict) else {}

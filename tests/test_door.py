@@ -274,3 +274,21 @@ def test_a_file_outside_the_root_is_refused(tmp_path):
     (tmp_path / "other").write_text("x")
     with pytest.raises(ConfigError, match="outside"):
         door.read_bytes(tmp_path / "run" / ".." / "other", tmp_path / "run")
+
+
+def test_json_numbers_no_file_holds_are_refused_in_one_line():
+    # an integer of 400 digits overflows the float arithmetic of every reader; 1e400 reads as
+    # infinity: both are refused where the file is read, naming it
+    for text, said in (
+        ('{"tok_s": ' + "9" * 400 + "}", "an integer of 400 digits"),
+        ('{"step": -' + "1" * 41 + "}", "an integer of 41 digits"),
+        ("[1e400]", "the number 1e400 is beyond a float's range"),
+    ):
+        with pytest.raises(ConfigError, match=f"^stage.json: {said} \\(damaged or crafted\\)$"):
+            door.parse_json(text, "stage.json")
+    assert door.parse_json("[NaN, 2.5, -3, 1e300, " + "9" * 40 + "]", "f")[1:] == [
+        2.5,
+        -3,
+        1e300,
+        int("9" * 40),
+    ]

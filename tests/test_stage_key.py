@@ -130,3 +130,25 @@ def test_changed_inputs_and_a_damaged_file_are_recomputed_saying_so(tmp_path, ca
     }
     assert "[s] recomputing: the stored file is damaged" in capsys.readouterr().out
     assert calls == [1, 1, 1]
+
+
+def test_a_stored_result_of_the_wrong_shape_or_an_overlong_number_is_recomputed(tmp_path, capsys):
+    # a record whose key matches but whose result is no object or number, or which holds a
+    # number no stage writes, is damage: recomputed with one line, never returned
+    calls: list[int] = []
+    key = {"data": "a"}
+    Stages(tmp_path, False).run("s", key, counted(calls))
+    path = tmp_path / "stages" / "s.json"
+    good = json.loads(path.read_text())
+    capsys.readouterr()
+    for result, said in (([1, 2], "a JSON list"), ("x", "a JSON str"), (True, "a JSON bool")):
+        path.write_text(json.dumps(good | {"result": result}))
+        assert Stages(tmp_path, False).run("s", key, counted(calls)) == {"value": len(calls)}
+        assert f"[s] recomputing: its stored result is {said}" in capsys.readouterr().out
+    path.write_text(json.dumps(good | {"seconds": 9 * 10**400}))
+    assert Stages(tmp_path, False).run("s", key, counted(calls)) == {"value": len(calls)}
+    assert "[s] recomputing: the stored file is damaged" in capsys.readouterr().out
+    # a number is a result too (the unigram entropy stages)
+    assert Stages(tmp_path, False).run("n", key, lambda: 2.5) == 2.5
+    assert Stages(tmp_path, False).run("n", key, lambda: 0.0) == 2.5
+    assert len(calls) == 5
