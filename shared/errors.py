@@ -14,6 +14,7 @@ import os
 import re
 import select
 import shutil
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -155,6 +156,14 @@ def result_or_status(
         if not stdout_is_broken():
             raise
         return None, 128 + 13
+    except KeyboardInterrupt:
+        # Ctrl-C: every writer removes what it left half-written on the way out (the door's
+        # temp-and-rename, ``removed_if_unfinished``); one line and the shell's status for it
+        if os.environ.get("DUOLM_DEBUG"):
+            raise
+        if os.environ.get("RANK", "0") == "0":
+            print("error: stopped by Ctrl-C (SIGINT)", file=sys.stderr)
+        return None, 128 + signal.SIGINT
     except BaseException as error:
         # The disk's errors first (a PermissionError is no user error of the other kinds); their
         # notes (where a run can resume from) follow the line.

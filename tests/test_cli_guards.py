@@ -160,3 +160,22 @@ def test_help_says_each_default_once(capsys):
         diffusion_sample.main(["--help"])
     text = capsys.readouterr().out
     assert "(default: None)" not in text and "default" in text
+
+
+@pytest.mark.parametrize("kind", ["ar", "mdm"])
+def test_ctrl_c_during_an_export_is_one_line_130_and_leaves_nothing(
+    kind, runs, tmp_path, capsys, monkeypatch
+):
+    pytest.importorskip("transformers")
+    import transformers
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    # the tokenizer is written by both exports, after their weights
+    monkeypatch.setattr(transformers.PreTrainedTokenizerFast, "save_pretrained", interrupted)
+    out = tmp_path / "exported"
+    assert status_of(["export", str(runs[kind]), str(out)]) == 130
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert errors == ["error: stopped by Ctrl-C (SIGINT)"]
+    assert not out.exists()

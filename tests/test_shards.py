@@ -309,6 +309,22 @@ def test_shard_data_command_refuses_bad_input_in_one_line(tmp_path, capsys):
     assert len(err) == 2 and "already holds token shards" in err[0] and "shard-tokens" in err[1]
 
 
+def test_ctrl_c_during_shard_data_removes_what_it_wrote(tmp_path, capsys, monkeypatch):
+    # Ctrl-C after every shard and the manifest were written, before the folder's marker: one
+    # line, the shell's status for SIGINT, and nothing of the shards left to be read or refused
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shard_command, "mark_folder", interrupted)
+    out = tmp_path / "o"
+    args = ["--data", SYNTHETIC, "--out", str(out), "--seq-len", "16", "--shard-tokens", "64"]
+    assert shard_command.main(args) == 130
+    assert capsys.readouterr().err.splitlines() == ["error: stopped by Ctrl-C (SIGINT)"]
+    assert not out.exists()  # the folder it made goes too
+    monkeypatch.undo()
+    assert shard_command.main(args) == 0  # the rerun writes them whole
+
+
 @pytest.mark.slow
 @pytest.mark.serial
 @pytest.mark.multiprocess

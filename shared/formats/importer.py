@@ -357,10 +357,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"imported {args.source} into {checkpoint}")
 
     # ImportError: an optional dependency (transformers, gguf) is missing; the message says which
+    # (Ctrl-C before anything was written, while reading the source: result_or_status's line)
     try:
         return report_user_errors(run, also=(ImportError,))
-    except KeyboardInterrupt:  # before anything was written (reading the source)
-        print("error: import stopped by Ctrl-C (SIGINT); nothing was written", file=sys.stderr)
     except ImportInterrupted as stopped:
         print(f"error: {stopped}", file=sys.stderr)
     return 128 + signal.SIGINT
