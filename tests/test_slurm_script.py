@@ -108,7 +108,7 @@ def test_the_time_limit_signal_reaches_srun_once_and_requeues(tmp_path):
     assert code == 75, output
     assert (tmp_path / "got-usr1").read_text().split() == ["usr1"]
     assert requeued(tmp_path) == ["4242"]
-    assert "requeueing job 4242" in output
+    assert "requeueing job 4242 and exiting with 75" in output
 
 
 def test_srun_ending_after_the_trap_returned_keeps_its_status(tmp_path):
