@@ -27,7 +27,6 @@ import contextlib
 import errno
 import fcntl
 import json
-import math
 import os
 import shutil
 import stat
@@ -39,6 +38,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from shared.errors import ConfigError, with_path
+from shared.strict_json import parse_json
 
 # What a path that is not a regular file is, by its lstat mode (a final link is not followed).
 _SPECIAL_KINDS = (
@@ -171,9 +171,7 @@ def _opened_regular(fd: int, path: Path, what: str, error) -> int:
     return fd
 
 
-def open_fd(
-    path: Path, root: Path | None = None, *, what: str = "duolm", error=ConfigError
-) -> int:
+def open_fd(path: Path, root: Path | None = None, *, what: str = "duolm", error=ConfigError) -> int:
     """A descriptor of the regular file ``path``, opened for reading through the door (no link
     below ``root`` or at the end, never blocking, inside ``root``). A missing file raises
     FileNotFoundError as ``open`` does."""
@@ -222,43 +220,6 @@ def read_text(path: Path, root: Path | None = None, *, error=ConfigError, **door
         return data.decode("utf-8")
     except UnicodeDecodeError as reason:
         raise error(f"{path}: not UTF-8 text ({reason})") from None
-
-
-# No number the project writes needs more digits (steps, token counts, seeds below 2**64); a
-# longer one is damage or a probe, and would overflow the float arithmetic that reads it.
-MAX_INTEGER_DIGITS = 40
-
-
-class _NumberOutOfRange(ValueError):
-    pass
-
-
-def _bounded_int(digits: str) -> int:
-    if len(digits.lstrip("-")) > MAX_INTEGER_DIGITS:
-        raise _NumberOutOfRange(f"an integer of {len(digits.lstrip('-'))} digits")
-    return int(digits)
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):  # 1e400 reads as infinity; NaN and Infinity are spelled as words
-        raise _NumberOutOfRange(f"the number {text[:20]} is beyond a float's range")
-    return value
-
-
-def parse_json(text: str | bytes, where: str, error: type[Exception] = ConfigError) -> Any:
-    """The JSON value of ``text`` (from ``where``: a file, a line of one); what is not JSON is
-    ``error``, one line naming ``where``, and so is a number no file of the project holds (an
-    integer of more than ``MAX_INTEGER_DIGITS`` digits, a float beyond float range)."""
-    try:
-        return json.loads(text, parse_int=_bounded_int, parse_float=_finite_float)
-    except _NumberOutOfRange as reason:
-        raise error(f"{where}: {reason} (damaged or crafted)") from None
-    except RecursionError:
-        raise error(f"{where}: JSON nested too deeply to read (damaged or crafted)") from None
-    except ValueError as reason:  # JSONDecodeError, UnicodeDecodeError, an over-long integer
-        first_line = str(reason).splitlines()[0] if str(reason) else type(reason).__name__
-        raise error(f"{where}: not JSON ({first_line})") from None
 
 
 def read_json_file(

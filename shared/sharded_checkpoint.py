@@ -66,6 +66,7 @@ SHARDS = ckpt.SHARDS
 # auto: sharded under FSDP from this many parameters (below it, gathering on rank 0 is cheap)
 AUTO_SHARDED_PARAMETERS = 1_000_000_000
 
+
 def checkpoint_format(setting: str, layout: str, parameters: int) -> str:
     """The format a run writes: ``setting`` unless auto, which is sharded under FSDP from
     ``AUTO_SHARDED_PARAMETERS`` parameters and single otherwise."""
@@ -310,6 +311,7 @@ def refuse_uncovered(path: Path, index: Any, tensors: dict[str, torch.Tensor]) -
 
 
 # ------------------------------------------------------------------------ to one file
+
 
 def write_streamed(file: Path, shapes: dict[str, tuple[torch.dtype, tuple[int, ...]]], read):
     """A safetensors file of the tensors ``shapes`` describes, each made by ``read(name)`` when

@@ -56,8 +56,6 @@ _SAFETENSORS_DTYPES = {
 }
 
 
-
-
 def _index_globals() -> list[Any]:
     """What torch's weights-only unpickler may make beyond tensors, sizes and dtypes: the
     classes of DCP's index (BUILD on their instances only, never on a class). No path: the

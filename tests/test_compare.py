@@ -191,7 +191,33 @@ def test_a_generation_length_beyond_the_models_positions_is_one_line(tmp_path, c
     assert not out.exists()
 
 
-def test_rerun_reuses_every_stage_and_force_redoes_them(smoke, capsys):
+def check_a_moved_copy_reuses_its_runs_branches_and_stages(smoke, tmp_path, capsys, monkeypatch):
+    """The same job under another absolute path, given relative to another working folder,
+    reuses every run, branch and stage: identity by content, not by spelling."""
+    out, args = smoke
+    moved = tmp_path / "elsewhere" / "job"
+    shutil.copytree(out, moved, symlinks=True)
+    monkeypatch.chdir(moved.parent)
+    relative = [("job" if flag == str(out) else flag) for flag in args]
+
+    def written():
+        return {p: p.stat().st_mtime_ns for p in moved.rglob("*") if p.is_file()}
+
+    before = written()
+    assert compare.main(relative) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("reusing the finished run") == 2
+    assert printed.count("reusing the finished branch") == 4
+    assert "reusing the stored result" in printed
+    after = written()
+    changed = sorted(str(p.relative_to(moved)) for p in after if before.get(p) != after[p])
+    # only the report and its figures at the job's top are written again: no run, branch,
+    # checkpoint or stage
+    assert changed and all("/" not in name for name in changed), changed
+    monkeypatch.chdir(tmp_path)
+
+
+def test_rerun_reuses_every_stage_and_force_redoes_them(smoke, tmp_path, capsys, monkeypatch):
     out, args = smoke
     checkpoint = sorted((out / "seed-0" / "ar" / "checkpoints").glob("step_*"))[-1]
     before = checkpoint.stat().st_mtime_ns
@@ -203,6 +229,8 @@ def test_rerun_reuses_every_stage_and_force_redoes_them(smoke, capsys):
     assert printed.count("reusing the stored result") == len(stage_times)
     assert checkpoint.stat().st_mtime_ns == before
     assert {p.name: p.stat().st_mtime_ns for p in (out / "stages").glob("*.json")} == stage_times
+    # a copy elsewhere, before the forced run below changes the job's seeds
+    check_a_moved_copy_reuses_its_runs_branches_and_stages(smoke, tmp_path, capsys, monkeypatch)
 
     assert compare.main(forced(args)) == 0
     printed = capsys.readouterr().out
@@ -325,28 +353,3 @@ def test_two_seeds_are_each_sampled_judged_and_timed(tmp_path):
             low, high = ratio_estimate(ratios).interval
             assert len(ratios) == 2 and all(len(seed) == 3 for seed in ratios)
             assert f"[{low:.3g}, {high:.3g}] over 2 seeds" in section["headline"]
-
-
-def test_a_moved_job_reuses_its_runs_branches_and_stages(smoke, tmp_path, capsys, monkeypatch):
-    # identity by content, not by spelling: the same job under another absolute path, given
-    # relative to another working folder, reuses every run, branch and stage
-    out, args = smoke
-    moved = tmp_path / "elsewhere" / "job"
-    shutil.copytree(out, moved, symlinks=True)
-    monkeypatch.chdir(moved.parent)
-    relative = [("job" if flag == str(out) else flag) for flag in args]
-
-    def written():
-        return {p: p.stat().st_mtime_ns for p in moved.rglob("*") if p.is_file()}
-
-    before = written()
-    assert compare.main(relative) == 0
-    printed = capsys.readouterr().out
-    assert printed.count("reusing the finished run") == 2
-    assert printed.count("reusing the finished branch") == 4
-    assert "reusing the stored result" in printed
-    after = written()
-    changed = sorted(str(p.relative_to(moved)) for p in after if before.get(p) != after[p])
-    # only the report and its figures at the job's top are written again: no run, branch,
-    # checkpoint or stage
-    assert changed and all("/" not in name for name in changed), changed

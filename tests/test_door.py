@@ -11,6 +11,7 @@ import pytest
 
 from shared import door
 from shared.errors import ConfigError
+from shared.strict_json import parse_json
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ["arlm", "dllm", "shared", "eval", "bench", "train.py"]
@@ -285,8 +286,8 @@ def test_json_numbers_no_file_holds_are_refused_in_one_line():
         ("[1e400]", "the number 1e400 is beyond a float's range"),
     ):
         with pytest.raises(ConfigError, match=f"^stage.json: {said} \\(damaged or crafted\\)$"):
-            door.parse_json(text, "stage.json")
-    assert door.parse_json("[NaN, 2.5, -3, 1e300, " + "9" * 40 + "]", "f")[1:] == [
+            parse_json(text, "stage.json")
+    assert parse_json("[NaN, 2.5, -3, 1e300, " + "9" * 40 + "]", "f")[1:] == [
         2.5,
         -3,
         1e300,

@@ -9,8 +9,9 @@ from typing import Any
 from accelerate import Accelerator
 
 from shared import door
-from shared.door import append_line, parse_json, write_atomic
+from shared.door import append_line, write_atomic
 from shared.errors import ConfigError
+from shared.strict_json import parse_json
 
 
 def metric_records(path: Path) -> list[tuple[str, dict[str, Any]]]:

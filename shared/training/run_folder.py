@@ -36,6 +36,7 @@ from shared.door import current_umask
 from shared.errors import DISK_FULL, CheckpointError, ConfigError, free_space, with_path
 from shared.files import cache_root
 from shared.formats.exported import EXPORT_INFO
+from shared.strict_json import parse_json
 
 LOCK_FILE = ".lock"
 MARKER = ".duolm"
@@ -51,7 +52,12 @@ KINDS = {
 IMPORT_RECORD = "import.json"
 # The records earlier versions left instead of a marker: named in a message, never trusted.
 EARLIER_RECORDS = (
-    "checkpoints", "metrics.jsonl", "final.json", "stages", "finding-code.json", IMPORT_RECORD,
+    "checkpoints",
+    "metrics.jsonl",
+    "final.json",
+    "stages",
+    "finding-code.json",
+    IMPORT_RECORD,
     EXPORT_INFO,
 )
 JOB_STAGES = "stages"  # compare and sweep jobs store their stages here
@@ -299,7 +305,7 @@ def refuse_inside_a_run(folder: Path) -> None:
 def _read_holder(handle) -> dict:
     handle.seek(0)
     try:
-        record = door.parse_json(handle.read(4096) or "{}", "lock")
+        record = parse_json(handle.read(4096) or "{}", "lock")
     except ConfigError:  # a damaged lock record
         return {}
     return record if isinstance(record, dict) else {}
