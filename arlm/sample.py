@@ -34,9 +34,9 @@ from shared.errors import report_user_errors
 from shared.sampling import SamplingConfig
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m arlm.sample") -> argparse.ArgumentParser:
     parser = CommandParser(
-        prog="python -m arlm.sample",
+        prog=prog,
         description="Generate text from an autoregressive checkpoint.",
         formatter_class=DefaultsHelpFormatter,
     )
@@ -141,8 +141,8 @@ def run(args: argparse.Namespace) -> None:
         print(stats_line(stream.result, 0), batch_stats(stream.result))
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m arlm.sample") -> int:
+    args = build_parser(prog).parse_args(argv)
     return report_user_errors(lambda: run(args))
 
 

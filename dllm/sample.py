@@ -70,9 +70,9 @@ MASKED_ONLY = ("remasking", "llada_reference", "threshold", "schedule", "block_l
 UDM_OPTIONS = "--steps, --greedy-tail, --corrector, --temperature and --top-p"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m dllm.sample") -> argparse.ArgumentParser:
     parser = CommandParser(
-        prog="python -m dllm.sample",
+        prog=prog,
         description="Sample from a diffusion checkpoint: masked (mdm), block (bd) or "
         "uniform-state (udm) diffusion.",
         formatter_class=DefaultsHelpFormatter,
@@ -272,8 +272,8 @@ def sample_from_args(args: argparse.Namespace) -> tuple:
     return generator.objective, config, result, args.steps, note
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m dllm.sample") -> int:
+    args = build_parser(prog).parse_args(argv)
     sampled, status = result_or_status(lambda: sample_from_args(args))
     if status:
         return status

@@ -66,7 +66,8 @@ def sample(argv: list[str]) -> int:
     objective, status = checkpoint_objective(paths[0])
     if status:
         return status
-    return (ar_sample.main if objective == "ar" else diffusion_sample.main)(argv)
+    # the flags' errors and help name the command the user typed
+    return (ar_sample.main if objective == "ar" else diffusion_sample.main)(argv, "duolm sample")
 
 
 def export(argv: list[str]) -> int:

@@ -77,6 +77,14 @@ def test_sample_finds_its_checkpoint_after_a_flag_value(runs, capsys):
     assert status == 0, capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("family", "flag"), [("ar", "--max-new-tokens"), ("mdm", "--steps")])
+def test_a_bad_sampling_value_names_duolm_sample(runs, family, flag, capsys):
+    # the checkpoint's own sampler parses the flags, under the command the user typed
+    assert status_of(["sample", str(runs[family]), flag, "many"]) == 2
+    line = error_line(capsys)
+    assert line.startswith("duolm sample: error:") and flag in line, line
+
+
 @pytest.mark.parametrize("command", ["sample", "export", "side-by-side", "likelihood", "train"])
 def test_an_unknown_flag_is_named(command, capsys):
     assert status_of([command, "--bogus", "3"]) == 2

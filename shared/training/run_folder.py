@@ -51,15 +51,8 @@ KINDS = {
 }
 IMPORT_RECORD = "import.json"
 # The records earlier versions left instead of a marker: named in a message, never trusted.
-EARLIER_RECORDS = (
-    "checkpoints",
-    "metrics.jsonl",
-    "final.json",
-    "stages",
-    "finding-code.json",
-    IMPORT_RECORD,
-    EXPORT_INFO,
-)
+EARLIER_RECORDS = ("checkpoints", "metrics.jsonl", "final.json", "stages", "finding-code.json")
+EARLIER_RECORDS += (IMPORT_RECORD, EXPORT_INFO)
 JOB_STAGES = "stages"  # compare and sweep jobs store their stages here
 FINDINGS_STAMP = "finding-code.json"
 
@@ -453,9 +446,11 @@ def why_not_movable(folder: Path, sources: Sequence[Path] = ()) -> str | None:
 def not_ours(folder: Path) -> str:
     """Why ``folder`` (not empty, no marker) is not duolm's to move, in words."""
     if made_by_earlier_version(folder):
+        held = ", ".join(n for n in EARLIER_RECORDS if os.path.lexists(Path(folder) / n))
         return (
-            f"was made by an earlier version of duolm (it has no {MARKER} marker), so it is "
-            f"never moved for you: move it by hand (mv {folder} {folder}.old) and run again"
+            f"has no {MARKER} marker but holds {held} as a run does (an earlier version of "
+            f"duolm's run, or a folder of your own): it is never moved for you; move it by hand "
+            f"(mv {folder} {folder}.old) and run again"
         )
     return (
         f"holds files duolm did not make ({listing(folder)}); --overwrite and --force move only "
