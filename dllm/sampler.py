@@ -33,7 +33,15 @@ from dllm.predictors import (
     FullForward,
     Predictor,
 )
-from dllm.strategies import Ancestral, FixedCount, StepContext, Strategy, Threshold
+from dllm.remdm import Remdm
+from dllm.strategies import (
+    Ancestral,
+    EntropyBounded,
+    FixedCount,
+    StepContext,
+    Strategy,
+    Threshold,
+)
 from shared.sampling import SamplingConfig
 
 # Where predictions come from: "none" is the exact full forward, the others are APPROXIMATE.
@@ -52,7 +60,7 @@ class SamplerConfig:
     ``reuse_predictions``: MDLM's p(x0) cache; exact, it only skips evaluating unchanged canvases.
     """
 
-    strategy: Strategy
+    strategy: Strategy | Remdm
     block_length: int | None = None
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     cfg_scale: float = 0.0
@@ -60,9 +68,12 @@ class SamplerConfig:
     reuse_predictions: bool = True
 
     def validate(self) -> SamplerConfig:
-        if not isinstance(self.strategy, Ancestral | FixedCount | Threshold):
+        if not isinstance(
+            self.strategy, Ancestral | FixedCount | Threshold | EntropyBounded | Remdm
+        ):
             raise ValueError(
-                f"strategy={self.strategy!r} must be an Ancestral, FixedCount or Threshold rule"
+                f"strategy={self.strategy!r} must be an Ancestral, FixedCount, Threshold, "
+                "EntropyBounded or Remdm rule"
             )
         self.strategy.validate()
         if self.block_length is not None and (
@@ -137,10 +148,51 @@ def row_generators(
 def with_model_schedule(config: SamplerConfig, state: Mapping[str, Any]) -> SamplerConfig:
     """An ancestral rule without a schedule steps under the schedule the model was trained with."""
     rule = config.strategy
-    if isinstance(rule, Ancestral) and rule.schedule is None:
+    if isinstance(rule, Ancestral | Remdm) and rule.schedule is None:
         schedule = state.get("train_config", {}).get("schedule", "linear")
         return dataclasses.replace(config, strategy=dataclasses.replace(rule, schedule=schedule))
     return config
+
+
+class BlockRun:
+    """One block of the loop: the positions it fills (masked when it began) and what its rule
+    keeps between steps; ``step`` runs one step on the canvas in place."""
+
+    def __init__(self, start: int, end: int, mask_id: int, tokens: torch.Tensor):
+        self.start, self.end, self.mask_id = start, end, mask_id
+        self.generated = tokens[:, start:end] == mask_id
+        self.memory: dict = {}
+        self.revealed = torch.zeros(0)
+        self.nfe = 0
+
+    def step(self, predictor, counter, config, tokens, generators, index, steps) -> bool:
+        """Step ``index``; False (and nothing done) when the block is finished: nothing masked
+        and no corrector that may still remask."""
+        start, end, mask_id = self.start, self.end, self.mask_id
+        masked = tokens[:, start:end] == mask_id
+        if not masked.any() and not getattr(config.strategy, "remasks", False):
+            return False
+        calls_before = counter.calls
+        ctx = StepContext(
+            index=index,
+            steps=steps,
+            masked=masked,
+            masked_at_start=self.generated.sum(-1),
+            logits=predictor(tokens, (start, end)),
+            sampling=config.sampling,
+            generators=generators,
+            generated=self.generated,
+            memory=self.memory,
+        )
+        reveal, proposal, *remask = config.strategy.step(ctx)
+        reveal &= masked  # whatever a rule returns, only masked positions are written
+        block = torch.where(reveal, proposal, tokens[:, start:end])
+        if remask:  # a corrector remasks only tokens the sampler itself revealed
+            block = block.masked_fill(remask[0] & self.generated & ~masked, mask_id)
+        tokens[:, start:end] = block
+        self.revealed = reveal.sum(-1).cpu()
+        self.nfe = counter.calls - calls_before
+        return True
 
 
 @torch.no_grad()
@@ -172,26 +224,12 @@ def run(
     nfe_per_step: list[int] = []
     block_of_step: list[int] = []
     for block_index, (start, end) in enumerate(blocks):
-        masked_at_start = (tokens[:, start:end] == mask_id).sum(-1)
+        block = BlockRun(start, end, mask_id, tokens)
         for index in range(steps) if steps is not None else itertools.count():
-            masked = tokens[:, start:end] == mask_id
-            if not masked.any():
+            if not block.step(predictor, counter, config, tokens, generators, index, steps):
                 break
-            calls_before = counter.calls
-            ctx = StepContext(
-                index=index,
-                steps=steps,
-                masked=masked,
-                masked_at_start=masked_at_start,
-                logits=predictor(tokens, (start, end)),
-                sampling=config.sampling,
-                generators=generators,
-            )
-            reveal, proposal = config.strategy.step(ctx)
-            reveal &= masked  # whatever a rule returns, only masked positions are written
-            tokens[:, start:end] = torch.where(reveal, proposal, tokens[:, start:end])
-            revealed.append(reveal.sum(-1).cpu())
-            nfe_per_step.append(counter.calls - calls_before)
+            revealed.append(block.revealed)
+            nfe_per_step.append(block.nfe)
             block_of_step.append(block_index)
         if eos_id is not None and (tokens[:, region_start:end] == eos_id).any(-1).all():
             break

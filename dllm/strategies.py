@@ -10,6 +10,10 @@ sampling loop in ``dllm.sampler``, so a rule is a few lines of arithmetic:
   rule (``low_confidence``, ``random``, ``margin``, ``entropy``).
 - ``Threshold``: Fast-dLLM's parallel decoding, every position whose confidence passes a
   threshold (at least one per step).
+- ``EntropyBounded``: the EB sampler, the largest most-confident set whose summed entropy
+  minus its largest stays within gamma (at least one per step).
+
+ReMDM (``dllm.remdm``), a rule that may also remask what it revealed, runs in the same loop.
 
 Tokens are drawn from p_theta(x0 | x_t) after temperature / top-p (``shared.sampling``), in
 float64 by inverse CDF, one CPU generator per row, so a row never depends on its batch mates.
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import ClassVar
 
@@ -47,6 +51,10 @@ class StepContext:
     sampling: SamplingConfig
     generators: list[torch.Generator]
     confidence_dtype: torch.dtype = torch.float64  # float32 reproduces LLaDA's confidences
+    # Block positions the sampler fills (masked when the block began), which a corrector may
+    # remask, and what a rule keeps between the steps of one block (ReMDM's confidences).
+    generated: torch.Tensor | None = None
+    memory: dict = field(default_factory=dict)
 
     @cached_property
     def probs(self) -> torch.Tensor:
@@ -292,5 +300,50 @@ class Threshold:
         return confident_or_best(scores, ctx.masked, self.threshold), tokens
 
 
-Strategy = Ancestral | FixedCount | Threshold
-STRATEGIES = {rule.name: rule for rule in (Ancestral, FixedCount, Threshold)}
+def entropy_bounded_counts(scores: torch.Tensor, entropy: torch.Tensor, masked, gamma: float):
+    """[B] the EB sampler's reveal counts: the size of the largest prefix U of the masked
+    positions, most confident first, whose entropies satisfy sum_U H - max_U H <= gamma; at
+    least one where anything is masked. The left side never falls as U grows (adding h raises
+    the sum by h and the max by at most h), so the prefixes that pass are the first ones."""
+    lowest = torch.finfo(scores.dtype).min
+    ranked = torch.where(masked, scores.clamp(min=lowest), float("-inf"))
+    order = torch.sort(ranked, dim=-1, descending=True, stable=True).indices
+    sorted_entropy = entropy.gather(-1, order).to(torch.float64)
+    sorted_masked = masked.gather(-1, order)
+    spent = sorted_entropy.cumsum(-1) - sorted_entropy.cummax(-1).values
+    within = (spent <= gamma) & sorted_masked
+    return within.sum(-1).clamp(min=1) * masked.any(-1)
+
+
+@dataclass(frozen=True)
+class EntropyBounded:
+    """The EB sampler (Ben-Hamu et al. 2025): each step draws a token at every masked position
+    of the block, orders them by the drawn token's probability, and reveals the largest
+    most-confident set whose summed entropy minus its largest entropy stays within ``gamma``
+    (at least one). That sum bounds the dependence the independent draws ignore, so the set
+    shares one error budget where the threshold sampler judges each token alone. ``gamma = 0``
+    reveals one token per step (unless several predictions are certain); the step count is
+    open-ended (at most one per token)."""
+
+    gamma: float = 0.01
+    name: ClassVar[str] = "eb"
+
+    def validate(self) -> EntropyBounded:
+        # Written so that NaN fails too.
+        if not (isinstance(self.gamma, int | float) and 0 <= self.gamma < float("inf")):
+            raise ValueError(f"gamma={self.gamma!r} is out of range: valid gamma >= 0 (finite)")
+        return self
+
+    def steps_per_block(self, n_blocks: int) -> int | None:
+        return None
+
+    def step(self, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = ctx.draw_tokens(ctx.masked)
+        scores = token_probability(ctx.probs, tokens)
+        entropy = -negative_entropy(ctx.probs)
+        counts = entropy_bounded_counts(scores, entropy, ctx.masked, self.gamma)
+        return most_confident(scores, ctx.masked, counts), tokens
+
+
+Strategy = Ancestral | FixedCount | Threshold | EntropyBounded
+STRATEGIES = {rule.name: rule for rule in (Ancestral, FixedCount, Threshold, EntropyBounded)}
