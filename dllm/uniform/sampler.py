@@ -20,7 +20,14 @@ kappa * posterior + (1 - kappa) * (alpha_s x_hat + (1 - alpha_s) / N), where x_h
 posterior all the way to s = 0 (x_theta reweighted by the chance of reaching z_t) noised forward
 again to s: a share 1 - kappa of the step forgets z_t and re-noises the model's guess, which can
 undo earlier mistakes (a uniform-state token can always change again). kappa = 1 is the ancestral
-step exactly; the last step (s = 0) is the same for every kappa. Temperature, top-k and top-p
+step exactly; the last step (s = 0) is the same for every kappa.
+``psi`` (Duo++'s Psi-samplers, arXiv 2602.21185) picks kappa per step (``psi_plan``): "constant"
+(kappa = ``corrector`` at every step with t in [t_off, t_on]); "cap" and "rescale" (ReMDM's
+sigma schedules carried over by kappa = 1 - sigma / (1 - alpha_s), clipped to [0, 1]: sigma =
+min(eta, sigma_max) or eta * sigma_max, sigma_max = min(1, (1 - alpha_s) / alpha_t)); "loop"
+(alpha rises linearly to ``alpha_on`` at ``t_on``, is held there until ``t_off`` with kappa =
+1 - eta / (1 - alpha_on), a corrector chain at fixed noise, then rises linearly to 1; the model
+is conditioned on the time whose alpha that is). Temperature, top-k and top-p
 apply to x_theta, never to the posterior (greedy on the posterior gives near-random text).
 Every draw is in float64 from the row's own CPU generator, so a row's sample does not depend on
 the rows batched with it.
@@ -34,7 +41,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from dllm.uniform.objective import alpha, support_ids, support_index
+from dllm.remdm import loop_alpha, sigma_max
+from dllm.uniform.objective import DELTA, alpha, support_ids, support_index
 from shared.sampling import SamplingConfig, process_logits, sample_categorical
 
 
@@ -49,16 +57,23 @@ class UniformSamplerConfig:
     greedy_tail: bool = False
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     corrector: float = 1.0
+    psi: str = "constant"
+    eta: float = 0.0
+    t_on: float = 1.0
+    t_off: float = 0.0
+    alpha_on: float = 0.9
 
     @property
     def name(self) -> str:
-        return "uniform-ancestral" if self.corrector == 1.0 else "uniform-psi"
+        plain = self.psi == "constant" and self.corrector == 1.0
+        return "uniform-ancestral" if plain else "uniform-psi"
 
     def validate(self) -> UniformSamplerConfig:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
             raise ValueError(f"steps={self.steps!r} must be a positive integer")
         if not 0.0 <= self.corrector <= 1.0:
             raise ValueError(f"corrector={self.corrector!r} (kappa) must be in [0, 1]")
+        check_psi_knobs(self)
         if self.sampling.min_p or self.sampling.repetition_penalty != 1.0:
             raise ValueError(
                 "min_p and repetition_penalty are not applied by the udm sampler; it takes "
@@ -66,6 +81,63 @@ class UniformSamplerConfig:
             )
         self.sampling.validate()
         return self
+
+
+PSI_MODES = ("constant", "cap", "rescale", "loop")
+
+
+def check_psi_knobs(config: UniformSamplerConfig) -> None:
+    """One line per Psi knob out of range, naming it, its value and the valid range."""
+    if config.psi not in PSI_MODES:
+        raise ValueError(f"psi={config.psi!r} is unknown; valid: {list(PSI_MODES)}")
+    if not 0.0 <= config.t_off < config.t_on <= 1.0:
+        raise ValueError(
+            f"t_on={config.t_on}, t_off={config.t_off} are out of range: valid "
+            "0 <= t_off < t_on <= 1"
+        )
+    if not 0.0 < config.alpha_on < 1.0:
+        raise ValueError(f"alpha_on={config.alpha_on} is out of range: valid (0, 1)")
+    bound = 1.0 - config.alpha_on if config.psi == "loop" else 1.0
+    if not 0.0 <= config.eta <= bound:
+        raise ValueError(
+            f"eta={config.eta} is out of range for psi {config.psi}: valid [0, {bound:.4g}]"
+        )
+
+
+def psi_kappa(config: UniformSamplerConfig, t: float, s: float, a_t: float, a_s: float):
+    """kappa of one step from t to s (alphas a_t, a_s) under ``config.psi``; 1 at s = 0."""
+    if s == 0.0 or not config.t_off <= t <= config.t_on:
+        return 1.0
+    if config.psi == "constant":
+        return config.corrector
+    if config.psi == "loop":
+        held = a_t == a_s
+        return 1.0 - config.eta / (1.0 - config.alpha_on) if held else 1.0
+    bound = sigma_max(a_t, a_s)
+    sigma = min(config.eta, bound) if config.psi == "cap" else config.eta * bound
+    return min(1.0, max(0.0, 1.0 - sigma / (1.0 - a_s)))
+
+
+def psi_plan(config: UniformSamplerConfig) -> list[tuple[float, float, float]]:
+    """(t, s, kappa) of every step, first to last: the uniform grid t = k / steps, or (loop) the
+    times whose alpha follows the loop profile."""
+    plan = []
+    for k in range(config.steps, 0, -1):
+        t, s = k / config.steps, (k - 1) / config.steps
+        if config.psi == "loop":
+            t, s = (loop_time(v, config) for v in (round(t, 12), round(s, 12)))
+        a_t, a_s = (float(alpha(torch.tensor(v, dtype=torch.float64))) for v in (t, s))
+        plan.append((t, s, psi_kappa(config, t, s, a_t, a_s)))
+    return plan
+
+
+def loop_time(grid_time: float, config: UniformSamplerConfig) -> float:
+    """The model time whose alpha is the loop profile's alpha at ``grid_time`` (clipped to
+    [0, 1]: the profile starts at alpha = 0, below the schedule's alpha_1)."""
+    target = loop_alpha(grid_time, config.t_on, config.t_off, config.alpha_on)
+    if grid_time == 0.0:
+        return 0.0
+    return min(1.0, (1.0 - target) / (1.0 - DELTA))
 
 
 @dataclass
@@ -137,8 +209,7 @@ def sample_uniform(
     per_row = free.sum(1).tolist()
     row_of = free.nonzero()[:, 0]
     changed = torch.zeros(config.steps, len(tokens), dtype=torch.long)
-    for k in range(config.steps, 0, -1):
-        t, s = k / config.steps, (k - 1) / config.steps
+    for k, (t, s, kappa) in zip(range(config.steps, 0, -1), psi_plan(config)):
         time = torch.full((len(tokens),), t, device=tokens.device)
         logits = model(tokens, attention="bidirectional", output_mask=free, time=time)[:, support]
         processed = process_logits(logits, config.sampling)
@@ -148,7 +219,7 @@ def sample_uniform(
         else:
             x_theta = torch.softmax(processed, dim=-1)
             noised = support_index(current, pad_id)
-            steps = corrected_step(x_theta, noised, t, s, config.corrector).split(per_row)
+            steps = corrected_step(x_theta, noised, t, s, kappa).split(per_row)
             chosen = torch.cat(
                 [
                     sample_categorical(probs, generator) if len(probs) else probs[:, 0].long()
