@@ -10,6 +10,10 @@ command line.
     python -m dllm.sample runs/demo-bd --prompt "In the beginning" --gen-length 64 --sampler fixed
     python -m dllm.sample runs/demo-bd --sampler threshold --threshold 0.9 --no-kv-cache
     python -m dllm.sample runs/demo-udm --prompt "And God said" --steps 32 --greedy-tail
+    python -m dllm.sample runs/demo/mdm --sampler eb --gamma 0.01 --block-length 16
+    python -m dllm.sample runs/demo/mdm --steps 128 --remdm loop --eta 0.02 --t-on 0.55 \\
+        --t-off 0.05 --alpha-on 0.9       # ReMDM: more steps than positions keep correcting
+    python -m dllm.sample runs/demo-udm --steps 32 --psi rescale --eta 0.05
 
 The checkpoint says which sampler runs (``dllm.generator.DiffusionGenerator``). A bd checkpoint
 decodes its training blocks (``block_size``) left to right with the exact KV cache of the
@@ -19,7 +23,8 @@ other than its block size. ``--steps`` is the total over all blocks; by default 
 position (for bd, per position of the blocks that cover the generation). With ``--eos stop`` a
 bd sampler ends after the block in which every sample has produced EOS. A udm checkpoint samples
 ancestrally through its posterior (``--steps``, ``--greedy-tail``, ``--corrector``,
-``--temperature``, ``--top-p``) and refuses the masked samplers' options.
+``--temperature``, ``--top-p``) and refuses the masked samplers' options. The correctors
+(``--remdm`` for mdm and bd, ``--psi`` for udm) and ``--sampler eb``: ``dllm.corrector_flags``.
 
 Prints one completion per sample (the text between prompt and suffix), then one line of
 statistics on stderr (``--json`` prints everything as one JSON object instead). User errors exit
@@ -33,9 +38,16 @@ import json
 import sys
 
 from dllm.canvas import EOS_POLICIES
+from dllm.corrector_flags import (
+    DEFAULT_GAMMA,
+    add_corrector_flags,
+    check_corrector_options,
+    remdm_from_args,
+    udm_corrector_config,
+)
 from dllm.generator import DiffusionGenerator
 from dllm.sampler import CACHES, SamplerConfig
-from dllm.strategies import REMASKING, Ancestral, FixedCount, Threshold
+from dllm.strategies import REMASKING, Ancestral, EntropyBounded, FixedCount, Threshold
 from dllm.uniform.sampler import UniformSamplerConfig, distilled_note
 from shared.cli_args import (
     CommandParser,
@@ -56,6 +68,7 @@ SAMPLER_ONLY = {
     "llada_reference": "fixed",
     "threshold": "threshold",
     "schedule": "ancestral",
+    "gamma": "eb",
 }
 # Options of one kind of checkpoint only, with their defaults (what the other kind runs with).
 OBJECTIVE_ONLY = {
@@ -64,10 +77,14 @@ OBJECTIVE_ONLY = {
     "no_kv_cache": ("bd", False),
     "greedy_tail": ("udm", False),
     "corrector": ("udm", 1.0),
+    "psi": ("udm", None),
 }
 # Options of the masked samplers that a uniform-state (udm) model has no use for.
 MASKED_ONLY = ("remasking", "llada_reference", "threshold", "schedule", "block_length")
-UDM_OPTIONS = "--steps, --greedy-tail, --corrector, --temperature and --top-p"
+MASKED_ONLY += ("remdm", "gamma")
+UDM_OPTIONS = (
+    "--steps, --greedy-tail, --corrector (--kappa), --psi and its knobs, --temperature and --top-p"
+)
 
 
 def build_parser(prog: str = "python -m dllm.sample") -> argparse.ArgumentParser:
@@ -89,7 +106,7 @@ def build_parser(prog: str = "python -m dllm.sample") -> argparse.ArgumentParser
     parser.add_argument("--num-samples", type=int, default=1, help="samples per prompt")
     parser.add_argument(
         "--sampler",
-        choices=["ancestral", "fixed", "threshold"],
+        choices=["ancestral", "fixed", "threshold", "eb"],
         default=None,
         help="mdm and bd: default fixed; udm samples ancestrally through its posterior",
     )
@@ -140,6 +157,7 @@ def build_parser(prog: str = "python -m dllm.sample") -> argparse.ArgumentParser
     )
     parser.add_argument(
         "--corrector",
+        "--kappa",
         type=float,
         default=1.0,
         metavar="KAPPA",
@@ -169,7 +187,7 @@ def build_parser(prog: str = "python -m dllm.sample") -> argparse.ArgumentParser
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    return parser
+    return add_corrector_flags(parser)
 
 
 def check_sampler_options(args: argparse.Namespace) -> None:
@@ -185,8 +203,9 @@ def check_sampler_options(args: argparse.Namespace) -> None:
     # own ancestral sampler), so that check waits for it (check_options_of_the_rule).
     if args.sampler is not None:
         check_options_of_the_rule(args, args.sampler)
-    if args.sampler == "threshold" and args.steps is not None:
-        raise ValueError("--steps does not apply to --sampler threshold (it stops when done)")
+    if args.sampler in ("threshold", "eb") and args.steps is not None:
+        raise ValueError(f"--steps does not apply to --sampler {args.sampler} (it stops when done)")
+    check_corrector_options(args)
 
 
 def check_options_of_the_rule(args: argparse.Namespace, sampler: str) -> None:
@@ -209,7 +228,7 @@ def check_objective_options(args: argparse.Namespace, objective: str) -> None:
                 f"{args.checkpoint} was trained with objective {objective!r}"
             )
     if objective != "udm":
-        check_options_of_the_rule(args, args.sampler or "fixed")
+        check_options_of_the_rule(args, args.sampler or ("ancestral" if args.remdm else "fixed"))
         return
     given = [f"--sampler {args.sampler}"] if args.sampler not in (None, "ancestral") else []
     given += [f"--{o.replace('_', '-')}" for o in MASKED_ONLY if getattr(args, o) is not None]
@@ -223,13 +242,18 @@ def check_objective_options(args: argparse.Namespace, objective: str) -> None:
 
 def udm_config_from_args(args: argparse.Namespace, steps: int) -> UniformSamplerConfig:
     sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
-    return UniformSamplerConfig(steps, args.greedy_tail, sampling, args.corrector).validate()
+    config = UniformSamplerConfig(steps, args.greedy_tail, sampling, args.corrector)
+    return udm_corrector_config(args, config)
 
 
 def config_from_args(args: argparse.Namespace, steps: int) -> SamplerConfig:
     """The sampler configuration of the command line, with ``steps`` for the stepped rules."""
-    if args.sampler == "ancestral":
+    if args.remdm:
+        strategy = remdm_from_args(args, steps)
+    elif args.sampler == "ancestral":
         strategy = Ancestral(steps, schedule=args.schedule)
+    elif args.sampler == "eb":
+        strategy = EntropyBounded(DEFAULT_GAMMA if args.gamma is None else args.gamma)
     elif args.sampler in (None, "fixed"):
         reference = {"split": "front", "confidence": "float32"} if args.llada_reference else {}
         strategy = FixedCount(steps, remasking=args.remasking or "low_confidence", **reference)
