@@ -64,8 +64,8 @@ def reveal_probability(alpha_t: float, alpha_s: float, sigma: torch.Tensor | flo
 def loop_alpha(t: float, t_on: float, t_off: float, alpha_on: float) -> float:
     """The loop's alpha at time t: linear 0 -> alpha_on on [1, t_on], alpha_on on [t_on, t_off],
     linear alpha_on -> 1 on [t_off, 0]."""
-    if t >= t_on:
-        return alpha_on * (1.0 - t) / (1.0 - t_on) if t_on < 1.0 else alpha_on
+    if t > t_on:  # (at t_on exactly alpha_on, not a rounding of it: the held steps compare)
+        return alpha_on * (1.0 - t) / (1.0 - t_on)
     if t >= t_off:
         return alpha_on
     return alpha_on + (1.0 - alpha_on) * (t_off - t) / t_off

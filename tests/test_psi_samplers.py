@@ -106,14 +106,15 @@ def test_the_cap_and_rescale_schedules():
 
 
 def test_the_loop_time_profile():
-    config = UniformSamplerConfig(steps=10, psi="loop", eta=0.02, t_on=0.5, t_off=0.1)
+    # held at alpha 0.9 from t = 0.7 to 0.3: the model's time there (0.1) is outside that window
+    config = UniformSamplerConfig(steps=10, psi="loop", eta=0.02, t_on=0.7, t_off=0.3)
     plan = psi_plan(config)
     grid = [(1 - k / 10, 1 - (k + 1) / 10) for k in range(10)]
     for (t, s, kappa), (g_t, g_s) in zip(plan, grid):
         a_t, a_s = alphas(t, s)
         if g_s > 0:  # the model's alpha at the step's times is the loop's alpha (clipped at 1)
-            assert a_s == pytest.approx(loop_alpha(round(g_s, 12), 0.5, 0.1, 0.9))
-        held = 0.1 - 1e-9 <= g_s and g_t <= 0.5 + 1e-9 and g_s > 0
+            assert a_s == pytest.approx(loop_alpha(round(g_s, 12), 0.7, 0.3, 0.9))
+        held = 0.3 - 1e-9 <= g_s and g_t <= 0.7 + 1e-9 and g_s > 0
         assert (t == s) == held
         assert kappa == (pytest.approx(1 - 0.02 / 0.1) if held else 1.0)
     assert plan[-1][1] == 0.0

@@ -106,13 +106,15 @@ def check_psi_knobs(config: UniformSamplerConfig) -> None:
 
 def psi_kappa(config: UniformSamplerConfig, t: float, s: float, a_t: float, a_s: float):
     """kappa of one step from t to s (alphas a_t, a_s) under ``config.psi``; 1 at s = 0."""
-    if s == 0.0 or not config.t_off <= t <= config.t_on:
+    if s == 0.0:
+        return 1.0
+    if config.psi == "loop":  # t is the model's time here: the held alpha marks the window
+        held = a_t == a_s
+        return 1.0 - config.eta / (1.0 - config.alpha_on) if held else 1.0
+    if not config.t_off <= t <= config.t_on:
         return 1.0
     if config.psi == "constant":
         return config.corrector
-    if config.psi == "loop":
-        held = a_t == a_s
-        return 1.0 - config.eta / (1.0 - config.alpha_on) if held else 1.0
     bound = sigma_max(a_t, a_s)
     sigma = min(config.eta, bound) if config.psi == "cap" else config.eta * bound
     return min(1.0, max(0.0, 1.0 - sigma / (1.0 - a_s)))
