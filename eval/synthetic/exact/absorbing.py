@@ -30,13 +30,16 @@ from dataclasses import dataclass
 
 import torch
 
+from dllm.remdm import Remdm
 from dllm.sampler import SamplerConfig
 from dllm.schedules import get_schedule
 from dllm.strategies import (
     Ancestral,
+    EntropyBounded,
     FixedCount,
     Threshold,
     confident_or_best,
+    entropy_bounded_counts,
     front_loaded_counts,
     most_confident,
     negative_entropy,
@@ -143,6 +146,18 @@ def rule_moves(config: SamplerConfig, logits: torch.Tensor, step: Step) -> tuple
             return confident_or_best(scores, everywhere.expand_as(tokens), rule.threshold)
 
         return joint_moves(options, reveal_of), 1 - kept
+    if isinstance(rule, EntropyBounded):
+        entropy = -negative_entropy(probs)
+
+        def reveal_of(tokens: torch.Tensor) -> torch.Tensor:
+            scores = probs.gather(-1, tokens.T).T
+            where = everywhere.expand_as(tokens)
+            spent = entropy.expand_as(scores)
+            return most_confident(
+                scores, where, entropy_bounded_counts(scores, spent, where, rule.gamma)
+            )
+
+        return joint_moves(options, reveal_of), 1 - kept
     count = reveal_count(rule, step.index, step.steps, step.at_start)
     return fixed_count_moves(rule, probs, options, count), 1 - kept
 
@@ -229,6 +244,9 @@ def absorbing_distribution(
     predict: Predict, config: SamplerConfig, layout: Layout, min_prob: float = 0.0
 ) -> tuple[dict[str | None, float], float]:
     """(q over samples, pruned probability) of the sampler ``config`` from ``layout.canvas``."""
+    if isinstance(config.strategy, Remdm):
+        # a remasking step leaves the order of partial rows by the number revealed
+        raise ConfigError("the exact program does not run ReMDM (it remasks revealed tokens)")
     steps = config.strategy.steps_per_block(len(layout.blocks))
     states: dict[Canvas, float] = {layout.canvas: 1.0}
     samples: dict[str | None, float] = defaultdict(float)

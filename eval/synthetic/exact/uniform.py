@@ -14,6 +14,7 @@ does: none of them is a symbol of any row); a trained network must have all N id
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 
 from dllm.uniform.objective import support_ids, support_index
-from dllm.uniform.sampler import UniformSamplerConfig, corrected_step
+from dllm.uniform.sampler import UniformSamplerConfig, corrected_step, psi_plan
 from shared.sampling import process_logits
 
 Row = tuple[int, ...]  # class indices of the free positions
@@ -62,11 +63,18 @@ class Classes:
 Logits = Callable[[Row, float], torch.Tensor]  # row of classes, t -> logits [G, N] (support)
 
 
+@functools.lru_cache(maxsize=16)
+def step_plan(config: UniformSamplerConfig) -> tuple[tuple[float, float, float], ...]:
+    """``psi_plan`` once per sampler setting (every row of every step reads it)."""
+    return tuple(psi_plan(config))
+
+
 def step_probs(
     logits: torch.Tensor, row: Row, classes: Classes, config: UniformSamplerConfig, k: int
 ) -> np.ndarray:
-    """[G, classes]: each free position's next class given the row, at step k (t = k/steps)."""
-    t, s = k / config.steps, (k - 1) / config.steps
+    """[G, classes]: each free position's next class given the row, at step k (counted down
+    from ``steps``; its times and kappa from ``psi_plan``)."""
+    t, s, kappa = step_plan(config)[config.steps - k]
     processed = process_logits(logits, config.sampling)
     if config.sampling.greedy or (k == 1 and config.greedy_tail):
         chosen = processed.argmax(-1)
@@ -74,7 +82,7 @@ def step_probs(
     x_theta = torch.softmax(processed, dim=-1)
     current = torch.tensor([classes.tokens[c] for c in row])
     noised = support_index(current, classes.pad_id)
-    return classes.lump(corrected_step(x_theta, noised, t, s, config.corrector))
+    return classes.lump(corrected_step(x_theta, noised, t, s, kappa))
 
 
 def product_distribution(per_position: np.ndarray) -> np.ndarray:
@@ -99,7 +107,8 @@ def uniform_distribution(
         after = np.zeros_like(dist)
         for row in zip(*np.nonzero(dist)):
             row = tuple(int(c) for c in row)
-            probs = step_probs(logits_of(row, k / config.steps), row, classes, config, k)
+            time = step_plan(config)[config.steps - k][0]
+            probs = step_probs(logits_of(row, time), row, classes, config, k)
             after += dist[row] * product_distribution(np.clip(probs, 0.0, None))
         dist = after
     samples: dict[str | None, float] = defaultdict(float)
