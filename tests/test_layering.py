@@ -223,7 +223,7 @@ MOVED = (
     "dllm.distill",
 )
 # Above the families: the package (importing it registers each family) and the command line.
-ABOVE_FAMILIES = ("dllm", "dllm.sample")
+ABOVE_FAMILIES = ("dllm", "dllm.sample", "dllm.corrector_flags")  # the package, the command line
 PROJECT = ("shared", "arlm", "dllm", "eval", "bench", "train")
 
 
