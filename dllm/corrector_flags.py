@@ -48,6 +48,13 @@ def add_corrector_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         default=None,
         help="udm: Psi-sampler kappa schedule (constant: --kappa; cap, rescale, loop: --eta)",
     )
+    group.add_argument(
+        "--kappa",
+        dest="corrector",
+        type=float,
+        default=argparse.SUPPRESS,  # --corrector's default stands
+        help="udm: the same as --corrector (kappa of --psi constant)",
+    )
     group.add_argument("--sigma", type=float, default=None, help="--remdm constant: sigma")
     group.add_argument(
         "--eta",

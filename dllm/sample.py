@@ -157,7 +157,6 @@ def build_parser(prog: str = "python -m dllm.sample") -> argparse.ArgumentParser
     )
     parser.add_argument(
         "--corrector",
-        "--kappa",
         type=float,
         default=1.0,
         metavar="KAPPA",
