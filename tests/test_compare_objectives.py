@@ -82,6 +82,8 @@ def test_udm_gets_ancestral_and_greedy_tail_only_and_masked_families_keep_theirs
     assert all("(approx.)" in name and "approx." in label for name, _, _, label in cached)
     assert cached[-1][1].strategy.steps == settings.gen_length
     assert "bd threshold 0.9" in [name for name, *_ in bd]
+    assert {"mdm eb 0.1", "bd eb 0.1"} <= {name for name, *_ in bd + mdm}
+    assert "udm eb 0.1" not in [name for name, *_ in diffusion_sampler_configs(settings, "udm")]
     assert all(isinstance(config, SamplerConfig) for _, config, *_ in bd)
 
 

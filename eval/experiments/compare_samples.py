@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from arlm.generate import ARGenerator, GenerationConfig
 from dllm.generator import DiffusionGenerator
 from dllm.sampler import SamplerConfig
-from dllm.strategies import Ancestral, FixedCount, Threshold
+from dllm.strategies import Ancestral, EntropyBounded, FixedCount, Threshold
 from dllm.uniform.sampler import UniformSamplerConfig
 from eval.experiments.compare_curves import sampling_checkpoint
 from eval.experiments.compare_settings import CompareSettings, diffusion_families, headline_sets
@@ -121,6 +121,10 @@ def ar_sample_sets(out: Path, settings: CompareSettings) -> dict[str, dict[str, 
     return sets
 
 
+# The entropy-bounded sampler's budget in the main job, fixed before any run: 0.1 nats, the
+# largest setting at which the EB paper's code models kept their accuracy (Dream, MBPP).
+EB_GAMMA = 0.1
+
 # (set name, sampler, temperature, sampler label) of one diffusion sample set
 SamplerSetting = tuple[str, "SamplerConfig | UniformSamplerConfig", float, str]
 
@@ -129,7 +133,8 @@ def diffusion_sampler_configs(
     settings: CompareSettings, family: str = "mdm"
 ) -> list[SamplerSetting]:
     """Every sample set of one diffusion family. Masked families (mdm, bd): ancestral and
-    fixed-count low-confidence at each step count, a confidence threshold. Uniform-state (udm):
+    fixed-count low-confidence at each step count, a confidence threshold and the
+    entropy-bounded sampler at ``EB_GAMMA``. Uniform-state (udm):
     ancestral at each step count and the same with a greedy last step (remasking and thresholds
     rank [MASK] positions, which a udm canvas does not have). Both: the temperature sweep of the
     ancestral sampler at the middle step count."""
@@ -146,6 +151,8 @@ def diffusion_sampler_configs(
     if family != "udm":
         threshold = SamplerConfig(Threshold(0.9))
         configs.append((f"{family} threshold 0.9", threshold, 1.0, ""))
+        eb = SamplerConfig(EntropyBounded(EB_GAMMA))
+        configs.append((f"{family} eb {EB_GAMMA:g}", eb, 1.0, ""))
     if family == "mdm":
         configs += cached_settings(settings)
     middle = settings.diffusion_steps[len(settings.diffusion_steps) // 2]
