@@ -205,3 +205,13 @@ def test_the_schedules():
 def test_bad_knobs_are_one_line(rule, match):
     with pytest.raises(ValueError, match=match):
         SamplerConfig(rule).validate()
+
+
+def test_conf_remasks_the_least_confident_revealed_tokens_most():
+    rule = Remdm(4, mode="conf", schedule="linear")
+    revealed = torch.tensor([[True, True, False, True]])
+    ctx = SimpleNamespace(memory={"psi": torch.tensor([[0.9, 0.2, 0.0, 0.5]], dtype=torch.float64)})
+    sigmas = rule.token_sigmas(ctx, revealed, 0.5)
+    weights = torch.softmax(-torch.tensor([0.9, 0.2, 0.5], dtype=torch.float64), 0)
+    assert torch.allclose(sigmas[0, [0, 1, 3]], 0.5 * weights)
+    assert sigmas[0, 2] == 0.0 and sigmas[0, 1] == sigmas.max()  # masked: never "remasked"
