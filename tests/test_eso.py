@@ -191,3 +191,26 @@ def test_alpha_0_outside_zero_one_is_refused_in_one_line(value, tmp_path, monkey
     assert not out.exists()
     with pytest.raises(ConfigError, match=r"alpha_0 \(--alpha-0\)=1.5 must be in \[0, 1\]"):
         EsoSamplerConfig(steps=2, alpha_0=1.5).validate()
+
+
+def test_the_sampling_command_samples_an_eso_run_and_refuses_other_samplers_options(
+    tmp_path, monkeypatch, capsys
+):
+    from eval import cli as duolm
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    run = tmp_path / "eso"
+    cli.train_from_argv(
+        ["--preset", "tiny", "--objective", "eso", "--alpha-0", "0.5", "--out", str(run)]
+        + ["--max-steps", "2", "--eval-every", "100", "--cache-dir", str(tmp_path / "cache")]
+    )
+    capsys.readouterr()
+    argv = ["sample", str(run), "--gen-length", "6", "--steps", "2", "--alpha-0", "0", "--json"]
+    assert duolm.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert '"objective": "eso"' in printed and '"sampler": "eso"' in printed
+    assert '"nfe": 6' in printed  # alpha_0 = 0 from the command line: all six left to right
+    assert duolm.main(["sample", str(run), "--threshold", "0.8"]) == 2
+    assert "an eso (Eso-LM) model" in capsys.readouterr().err
+    assert duolm.main(["sample", str(run), "--alpha-0", "2"]) == 2
+    assert "alpha_0 (--alpha-0)=2.0 must be in [0, 1]" in capsys.readouterr().err

@@ -42,6 +42,10 @@ class EsoSamplerConfig:
     alpha_0: float | None = None
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
+    @property
+    def name(self) -> str:
+        return "eso"
+
     def validate(self) -> EsoSamplerConfig:
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
             raise ValueError(f"steps={self.steps!r} must be a positive integer")
