@@ -214,3 +214,21 @@ def test_the_sampling_command_samples_an_eso_run_and_refuses_other_samplers_opti
     assert "an eso (Eso-LM) model" in capsys.readouterr().err
     assert duolm.main(["sample", str(run), "--alpha-0", "2"]) == 2
     assert "alpha_0 (--alpha-0)=2.0 must be in [0, 1]" in capsys.readouterr().err
+
+
+def test_the_main_job_takes_eso_as_a_family_with_its_own_sampler():
+    from eval.experiments.compare_samples import diffusion_sampler_configs, sampling_flops_per_token
+    from eval.experiments.compare_settings import COMPARE_PRESETS, objectives_asked
+
+    assert objectives_asked("ar,mdm,eso") == ("ar", "mdm", "eso")
+    configs = diffusion_sampler_configs(COMPARE_PRESETS["smoke"], "eso")
+    assert [name for name, *_ in configs] == [
+        "eso ancestral 4 steps",
+        "eso ancestral 24 steps",
+        "eso ancestral 24 steps T=0.8",
+    ]
+    assert all(isinstance(config, EsoSamplerConfig) for _, config, *_ in configs)
+    # the KV cache: each position is processed twice (a query, then a clean key), BOS once,
+    # whatever the number of evaluations; the masked sampler processes the canvas every time
+    assert sampling_flops_per_token("eso", 30, 24, 1.0) == 49 / 24
+    assert sampling_flops_per_token("mdm", 30, 24, 1.0) == 30 * 25 / 24
