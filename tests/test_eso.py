@@ -232,3 +232,24 @@ def test_the_main_job_takes_eso_as_a_family_with_its_own_sampler():
     # whatever the number of evaluations; the masked sampler processes the canvas every time
     assert sampling_flops_per_token("eso", 30, 24, 1.0) == 49 / 24
     assert sampling_flops_per_token("mdm", 30, 24, 1.0) == 30 * 25 / 24
+
+
+def test_a_sliding_window_is_refused_for_eso(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    out = tmp_path / "run"
+    argv = ["--preset", "tiny", "--objective", "eso", "--sliding-window", "8", "--out", str(out)]
+    with pytest.raises(ConfigError, match="sliding_window=8: objective='eso' runs causally"):
+        cli.train_from_argv(argv)
+    assert not out.exists()
+
+
+def test_the_main_job_refuses_eso_on_a_windowed_preset_before_claiming_its_folder(
+    tmp_path, monkeypatch, capsys
+):
+    from eval.experiments import compare
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    out = tmp_path / "job"
+    assert compare.main(["--preset", "demo", "--out", str(out), "--objectives", "ar,eso"]) == 2
+    assert "objective='eso' runs causally over a permuted row" in capsys.readouterr().err
+    assert not out.exists()
