@@ -92,8 +92,7 @@ def train_budget_points(
     warmups = own_settings(settings)
     for name in objectives:
         over = overrides | schedule | (own or {}).get(name, {}) | warmups.get(name, {})
-        # every family's configuration is checked before anything trains
-        check_budgets({name: plan[name]}, resolve_config(preset, over | {"objective": name})[1])
+        check_budgets({name: plan[name]}, resolve_config(preset, over)[1])
     results: dict[int, dict[str, Any]] = {}
     for seed in settings.seeds:
         folder = seed_folder(out, seed)
