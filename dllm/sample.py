@@ -1,5 +1,5 @@
-"""Sample from a diffusion checkpoint, masked (mdm), block (bd) or uniform-state (udm): the
-command line.
+"""Sample from a diffusion checkpoint, masked (mdm), block (bd), uniform-state (udm) or Eso-LM
+(eso): the command line.
 
     python -m dllm.sample runs/demo/mdm --prompt "In the beginning" --gen-length 64 \\
         --sampler fixed --steps 64 --block-length 16 --remasking low_confidence --seed 0
@@ -23,7 +23,8 @@ other than its block size. ``--steps`` is the total over all blocks; by default 
 position (for bd, per position of the blocks that cover the generation). With ``--eos stop`` a
 bd sampler ends after the block in which every sample has produced EOS. A udm checkpoint samples
 ancestrally through its posterior (``--steps``, ``--greedy-tail``, ``--corrector``,
-``--temperature``, ``--top-p``) and refuses the masked samplers' options. The correctors
+``--temperature``, ``--top-p``) and refuses the masked samplers' options; so does an eso
+checkpoint, which takes ``--steps`` (its diffusion phase) and ``--alpha-0``. The correctors
 (``--remdm`` for mdm and bd, ``--psi`` for udm) and ``--sampler eb``: ``dllm.corrector_flags``.
 
 Prints one completion per sample (the text between prompt and suffix), then one line of
@@ -45,6 +46,7 @@ from dllm.corrector_flags import (
     remdm_from_args,
     udm_corrector_config,
 )
+from dllm.eso.sampler import EsoSamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.sampler import CACHES, SamplerConfig
 from dllm.strategies import REMASKING, Ancestral, EntropyBounded, FixedCount, Threshold
@@ -78,13 +80,22 @@ OBJECTIVE_ONLY = {
     "greedy_tail": ("udm", False),
     "corrector": ("udm", 1.0),
     "psi": ("udm", None),
+    "alpha_0": ("eso", None),
 }
-# Options of the masked samplers that a uniform-state (udm) model has no use for.
+# Options of the masked samplers that a uniform-state (udm) or Eso-LM (eso) model has no use for.
 MASKED_ONLY = ("remasking", "llada_reference", "threshold", "schedule", "block_length")
 MASKED_ONLY += ("remdm", "gamma")
 UDM_OPTIONS = (
     "--steps, --greedy-tail, --corrector (--kappa), --psi and its knobs, --temperature and --top-p"
 )
+# The families with a sampler of their own, which the masked samplers' options do not reach.
+OWN_SAMPLER = {
+    "udm": f"a udm (uniform-state) model: it samples ancestrally through its posterior and "
+    f"takes {UDM_OPTIONS}",
+    "eso": "an eso (Eso-LM) model: it reveals a share --alpha-0 of the positions in --steps "
+    "diffusion steps, then the rest left to right, and takes --steps, --alpha-0, --temperature "
+    "and --top-p",
+}
 
 
 def build_parser(prog: str = "python -m dllm.sample") -> argparse.ArgumentParser:
@@ -163,6 +174,13 @@ def build_parser(prog: str = "python -m dllm.sample") -> argparse.ArgumentParser
         help="udm only: predictor-corrector (Psi) step, kappa * posterior + (1 - kappa) * the "
         "model's guess noised back to s; 1 = the ancestral sampler",
     )
+    parser.add_argument(
+        "--alpha-0",
+        type=float,
+        default=None,
+        help="eso only: share of the positions its diffusion phase reveals (default: the "
+        "model's; 0 = all left to right, 1 = no autoregressive phase)",
+    )
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=seed_argument, default=0)
@@ -226,7 +244,7 @@ def check_objective_options(args: argparse.Namespace, objective: str) -> None:
                 f"--{option.replace('_', '-')} only applies to {applies_to} checkpoints, and "
                 f"{args.checkpoint} was trained with objective {objective!r}"
             )
-    if objective != "udm":
+    if objective not in OWN_SAMPLER:
         check_options_of_the_rule(args, args.sampler or ("ancestral" if args.remdm else "fixed"))
         return
     given = [f"--sampler {args.sampler}"] if args.sampler not in (None, "ancestral") else []
@@ -234,8 +252,7 @@ def check_objective_options(args: argparse.Namespace, objective: str) -> None:
     given += ["--no-reuse"] if args.no_reuse else []
     if given:
         raise ValueError(
-            f"{given[0]} does not apply to {args.checkpoint}, a udm (uniform-state) model: it "
-            f"samples ancestrally through its posterior and takes {UDM_OPTIONS}"
+            f"{given[0]} does not apply to {args.checkpoint}, {OWN_SAMPLER[objective]}"
         )
 
 
@@ -243,6 +260,11 @@ def udm_config_from_args(args: argparse.Namespace, steps: int) -> UniformSampler
     sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
     config = UniformSamplerConfig(steps, args.greedy_tail, sampling, args.corrector)
     return udm_corrector_config(args, config)
+
+
+def eso_config_from_args(args: argparse.Namespace, steps: int) -> EsoSamplerConfig:
+    sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p)
+    return EsoSamplerConfig(steps, args.alpha_0, sampling).validate()
 
 
 def config_from_args(args: argparse.Namespace, steps: int) -> SamplerConfig:
@@ -287,6 +309,8 @@ def sample_from_args(args: argparse.Namespace) -> tuple:
     if generator.objective == "udm":
         config = udm_config_from_args(args, steps)
         note = distilled_note(generator.state, steps)
+    elif generator.objective == "eso":
+        config = eso_config_from_args(args, steps)
     else:
         config = config_from_args(args, steps)
     result = generator.fill(
@@ -304,9 +328,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m dllm.sample") -> 
     raw = result.raw
     stats = {
         "objective": objective,
-        "sampler": config.name
-        if isinstance(config, UniformSamplerConfig)
-        else config.strategy.name,
+        "sampler": config.strategy.name if isinstance(config, SamplerConfig) else config.name,
         "nfe": raw.nfe,
         "steps": raw.steps,
         "steps_asked": steps_asked,

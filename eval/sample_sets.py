@@ -111,7 +111,7 @@ def ar_sample_set(
 
 
 def sampler_steps(config: DiffusionSampler) -> int | None:
-    if isinstance(config, UniformSamplerConfig):
+    if not hasattr(config, "strategy"):  # the uniform-state and Eso samplers' own settings
         return config.steps
     return getattr(config.strategy, "steps", None)
 

@@ -210,7 +210,7 @@ def test_commands_start_without_the_slow_imports_they_do_not_need():
 # line) with one folder per diffusion family over it. A family stands on the core and shared/
 # alone, so it can be read, changed or copied as the start of a new one without the others.
 
-FAMILIES = ("dllm.masked", "dllm.block", "dllm.uniform")
+FAMILIES = ("dllm.masked", "dllm.block", "dllm.uniform", "dllm.eso")
 # Module paths from before the family folders, kept one release: each re-exports its new home.
 MOVED = (
     "dllm.objective",

@@ -331,6 +331,8 @@ def settings_from_args(args: argparse.Namespace, overrides: dict[str, Any]) -> C
     if seeds:
         settings = dataclasses.replace(settings, seeds=seeds)
     settings = dataclasses.replace(settings, objectives=objectives_asked(args.objectives))
+    for name in settings.objectives:  # each family's configuration, before the folder is claimed
+        resolve_config(args.preset, overrides | {"objective": name})
     if args.gen_length is not None:
         max_seq_len = resolve_config(args.preset, overrides)[0].max_seq_len
         settings = with_gen_length(settings, args.gen_length, max_seq_len)

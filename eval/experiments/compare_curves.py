@@ -16,7 +16,13 @@ from shared.validation import standard_error
 # the compute of an AR model to reach the same validation loss.
 PUBLISHED_MULTIPLIER = 16.0
 Z95 = 1.959964
-COLOURS = {"ar": "tab:blue", "mdm": "tab:orange", "udm": "tab:green", "bd": "tab:red"}
+COLOURS = {
+    "ar": "tab:blue",
+    "mdm": "tab:orange",
+    "udm": "tab:green",
+    "bd": "tab:red",
+    "eso": "tab:purple",
+}
 OVERFIT_TOLERANCE = 0.01  # final validation more than 1% above the best: say so
 
 

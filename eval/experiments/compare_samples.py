@@ -12,6 +12,7 @@ import torch
 from tqdm.auto import tqdm
 
 from arlm.generate import ARGenerator, GenerationConfig
+from dllm.eso.sampler import EsoSamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.sampler import SamplerConfig
 from dllm.strategies import Ancestral, EntropyBounded, FixedCount, Threshold
@@ -136,19 +137,20 @@ def diffusion_sampler_configs(
     fixed-count low-confidence at each step count, a confidence threshold and the
     entropy-bounded sampler at ``EB_GAMMA``. Uniform-state (udm):
     ancestral at each step count and the same with a greedy last step (remasking and thresholds
-    rank [MASK] positions, which a udm canvas does not have). Both: the temperature sweep of the
+    rank [MASK] positions, which a udm canvas does not have). Eso-LM (eso): its own sampler, the
+    diffusion phase in each step count, the rest left to right. All: the temperature sweep of the
     ancestral sampler at the middle step count."""
-    ancestral = uniform_ancestral if family == "udm" else masked_ancestral
+    ancestral = {"udm": uniform_ancestral, "eso": eso_sampler}.get(family, masked_ancestral)
     configs: list[SamplerSetting] = []
     for steps in settings.diffusion_steps:
         configs.append((f"{family} ancestral {steps} steps", ancestral(steps, 1.0), 1.0, ""))
         if family == "udm":
             greedy_tail = UniformSamplerConfig(steps, greedy_tail=True)
             configs.append((f"udm greedy-tail {steps} steps", greedy_tail, 1.0, "greedy-tail"))
-        else:
+        elif family != "eso":
             fixed = SamplerConfig(FixedCount(steps, "low_confidence"))
             configs.append((f"{family} fixed low-conf {steps} steps", fixed, 1.0, ""))
-    if family != "udm":
+    if family not in ("udm", "eso"):
         threshold = SamplerConfig(Threshold(0.9))
         configs.append((f"{family} threshold 0.9", threshold, 1.0, ""))
         eb = SamplerConfig(EntropyBounded(EB_GAMMA))
@@ -198,17 +200,28 @@ def uniform_ancestral(steps: int, temperature: float) -> UniformSamplerConfig:
     return UniformSamplerConfig(steps, sampling=SamplingConfig(temperature=temperature))
 
 
+def eso_sampler(steps: int, temperature: float) -> EsoSamplerConfig:
+    """Eso-LM's sampler: ``steps`` diffusion steps at the model's alpha_0, then the rest
+    left to right."""
+    return EsoSamplerConfig(steps, sampling=SamplingConfig(temperature=temperature))
+
+
 def example_sampler(family: str, steps: int) -> SamplerConfig | UniformSamplerConfig:
     """The examples' sampler: ancestral at the most steps, temperature 0.8."""
     if family == "udm":
         return uniform_ancestral(steps, 0.8)
+    if family == "eso":
+        return eso_sampler(steps, 0.8)
     return SamplerConfig(Ancestral(steps), sampling=SamplingConfig(temperature=0.8))
 
 
 def sampler_label(config: SamplerConfig | UniformSamplerConfig, label: str) -> str:
-    """The sampler's name in the report: the masked strategy's, "ancestral" for udm's."""
+    """The sampler's name in the report: the masked strategy's, "ancestral" for udm's and
+    "diffusion then left to right" for Eso-LM's."""
     if label:
         return label
+    if isinstance(config, EsoSamplerConfig):
+        return "diffusion then left to right"
     return "ancestral" if isinstance(config, UniformSamplerConfig) else config.strategy.name
 
 
@@ -228,11 +241,18 @@ def diffusion_sample_sets(
             "objective": family,
             "sampler": sampler_label(config, label),
             "temperature": temperature,
-            # Every evaluation processes the whole canvas (BOS and the generation region),
-            # spread over the generated positions.
-            "flops_per_token": drawn.nfe * (1 + length) * flops / length,
+            "flops_per_token": sampling_flops_per_token(family, drawn.nfe, length, flops),
         }
     return sets
+
+
+def sampling_flops_per_token(family: str, nfe: int, length: int, flops: float) -> float:
+    """Network FLOPs per generated token. A masked or uniform evaluation processes the whole
+    canvas (BOS and the generation region), spread over the generated positions; Eso-LM's KV
+    cache processes each position twice (a [MASK] query, then a clean key) and BOS once."""
+    if family == "eso":
+        return (2 * length + 1) * flops / length
+    return nfe * (1 + length) * flops / length
 
 
 def sample_count(name: str, settings: CompareSettings) -> int:

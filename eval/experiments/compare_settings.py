@@ -104,7 +104,7 @@ COMPARE_PRESETS = {
 
 
 # What --objectives may name: AR and the diffusion families the samplers here support.
-COMPARABLE = ("ar", "mdm", "bd", "udm")
+COMPARABLE = ("ar", "mdm", "bd", "udm", "eso")
 
 
 def diffusion_families(settings: CompareSettings) -> tuple[str, ...]:
@@ -142,8 +142,8 @@ def objectives_asked(text: str) -> tuple[str, ...]:
         )
     if len(names) == 1:
         raise ConfigError(
-            f"--objectives {text!r} names no diffusion family to compare with AR: add mdm, bd "
-            "or udm"
+            f"--objectives {text!r} names no diffusion family to compare with AR: add mdm, bd, "
+            "udm or eso"
         )
     return ("ar", *(name for name in names if name != "ar"))
 

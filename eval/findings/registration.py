@@ -65,6 +65,9 @@ MACHINE_LOCAL = (
     "peak_tflops",
     "checkpoint_format",
 )
+# Settings only one objective reads (its name beside them): under any other objective they
+# change nothing, so a setting added with a family leaves the other families' registrations.
+OBJECTIVE_ONLY = {"alpha_0": "eso"}
 
 
 def module_text(name: str) -> str:
@@ -117,10 +120,12 @@ def set_fields(config: Any) -> dict[str, Any]:
     at an off value (0, "", False) reads as absent, so an option added later, off by default,
     leaves every registration as it was, while any value that changes (a default included)
     changes it."""
+    objective = getattr(config, "objective", None)
     return {
         name: value
         for name, value in asdict(config).items()
         if name not in MACHINE_LOCAL
+        and OBJECTIVE_ONLY.get(name, objective) == objective
         and value != ""
         and not (isinstance(value, int | float) and value == 0)
     }

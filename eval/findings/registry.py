@@ -6,6 +6,7 @@ from eval.findings import (
     adaptation,
     compute_gap,
     data_constrained,
+    eso_alpha,
     pathstar,
     reversal,
     sample_quality,
@@ -23,5 +24,6 @@ FINDINGS: dict[str, Finding] = {
         adaptation.FINDING,
         sample_quality.FINDING,
         uniform_masked.FINDING,
+        eso_alpha.FINDING,
     )
 }

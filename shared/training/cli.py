@@ -64,12 +64,15 @@ FLAG_GROUPS: dict[str, dict[str, str]] = {
         "cache_dir": "where tokenizers and tokenized rows are cached",
     },
     "objective": {
-        "objective": "ar | mdm | bd (block diffusion) | udm (uniform-state diffusion)",
+        "objective": "ar | mdm | bd (block diffusion) | udm (uniform-state diffusion) | eso "
+        "(Eso-LM: a masked phase, then an autoregressive one)",
         "schedule": "diffusion noise schedule: linear | cosine",
         "t_eps": "smallest diffusion time drawn, in [0, 1)",
         "estimator": "MDM loss estimator: time (Bernoulli masks at t) | count (LLaDA, linear only)",
         "block_size": "bd: positions per block; must divide seq_len",
         "t_max": "bd: largest diffusion time drawn in training, in (t_eps, 1]",
+        "alpha_0": "eso: share of positions the diffusion phase reveals, in [0, 1] (1 = mdm, "
+        "0 = autoregressive)",
         "attention_anneal_steps": "mdm: first steps whose attention rises from causal to full "
         "(a random, linearly growing share of future positions); 0 = off",
         "curriculum_steps": "udm: first steps trained with Duo's Gaussian relaxation (soft "

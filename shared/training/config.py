@@ -78,6 +78,9 @@ class TrainConfig:
     # changes what the training loss estimates; validation always uses the full range [t_eps, 1].
     block_size: int = 0
     t_max: float = 1.0
+    # Eso-LM ("eso"): the expected share of positions its masked-diffusion phase reveals before
+    # the autoregressive phase fills the rest (1 = a masked model, 0 = autoregressive).
+    alpha_0: float = 0.5
     # adaptation (DiffuLLaMA's attention-mask annealing, for a model initialised from an AR run):
     # over the first K steps a bidirectional objective attends causally plus a random fraction of
     # the future positions rising linearly from 0 to 1; full attention after, and always in
@@ -283,6 +286,7 @@ IDENTITY_FIELDS = (
     "answer_after",
     "schedule",
     "block_size",  # block diffusion: the block size is part of what the model learns
+    "alpha_0",  # Eso-LM: the share of the diffusion phase is part of what the model learns
     "seed",
     "init_from",  # the weights the run started from
 )
