@@ -278,7 +278,10 @@ class Report:
         self.out.mkdir(parents=True, exist_ok=True)
         data = self.to_json()
         paths = {"json": self.out / "report.json", "markdown": self.out / "report.md"}
-        write_atomic(paths["json"], json.dumps(data, indent=2, default=_json_default))
+        strict, non_finite = finite_or_null(data)
+        if non_finite:
+            strict["non_finite"] = non_finite
+        write_atomic(paths["json"], json.dumps(strict, indent=2, allow_nan=False))
         write_atomic(paths["markdown"], self.markdown(data))
         return paths
 
@@ -289,6 +292,28 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     raise TypeError(f"cannot put {type(value).__name__} in report.json")
+
+
+def finite_or_null(value: Any, where: str = "") -> tuple[Any, dict[str, str]]:
+    """``value`` as strict JSON data (RFC 8259 has no NaN or Infinity): every non-finite float
+    becomes null, and the map says where (a path such as ``results.rows[2].kl``) and what it was
+    ("inf", "-inf" or "nan"), so a reader never mistakes the null for a missing number."""
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value, {}
+        return None, {where: "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")}
+    if isinstance(value, dict):
+        out, reasons = {}, {}
+        for key, item in value.items():
+            out[str(key)], found = finite_or_null(item, f"{where}.{key}" if where else str(key))
+            reasons |= found
+        return out, reasons
+    if isinstance(value, (list, tuple)):
+        pairs = [finite_or_null(item, f"{where}[{i}]") for i, item in enumerate(value)]
+        return [item for item, _ in pairs], {k: v for _, r in pairs for k, v in r.items()}
+    if value is None or isinstance(value, (str, int, bool)):
+        return value, {}
+    return finite_or_null(_json_default(value), where)
 
 
 def frontier_figure(

@@ -1,6 +1,7 @@
 """Report writing: JSON round trip, protocol refusal, plots embedded."""
 
 import json
+import math
 import re
 
 import pytest
@@ -63,3 +64,30 @@ def test_mixing_protocols_is_refused_with_the_difference_named(tmp_path):
     }
     with pytest.raises(ProtocolMismatch, match="tokenizer"):
         report.likelihood_table("V", {"ar": estimate(3.3, "nll"), "mdm": other_tokenizer})
+
+
+def test_report_json_is_strict_with_the_reason_of_each_null(tmp_path):
+    """RFC 8259 has no NaN or Infinity: each becomes null, and ``non_finite`` says where and what
+    it was; the markdown still shows the number."""
+    report = Report("Distances", tmp_path)
+    report.results.update(
+        {"kl": {"trained": [0.5, math.inf], "nan": math.nan}, "low": -math.inf, "tv": 0.25}
+    )
+    report.table(Table("KL", ["setting", "KL(q||p)"], [["mdm", math.inf]]))
+    paths = report.write()
+    text = paths["json"].read_text()
+
+    def refuse(word: str) -> None:
+        raise AssertionError(f"report.json holds {word}")
+
+    data = json.loads(text, parse_constant=refuse)
+    results = data["results"]
+    assert results["kl"] == {"trained": [0.5, None], "nan": None} and results["low"] is None
+    assert results["tv"] == 0.25 and data["tables"][0]["rows"] == [["mdm", None]]
+    assert data["non_finite"] == {
+        "results.kl.trained[1]": "inf",
+        "results.kl.nan": "nan",
+        "results.low": "-inf",
+        "tables[0].rows[0][1]": "inf",
+    }
+    assert "| mdm | inf |" in paths["markdown"].read_text()

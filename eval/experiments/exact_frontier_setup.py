@@ -1,10 +1,18 @@
-"""What the exact frontier measures, fixed before any run: the language, the training scales,
+"""What the exact frontier measures, fixed before any run: the languages, the training scales,
 the sampler settings with their NFE per token, and the rule that writes the headline.
 
-The language is a hidden Markov model small enough that every sampler's output distribution is
-enumerable with a *trained* network too (3 symbols, strings of 1-4 symbols). Its tokenizer holds
-the alphabet, EOS and PAD only (``symbol_tokenizer``), so a trained uniform-state model's support
-has N = 4 ids and its chain N^G = 4^5 rows; the byte tokenizer's 257 would make it 257^5.
+Both languages are hidden Markov models small enough that every sampler's output distribution
+is enumerable with a *trained* network too (3 symbols, at most 4 of them), sharing one tokenizer
+of the alphabet, EOS and PAD (``symbol_tokenizer``): a trained uniform-state model's support has
+N = 4 ids and its chain N^G = 4^5 rows; the byte tokenizer's 257 would make it 257^5.
+
+- "fixed" (the headline language): every string has exactly 4 symbols and every one of the 81
+  has p > 0, so every canvas a sampler reaches with the exact denoiser is possible and each
+  family's exact denoiser is unique. Its document and EOS fill a row exactly, so packed rows
+  (the uniform-state family's) start at a document boundary, as its oracle assumes.
+- "variable" (strings of 1-4 symbols, EOS and PAD inside the generated positions): a
+  k-per-step masked sampler reaches canvases no row can produce, where the exact denoiser is
+  not defined; the report gives that mass and the sampler's error under two completions.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import models
 
@@ -25,13 +34,21 @@ from dllm.strategies import Ancestral, FixedCount
 from dllm.uniform.sampler import UniformSamplerConfig
 from eval.budgets import seed_spread
 from shared import door
+from shared.data.rows import pack_rows
 from shared.data.synthetic.hmm import HMMLanguage
 from shared.errors import ConfigError
 from shared.tokenizer import EOS_TOKEN, PAD_TOKEN
 
-LANGUAGE = dict(states=3, vocab=3, max_len=4, stop_min=0.2, stop_max=0.5, seed=0)
-GEN_LENGTH = LANGUAGE["max_len"] + 1  # the longest string and its EOS
-SEQ_LEN = LANGUAGE["max_len"] + 2  # BOS + longest string + EOS
+LANGUAGES = {
+    "fixed": dict(
+        states=3, vocab=3, max_len=4, stop_min=0.0, stop_max=0.0, concentration=1.0, seed=0
+    ),
+    "variable": dict(states=3, vocab=3, max_len=4, stop_min=0.2, stop_max=0.5, seed=0),
+}
+HEADLINE_LANGUAGE = "fixed"
+MAX_LEN = 4  # of both languages: one canvas, one row length, one set of settings
+GEN_LENGTH = MAX_LEN + 1  # the longest string and its EOS
+SEQ_LEN = MAX_LEN + 2  # BOS + longest string + EOS
 BLOCK_SIZE = 2  # bd: blocks [BOS, x1], [x2, x3], [x4, x5]
 FAMILIES = ("ar", "mdm", "bd", "udm")
 # Decided before the run: TV is finite for every family (KL(q||p) is infinite for any sampler
@@ -67,13 +84,39 @@ def check_scale(name: str) -> Scale:
     return SCALES[name]
 
 
-def language_spec(corpus: int) -> str:
-    query = "&".join(f"{k}={v}" for k, v in LANGUAGE.items())
+def language_spec(name: str, corpus: int) -> str:
+    query = "&".join(f"{k}={v}" for k, v in LANGUAGES[name].items())
     return f"synthetic:hmm?{query}&n={corpus}&n_val={max(200, corpus // 10)}"
 
 
-def language() -> HMMLanguage:
-    return HMMLanguage(**LANGUAGE)
+def language(name: str) -> HMMLanguage:
+    return HMMLanguage(**LANGUAGES[name])
+
+
+def has_full_support(lang: HMMLanguage) -> bool:
+    """Every string of exactly max_len symbols has p > 0 and no other string has any: then no
+    canvas of symbols is impossible, and no EOS or PAD stands among the string's positions."""
+    strings = dict(lang.enumerate())
+    every = len(lang.alphabet) ** lang.max_len
+    return len(strings) == every and all(
+        len(s) == lang.max_len and math.isfinite(log_p) for s, log_p in strings.items()
+    )
+
+
+def check_headline_language(name: str) -> str:
+    """Refuse, in one line, a headline language whose exact denoiser is not unique."""
+    if name not in LANGUAGES:
+        raise ConfigError(
+            f"--headline-language={name!r} is unknown; valid: {HEADLINE_LANGUAGE!r} (the "
+            "full-support language)"
+        )
+    if not has_full_support(language(name)):
+        raise ConfigError(
+            f"--headline-language={name!r} is refused: its sampler reaches canvases no row can "
+            f"produce, where the exact denoiser is not unique; use {HEADLINE_LANGUAGE!r}, the "
+            f"full-support language (every string of {MAX_LEN} symbols has p > 0)"
+        )
+    return name
 
 
 def symbol_tokenizer(out: Path, alphabet: str) -> str:
@@ -86,6 +129,33 @@ def symbol_tokenizer(out: Path, alphabet: str) -> str:
     if not path.exists() or door.read_json_file(path, root=out) != json.loads(text):
         door.write_atomic(path, text, root=out)
     return f"hf:{path.resolve()}"
+
+
+def boundary_share(lang: HMMLanguage, corpus: int) -> float:
+    """The share of packed training rows (``shared.data.rows.pack_rows``) of ``corpus`` strings
+    of ``lang`` that start at a document boundary (1.0: the packed rows are the documents)."""
+    docs = [
+        np.array([lang.symbol_index(c) for c in s], dtype=np.int32)
+        for s in lang.sample(corpus, seed=0)
+    ]
+    eos = len(lang.alphabet)
+    rows = pack_rows(docs, seq_len=SEQ_LEN, eos_id=eos, pad_id=eos + 1, keep_partial=False)
+    # the token before each row's chunk is the previous row's last one (the first row: a start)
+    before = np.concatenate([[eos], rows[:-1, -1]])
+    return float(np.mean(before == eos))
+
+
+def oracles(lang: HMMLanguage, family: str) -> dict[str, dict[str, str]]:
+    """The exact denoisers (name -> ``exact_denoiser`` options) a family's sampler runs with.
+    On a full-support language one, "exact" (packed rows start at a document boundary there,
+    as the uniform one assumes). Otherwise AR's is still unique; the absorbing ones differ on
+    impossible canvases: both completions; the uniform family trains on packed rows cut at
+    fixed offsets: first the oracle of those rows, then the boundary one its samples need."""
+    if family == "ar" or has_full_support(lang):
+        return {"exact": {}}
+    if family == "udm":
+        return {"packed": {"row_start": "packed"}, "boundary": {"row_start": "boundary"}}
+    return {"uniform": {"completion": "uniform"}, "prefix": {"completion": "prefix"}}
 
 
 @dataclass(frozen=True)
@@ -186,14 +256,19 @@ def headline(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def headline_text(first: dict[str, Any], ranked: list[dict[str, Any]], separated: bool) -> str:
+    """The headline's words: each number a distance of its own (``trained`` to p, ``sampler``:
+    the exact denoiser's q to p, ``to_exact``: between the two q's), never parts of one."""
     budget = f"At NFE per token <= {HEADLINE_NFE:g} (each family's best sampler there)"
     metric = HEADLINE_METRIC.upper()
     if separated:
-        share = first["sampler"]["mean"]
         return (
             f"{budget}, the closest family to the truth is {first['family'].upper()} "
-            f"({first['setting']}) at {metric} {interval_text(first['trained'])}, of which the "
-            f"sampler's own {metric} (exact denoiser, same setting) is {share:.3g}."
+            f"({first['setting']}): its samples are at {metric} "
+            f"{interval_text(first['trained'])} from the language. Beside it, two other "
+            f"distances: the same sampler with the exact denoiser is at {metric} "
+            f"{first['sampler']['mean']:.3g} from the language, and the trained network's "
+            f"output is at {metric} {interval_text(first['to_exact'])} from that "
+            "exact-denoiser output."
         )
     listed = "; ".join(
         f"{r['family'].upper()} ({r['setting']}) {interval_text(r['trained'])}" for r in ranked

@@ -210,6 +210,8 @@ class Layout:
     eos_id: int
     region_start: int
     decode: Callable[[Canvas], str | None]
+    # whether some row of the language holds a canvas's tokens (None: not asked)
+    possible: Callable[[Canvas], bool] | None = None
 
 
 def step_canvases(
@@ -242,14 +244,18 @@ def step_canvases(
 
 def absorbing_distribution(
     predict: Predict, config: SamplerConfig, layout: Layout, min_prob: float = 0.0
-) -> tuple[dict[str | None, float], float]:
-    """(q over samples, pruned probability) of the sampler ``config`` from ``layout.canvas``."""
+) -> tuple[dict[str | None, float], float, float | None]:
+    """(q over samples, pruned probability, impossible mass) of the sampler ``config`` from
+    ``layout.canvas``. The impossible mass is the probability of ending on a canvas no row holds
+    (None without ``layout.possible``): revealed tokens stay, so a path that reaches an
+    impossible canvas ends on one, and this is the mass that ever reaches one."""
     if isinstance(config.strategy, Remdm):
         # a remasking step leaves the order of partial rows by the number revealed
         raise ConfigError("the exact program does not run ReMDM (it remasks revealed tokens)")
     steps = config.strategy.steps_per_block(len(layout.blocks))
     states: dict[Canvas, float] = {layout.canvas: 1.0}
     samples: dict[str | None, float] = defaultdict(float)
+    finals: dict[Canvas, float] = {}  # canvases whose sample is fixed
     dropped = 0.0
     for start, end in layout.blocks:
         at_start = sum(t == layout.mask_id for t in layout.canvas[start:end])
@@ -263,7 +269,11 @@ def absorbing_distribution(
             index += 1
         # a finished block holding an EOS fixes the sample: later blocks come after it
         for canvas in [c for c in states if layout.eos_id in c[layout.region_start : end]]:
-            samples[layout.decode(canvas)] += states.pop(canvas)
-    for canvas, mass in states.items():
+            finals[canvas] = states.pop(canvas)
+    finals.update(states)
+    for canvas, mass in finals.items():
         samples[layout.decode(canvas)] += mass
-    return dict(samples), dropped
+    if layout.possible is None:
+        return dict(samples), dropped, None
+    impossible = sum(mass for canvas, mass in finals.items() if not layout.possible(canvas))
+    return dict(samples), dropped, impossible

@@ -71,6 +71,19 @@ def row_chain(language: HMMLanguage, layout: str) -> RowChain:
     return RowChain(start, trans, emit, layout)
 
 
+def packed_start(chain: RowChain) -> RowChain:
+    """The ``stream`` chain with the start law of a packed row cut at a fixed offset of a long
+    stream of documents: the chain's stationary law (the row's BOS stands before whatever
+    position of a document the cut falls on). Documents of several lengths make the chain
+    aperiodic, so the law of a row's start converges to it as rows go on."""
+    if chain.layout != "stream":
+        raise ValueError(f"layout={chain.layout!r}: a packed row's start needs the stream layout")
+    values, vectors = np.linalg.eig(chain.trans.T)
+    stationary = np.real(vectors[:, np.argmin(np.abs(values - 1.0))])
+    stationary = np.clip(stationary / stationary.sum(), 0.0, None)
+    return RowChain(stationary / stationary.sum(), chain.trans, chain.emit, chain.layout)
+
+
 def _normalised(vector: np.ndarray) -> tuple[np.ndarray, bool]:
     total = vector.sum()
     return (vector / total, True) if total > 0 else (vector, False)

@@ -14,8 +14,15 @@ output_mask, ..., time=...)`` returning logits over the model's vocabulary).
   argument. Position i's own noisy token is left out: that is the NELBO's minimiser and what
   the uniform sampler's posterior step needs (``ExactUniform``).
 
-Impossible evidence (a token no row of the language holds at that place) gives uniform logits over
-the row symbols. Probability zero is the logit ``MASKED_LOGIT``, as ``eval.synthetic.likelihood``'s
+Impossible evidence (a token no row of the language holds at that place) leaves the true
+conditional undefined; an absorbing denoiser completes it by its ``completion``: "uniform" (uniform
+logits over the row symbols) or "prefix" (condition on the longest run of positions from the
+start whose tokens are possible: the tokens up to the first EOS where the conflict is after it).
+Both agree with the true conditionals wherever the evidence is possible; a sampler that never
+reaches impossible evidence (the full-support language) gives one answer under both. The
+uniform-state denoiser's ``row_start`` says where its rows start: "boundary" (a document's first
+symbol) or "packed" (a packed row cut at a fixed offset: ``chain.packed_start``).
+Probability zero is the logit ``MASKED_LOGIT``, as ``eval.synthetic.likelihood``'s
 stand-ins do. Not supported: the KV-cache paths (``KVCache`` needs a real backbone's shape), so
 AR generation runs with ``GenerationConfig(use_cache=False)`` and block diffusion with
 ``kv_cache=False``; both are the reference paths the cached ones are tested to match.
@@ -33,6 +40,7 @@ from dllm.uniform.objective import alpha
 from eval.synthetic.exact.chain import (
     RowChain,
     next_symbol_probs,
+    packed_start,
     row_chain,
     symbol_posteriors,
 )
@@ -136,12 +144,24 @@ class ExactAR(_ExactModel):
         return logits
 
 
+COMPLETIONS = ("uniform", "prefix")
+ROW_STARTS = ("boundary", "packed")
+
+
 class ExactAbsorbing(_ExactModel):
-    """p(x_i | the unmasked tokens) for masked and block diffusion; [MASK] is the last id."""
+    """p(x_i | the unmasked tokens) for masked and block diffusion; [MASK] is the last id.
+    ``completion`` says what it returns where that evidence is impossible (module docstring)."""
 
     extra_rows = 1
 
-    def row_logits(self, row: tuple[int, ...], time: float | None) -> torch.Tensor:
+    def __init__(self, *args, completion: str = "uniform") -> None:
+        if completion not in COMPLETIONS:
+            raise ValueError(f"completion={completion!r} is unknown; valid: {COMPLETIONS}")
+        super().__init__(*args)
+        self.completion = completion
+
+    def evidence(self, row: tuple[int, ...]) -> np.ndarray:
+        """[n, R] likelihoods of the positions after BOS: 1 for every symbol where masked."""
         mask_id = self.config.vocab_size - 1
         likelihood = np.ones((len(row) - 1, self.chain.n_symbols))
         for i, token in enumerate(row[1:]):
@@ -150,9 +170,30 @@ class ExactAbsorbing(_ExactModel):
                 index = self.tokens.index_of(token)
                 if index >= 0:
                     likelihood[i, index] = 1.0
+        return likelihood
+
+    def possible(self, row: tuple[int, ...]) -> bool:
+        """Whether some row of the language holds every unmasked token of ``row``."""
+        return symbol_posteriors(self.chain, self.evidence(row)) is not None
+
+    def row_logits(self, row: tuple[int, ...], time: float | None) -> torch.Tensor:
+        likelihood = self.evidence(row)
         probs = symbol_posteriors(self.chain, likelihood)
+        if probs is None and self.completion == "prefix":
+            probs = self.possible_prefix_posteriors(likelihood)
         bos = self.to_logits(None, 1)  # position 0 is never predicted
         return torch.cat([bos, self.to_logits(probs, len(row) - 1)])
+
+    def possible_prefix_posteriors(self, likelihood: np.ndarray) -> np.ndarray:
+        """The posteriors given the longest possible run of evidence from the first position
+        (the positions after it read as masked); the empty run is always possible."""
+        for kept in range(len(likelihood) - 1, -1, -1):
+            truncated = likelihood.copy()
+            truncated[kept:] = 1.0
+            probs = symbol_posteriors(self.chain, truncated)
+            if probs is not None:
+                return probs
+        raise AssertionError("a row with no evidence is always possible")
 
 
 class ExactUniform(_ExactModel):
@@ -164,6 +205,14 @@ class ExactUniform(_ExactModel):
     does not approach the language however many steps it takes (tested both ways)."""
 
     layout = "stream"
+
+    def __init__(self, *args, row_start: str = "boundary") -> None:
+        if row_start not in ROW_STARTS:
+            raise ValueError(f"row_start={row_start!r} is unknown; valid: {ROW_STARTS}")
+        super().__init__(*args)
+        self.row_start = row_start
+        if row_start == "packed":
+            self.chain = packed_start(self.chain)
 
     def channel_likelihood(self, row: tuple[int, ...], time: float) -> np.ndarray:
         """[n, R]: P(z_i = row[i] | x_i = r) = alpha_t 1{r = z_i} + (1 - alpha_t) / N."""
@@ -198,9 +247,10 @@ DENOISERS = {"ar": ExactAR, "mdm": ExactAbsorbing, "bd": ExactAbsorbing, "udm": 
 
 
 def exact_denoiser(
-    family: str, language: HMMLanguage, tokenizer: Tokenizer, max_seq_len: int
+    family: str, language: HMMLanguage, tokenizer: Tokenizer, max_seq_len: int, **options: str
 ) -> _ExactModel:
-    """The exact denoiser of ``family`` ("ar", "mdm", "bd" or "udm") on ``language``."""
+    """The exact denoiser of ``family`` ("ar", "mdm", "bd" or "udm") on ``language``;
+    ``options``: ``completion`` (mdm, bd) or ``row_start`` (udm)."""
     if family not in DENOISERS:
         raise ValueError(f"family={family!r} is unknown; valid: {sorted(DENOISERS)}")
-    return DENOISERS[family](language, tokenizer, max_seq_len)
+    return DENOISERS[family](language, tokenizer, max_seq_len, **options)

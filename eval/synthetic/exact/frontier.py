@@ -1,9 +1,9 @@
 """The front door: the exact distribution q of strings a family's sampler produces with any
-"model" (an exact denoiser, giving the sampler's own error, or a trained network, giving the
-total error), and its divergences to the language's p.
+"model" (an exact denoiser, giving the sampler's own error, or a trained network), and its
+divergences to the language's p (and, by ``outcomes.divergences``, to another sampler's q).
 
     q = sampler_distribution("mdm", model, language, tokenizer, SamplerConfig(FixedCount(4)), 4)
-    sampler_error("mdm", model, language, tokenizer, config, 4)  # kl_qp, kl_pq, tv, dropped
+    sampler_error("mdm", model, language, tokenizer, config, 4)  # kl_qp, kl_pq, tv, dropped, ...
 
 Configs: "ar" takes ``arlm.generate.GenerationConfig`` (its ``sampling``; ``gen_length`` is the
 token limit), "mdm" and "bd" ``dllm.sampler.SamplerConfig``, "udm" ``UniformSamplerConfig``.
@@ -30,7 +30,7 @@ from dllm.uniform.objective import support_ids
 from dllm.uniform.sampler import UniformSamplerConfig
 from eval.synthetic.exact.absorbing import Layout, absorbing_distribution
 from eval.synthetic.exact.autoregressive import ar_distribution
-from eval.synthetic.exact.denoisers import ExactUniform
+from eval.synthetic.exact.denoisers import ExactAbsorbing, ExactUniform
 from eval.synthetic.exact.outcomes import (
     check_exact_language,
     check_state_count,
@@ -55,11 +55,14 @@ CONFIG_TYPES = {
 @dataclass(frozen=True)
 class SamplerDistribution:
     """``q``: probability of each sample (a string, or None for an invalid one); ``p``: the
-    language's; ``dropped``: probability pruned by ``min_prob`` (0 when exact)."""
+    language's; ``dropped``: probability pruned by ``min_prob`` (0 when exact); ``impossible``:
+    the mass that reaches a canvas no row of the language holds (an exact absorbing denoiser's
+    sampler only, where the denoiser's answer there is a completion; None elsewhere)."""
 
     q: dict[str | None, float]
     p: dict[str | None, float]
     dropped: float
+    impossible: float | None = None
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,13 @@ def absorbing(family: str, config: SamplerConfig, setting: Setting):
         return memo[(row, block)]
 
     layout = Layout(
-        canvas, blocks, mask_id, setting.tokenizer.eos_id, 1, lambda c: setting.decode(c[1:])
+        canvas,
+        blocks,
+        mask_id,
+        setting.tokenizer.eos_id,
+        1,
+        lambda c: setting.decode(c[1:]),
+        model.possible if isinstance(model, ExactAbsorbing) else None,
     )
     return absorbing_distribution(predict, config, layout, setting.min_prob)
 
@@ -207,6 +216,7 @@ def sampler_distribution(
     check_setting(family, config, language, gen_length)
     symbols = dict(zip(symbol_ids(language, tokenizer), language.alphabet))
     setting = Setting(model, tokenizer, gen_length, state or {}, min_prob, symbols)
+    impossible = None
     with torch.no_grad():
         try:
             if family == "ar":
@@ -214,12 +224,12 @@ def sampler_distribution(
             elif family == "udm":
                 q, dropped = uniform(config, setting, language)
             else:
-                q, dropped = absorbing(family, config, setting)
+                q, dropped, impossible = absorbing(family, config, setting)
         except ConfigError:
             raise
         except ValueError as exc:  # the samplers' own checks of a setting
             raise ConfigError(str(exc)) from exc
-    return SamplerDistribution(q, language_distribution(language), dropped)
+    return SamplerDistribution(q, language_distribution(language), dropped, impossible)
 
 
 def sampler_error(
@@ -231,6 +241,7 @@ def sampler_error(
     gen_length: int,
     **options: Any,
 ) -> dict[str, float]:
-    """KL(q||p), KL(p||q), total variation and the pruned mass of the sampler's q."""
+    """KL(q||p), KL(p||q), total variation, the pruned mass and the impossible mass (None where
+    not computed) of the sampler's q."""
     dist = sampler_distribution(family, model, language, tokenizer, config, gen_length, **options)
-    return divergences(dist.q, dist.p) | {"dropped": dist.dropped}
+    return divergences(dist.q, dist.p) | {"dropped": dist.dropped, "impossible": dist.impossible}
