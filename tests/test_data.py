@@ -18,11 +18,6 @@ def ids(text: str) -> list[int]:
     return list(text.encode("utf-8"))
 
 
-@pytest.fixture(scope="module")
-def byte_tok() -> Tokenizer:
-    return Tokenizer.byte()
-
-
 # ---- row layout ---------------------------------------------------------------------------------
 
 

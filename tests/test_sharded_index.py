@@ -35,17 +35,6 @@ def _record_opens(event: str, args: tuple) -> None:
 sys.addaudithook(_record_opens)  # inert unless a test sets OPENED
 
 
-@pytest.fixture(scope="module")
-def small_sharded(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("small") / "run"
-    cache = tmp_path_factory.mktemp("cache")
-    cli.train_from_argv(
-        ["--preset", "tiny", "--max-steps", "2", "--eval-every", "2", "--out", str(out)]
-        + ["--cache-dir", str(cache), "--checkpoint-format", "sharded"]
-    )
-    return ckpt.list_checkpoints(out / "checkpoints")[-1]
-
-
 def crafted_copy(checkpoint: Path, tmp_path: Path, index_bytes: bytes) -> Path:
     copy = tmp_path / "run" / "checkpoints" / checkpoint.name
     shutil.copytree(checkpoint, copy)

@@ -18,17 +18,14 @@ from shared.errors import ConfigError, ResourceUnavailableError
 from shared.tokenizer import Tokenizer
 from shared.training import cli
 
+pytestmark = pytest.mark.usefixtures("private_home")
+
 SYNTHETIC = "synthetic:hmm?seed=1&n=2000"
 
 
 def corpus_pairs(corpus):
     yield from (("train", text) for text in corpus.train)
     yield from (("validation", text) for text in corpus.validation)
-
-
-@pytest.fixture(autouse=True)
-def private_home(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
 
 @pytest.mark.parametrize("protocol", ["packed", "padded"])
