@@ -188,11 +188,11 @@ def small_sharded(tmp_path_factory, cache_dir) -> Path:
 
 
 @pytest.fixture
-def private_home(tmp_path, monkeypatch) -> Path:
-    """HOME and duolm's cache in the test's own folder (HOME made), debug tracebacks off: what a
-    command writes by default lands there, never in the user's home."""
-    home = tmp_path / "home"
-    home.mkdir()
+def private_home(tmp_path_factory, tmp_path, monkeypatch) -> Path:
+    """A HOME of the test's own (a folder beside its tmp_path, so the tests that list what a
+    command left in tmp_path find only that) and duolm's cache in tmp_path, debug tracebacks off:
+    what a command writes by default lands there, never in the user's home."""
+    home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("DUOLM_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("DUOLM_DEBUG", raising=False)
