@@ -77,6 +77,19 @@ def build_parser(prog: str = "python -m dllm.sample") -> argparse.ArgumentParser
         "uniform-state (udm) diffusion.",
         formatter_class=DefaultsHelpFormatter,
     )
+    add_request_arguments(parser)
+    add_rule_arguments(parser)
+    add_family_arguments(parser)
+    add_cache_arguments(parser)
+    parser.add_argument("--eos", choices=EOS_POLICIES, default="stop")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser
+
+
+def add_request_arguments(parser: argparse.ArgumentParser) -> None:
+    """What to sample: the checkpoint, the prompts and the span to fill."""
     parser.add_argument("checkpoint", help="checkpoint directory, or a run / checkpoints folder")
     parser.add_argument("--prompt", action="append", help="prompt text; repeat for a batch")
     parser.add_argument("--suffix", default=None, help="fixed text after the generated span")
@@ -87,6 +100,10 @@ def build_parser(prog: str = "python -m dllm.sample") -> argparse.ArgumentParser
         help="positions to generate (default: 64, or what fits the model's context)",
     )
     parser.add_argument("--num-samples", type=int, default=1, help="samples per prompt")
+
+
+def add_rule_arguments(parser: argparse.ArgumentParser) -> None:
+    """The masked samplers' rule: which sampler, its steps, blocks, remasking and schedule."""
     parser.add_argument(
         "--sampler",
         choices=["ancestral", "fixed", "threshold"],
@@ -132,6 +149,10 @@ def build_parser(prog: str = "python -m dllm.sample") -> argparse.ArgumentParser
         default=None,
         help="mdm and bd ancestral sampler: noise schedule (default: the checkpoint's)",
     )
+
+
+def add_family_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of one family (guidance, udm's last step and corrector) and the draw itself."""
     parser.add_argument("--cfg-scale", type=float, default=0.0, help="mdm only")
     parser.add_argument(
         "--greedy-tail",
@@ -149,6 +170,10 @@ def build_parser(prog: str = "python -m dllm.sample") -> argparse.ArgumentParser
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=seed_argument, default=0)
+
+
+def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the sampler may reuse between steps (approximate caches, p(x0), bd's KV cache)."""
     parser.add_argument(
         "--cache",
         choices=sorted(CACHES),
@@ -165,11 +190,6 @@ def build_parser(prog: str = "python -m dllm.sample") -> argparse.ArgumentParser
         action="store_true",
         help="bd only: recompute the finished blocks at every step (reference path; same output)",
     )
-    parser.add_argument("--eos", choices=EOS_POLICIES, default="stop")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    return parser
 
 
 def check_sampler_options(args: argparse.Namespace) -> None:
