@@ -14,7 +14,8 @@ from shared.data import hub as hub_mod
 from shared.data.corpus import CorpusSplits
 from shared.data.rows import protocol_record, tokenize_corpus
 from shared.errors import ResourceUnavailableError
-from shared.tokenizer import Tokenizer, build_tokenizer
+from shared.tokenizer import Tokenizer
+from shared.tokenizer_cache import build_tokenizer
 from shared.training.presets import PRESETS
 
 SENTENCES = [

@@ -168,17 +168,19 @@ def test_no_import_cycles_between_project_files():
 
 
 @pytest.mark.parametrize("path", project_files(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_no_module_is_over_500_lines(path):
-    assert len(path.read_text().splitlines()) <= 500, f"{path.relative_to(ROOT)} is too long"
+def test_no_module_is_within_25_lines_of_the_500_line_cap(path):
+    """A module is sized by what it owns, not held at the cap: one that reaches 475 lines is split
+    where a reader would look for a piece (as the trainer's step and evaluation were)."""
+    assert len(path.read_text().splitlines()) <= 475, f"{path.relative_to(ROOT)} is too long"
 
 
-def test_no_function_in_eval_is_over_60_lines():
-    """Reports and verdicts in sections: each section, verdict half or stage step is a named
-    function of its own, where the next family, figure or rule can enter."""
+def test_no_function_is_over_60_lines():
+    """Every function of the project (train.py, shared, arlm, dllm, eval, bench) reads in one
+    screen: a long one is split along its own steps (checks, setup, the loop, the report), each a
+    named function where the next option, family or section can enter."""
     long = [
         f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)"
         for path in project_files()
-        if path.relative_to(ROOT).parts[0] == "eval"
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
         and (length := node.end_lineno - node.lineno + 1) > 60

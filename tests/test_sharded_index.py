@@ -20,8 +20,8 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 
 from shared import checkpoint as ckpt
 from shared import sharded_checkpoint as sharded
-from shared.door import check_inside
 from shared.errors import CheckpointError
+from shared.path_checks import check_inside
 from shared.training import cli, convert
 
 OPENED: list[str] | None = None

@@ -13,7 +13,8 @@ from shared.data import corpus as corpus_mod
 from shared.data import shard_command
 from shared.data.corpus import load_corpus, stream_hub_documents
 from shared.data.rows import EpochSampler, tokenize_corpus
-from shared.data.shards import MANIFEST, ShardRows, open_shards, rank_shards, write_shards
+from shared.data.shard_writer import write_shards
+from shared.data.shards import MANIFEST, ShardRows, open_shards, rank_shards
 from shared.errors import ConfigError, ResourceUnavailableError
 from shared.tokenizer import Tokenizer
 from shared.training import cli
