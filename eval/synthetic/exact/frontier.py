@@ -222,15 +222,8 @@ def sampler_distribution(
     return SamplerDistribution(q, language_distribution(language), dropped)
 
 
-def sampler_error(
-    family: str,
-    model: Any,
-    language: Language,
-    tokenizer: Tokenizer,
-    config: Any,
-    gen_length: int,
-    **options: Any,
-) -> dict[str, float]:
-    """KL(q||p), KL(p||q), total variation and the pruned mass of the sampler's q."""
-    dist = sampler_distribution(family, model, language, tokenizer, config, gen_length, **options)
+def sampler_error(*setting: Any, **options: Any) -> dict[str, float]:
+    """KL(q||p), KL(p||q), total variation and the pruned mass of the sampler's q, for the
+    setting ``sampler_distribution`` takes (the same arguments, passed through)."""
+    dist = sampler_distribution(*setting, **options)
     return divergences(dist.q, dist.p) | {"dropped": dist.dropped}
