@@ -17,7 +17,7 @@ from typing import Protocol
 import torch
 
 from arlm.generation_types import GenerationConfig, GenerationResult, StepOutput
-from shared.model import KVCache
+from shared.kv_cache import KVCache
 from shared.sampling import SamplingConfig, sample_from_logits
 from shared.tokenizer import Tokenizer
 

@@ -42,7 +42,8 @@ from shared.formats.llama import llama_config_fields as llama_fields
 from shared.formats.reader import check_folder_files, open_safetensors, shard_files
 from shared.model import Transformer
 from shared.tokenizer import Tokenizer
-from shared.training.run_folder import claim_output_folder, mark_folder, removed_if_unfinished
+from shared.training.run_folder import claim_output_folder, mark_folder
+from shared.training.unfinished import removed_if_unfinished
 
 TOKENIZER_DIR = "duolm_tokenizer"
 

@@ -135,114 +135,122 @@ def versions() -> str:
     return text
 
 
-def main() -> int:
-    args = parse_args()
-    torch.set_num_threads(args.threads)
-    lengths = (128, 512) if args.quick else (128, 512, 1024)
-    batches = (1, 8)
-    new_tokens = args.new_tokens or (32 if args.quick else 64)
-    uncached_tokens = args.uncached_tokens or (4 if args.quick else 8)
-    repeats = args.repeats or (3 if args.quick else 5)
-    if not 2 <= uncached_tokens <= new_tokens:
-        raise SystemExit(f"--uncached-tokens={uncached_tokens} must be in [2, {new_tokens}]")
-    print(f"machine: {machine()}")
-    print(f"versions: {versions()}")
+@dataclass
+class Plan:
+    """What one invocation measures: the total lengths and batches, K, U and the repeats."""
 
-    if args.source:
-        model, tokenizer = imported_model(args.source)
-        print(f"model: {args.source} imported ({model.num_parameters() / 1e6:.1f}M parameters)")
-    else:
-        model, tokenizer = demo_model(), None
-    vocab = model.config.vocab_size
-    engine = ARGenerator(model, eos_id=None)
-    hf = None
-    if not args.no_transformers:
-        try:
-            import transformers
+    lengths: tuple[int, ...]
+    batches: tuple[int, ...]
+    new_tokens: int
+    uncached_tokens: int
+    repeats: int
 
-            folder = Path(tempfile.mkdtemp(prefix="ar-bench-"))
-            export_model(model, tokenizer or tokenizer_with_vocab(VOCAB), folder)
-            hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
-            hf.generation_config.eos_token_id = None  # generate every requested token
-        except ImportError:
-            print("transformers not installed: its columns are left empty")
 
-    def ours(prompts, use_cache: bool, k: int):
-        config = GenerationConfig(
-            max_new_tokens=k,
-            sampling=SamplingConfig(temperature=0),
-            stop_on_eos=False,
-            use_cache=use_cache,
+def plan_of(args: argparse.Namespace) -> Plan:
+    """The sizes ``--quick`` and the count flags ask for, U checked against K."""
+    plan = Plan(
+        lengths=(128, 512) if args.quick else (128, 512, 1024),
+        batches=(1, 8),
+        new_tokens=args.new_tokens or (32 if args.quick else 64),
+        uncached_tokens=args.uncached_tokens or (4 if args.quick else 8),
+        repeats=args.repeats or (3 if args.quick else 5),
+    )
+    if not 2 <= plan.uncached_tokens <= plan.new_tokens:
+        raise SystemExit(
+            f"--uncached-tokens={plan.uncached_tokens} must be in [2, {plan.new_tokens}]"
         )
-        result = engine.generate(prompts, config)
-        return result.decode_s, result
+    return plan
 
-    def theirs(prompts, k: int):
-        """(decode seconds, prefill seconds, tokens) of transformers' greedy generate()."""
-        tokens = torch.tensor(prompts)
-        calls: list[float] = []
 
-        def clock(input_ids, scores):  # a logits processor: called once per generated token
-            calls.append(time.perf_counter())
-            return scores
+def transformers_copy(model: Transformer, tokenizer: Tokenizer | None):
+    """The same weights as a transformers ``LlamaForCausalLM`` that generates every requested
+    token (EOS off), or None when transformers is not installed."""
+    try:
+        import transformers
+    except ImportError:
+        print("transformers not installed: its columns are left empty")
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="ar-bench-"))
+    export_model(model, tokenizer or tokenizer_with_vocab(VOCAB), folder)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    hf.generation_config.eos_token_id = None  # generate every requested token
+    return hf
 
-        start = time.perf_counter()
-        with torch.no_grad():
-            out = hf.generate(
-                tokens,
-                attention_mask=torch.ones_like(tokens),
-                max_new_tokens=k,
-                do_sample=False,
-                logits_processor=transformers.LogitsProcessorList([clock]),
-            )
-        end = time.perf_counter()
-        return end - calls[0], (calls[0] - start, out[:, tokens.shape[1] :].tolist())
 
-    ours([[1, 2, 3]], True, 4)  # warm up both code paths
+def decode_ours(engine: ARGenerator, prompts, use_cache: bool, k: int):
+    """(decode seconds, result) of our engine's greedy generation of ``k`` tokens."""
+    config = GenerationConfig(
+        max_new_tokens=k,
+        sampling=SamplingConfig(temperature=0),
+        stop_on_eos=False,
+        use_cache=use_cache,
+    )
+    result = engine.generate(prompts, config)
+    return result.decode_s, result
+
+
+def decode_theirs(hf, prompts, k: int):
+    """(decode seconds, (prefill seconds, tokens)) of transformers' greedy generate()."""
+    import transformers
+
+    tokens = torch.tensor(prompts)
+    calls: list[float] = []
+
+    def clock(input_ids, scores):  # a logits processor: called once per generated token
+        calls.append(time.perf_counter())
+        return scores
+
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = hf.generate(
+            tokens,
+            attention_mask=torch.ones_like(tokens),
+            max_new_tokens=k,
+            do_sample=False,
+            logits_processor=transformers.LogitsProcessorList([clock]),
+        )
+    end = time.perf_counter()
+    return end - calls[0], (calls[0] - start, out[:, tokens.shape[1] :].tolist())
+
+
+def measure_row(engine: ARGenerator, hf, plan: Plan, length: int, prompts) -> Row:
+    """One table row: the cached run (best of the repeats), the uncached run over its last U
+    tokens and transformers' run, their tokens checked equal."""
+    batch, k = len(prompts), plan.new_tokens
+    _, cached = best_of(plan.repeats, decode_ours, engine, prompts, True, k)
+    # without a cache: only the last U tokens, with the same contexts as the cached run
+    done = k - plan.uncached_tokens
+    longer = [p + t[:done] for p, t in zip(prompts, cached.tokens)]
+    _, uncached = decode_ours(engine, longer, False, plan.uncached_tokens)
+    if [t[done:] for t in cached.tokens] != uncached.tokens:
+        raise RuntimeError(f"L={length} B={batch}: cached and uncached tokens differ")
+    hf_prefill = hf_rate = None
     if hf is not None:
-        theirs([[1, 2, 3]], 4)
+        decode_s, (prefill_s, hf_tokens) = best_of(plan.repeats, decode_theirs, hf, prompts, k)
+        if hf_tokens != cached.tokens:
+            raise RuntimeError(f"L={length} B={batch}: transformers' tokens differ")
+        hf_prefill = prefill_s * 1e3
+        hf_rate = (k - 1) * batch / decode_s
+    return Row(
+        length=length,
+        batch=batch,
+        prompt=len(prompts[0]),
+        prefill_ms=cached.prefill_s * 1e3,
+        cached=cached.decode_tokens_per_s,
+        uncached=uncached.decode_tokens_per_s,
+        hf_prefill_ms=hf_prefill,
+        hf=hf_rate,
+    )
 
-    rows: list[Row] = []
-    generator = torch.Generator().manual_seed(0)
-    for length in lengths:
-        for batch in batches:
-            prompt = length - new_tokens
-            prompts = torch.randint(0, vocab, (batch, prompt), generator=generator).tolist()
-            _, cached = best_of(repeats, ours, prompts, True, new_tokens)
-            # without a cache: only the last U tokens, with the same contexts as the cached run
-            done = new_tokens - uncached_tokens
-            longer = [p + t[:done] for p, t in zip(prompts, cached.tokens)]
-            _, uncached = ours(longer, False, uncached_tokens)
-            if [t[done:] for t in cached.tokens] != uncached.tokens:
-                raise RuntimeError(f"L={length} B={batch}: cached and uncached tokens differ")
-            hf_prefill = hf_rate = None
-            if hf is not None:
-                decode_s, (prefill_s, hf_tokens) = best_of(repeats, theirs, prompts, new_tokens)
-                if hf_tokens != cached.tokens:
-                    raise RuntimeError(f"L={length} B={batch}: transformers' tokens differ")
-                hf_prefill = prefill_s * 1e3
-                hf_rate = (new_tokens - 1) * batch / decode_s
-            rows.append(
-                Row(
-                    length=length,
-                    batch=batch,
-                    prompt=prompt,
-                    prefill_ms=cached.prefill_s * 1e3,
-                    cached=cached.decode_tokens_per_s,
-                    uncached=uncached.decode_tokens_per_s,
-                    hf_prefill_ms=hf_prefill,
-                    hf=hf_rate,
-                )
-            )
-            print(f"  done L={length} B={batch}", file=sys.stderr, flush=True)
 
+def print_table(rows: list[Row], plan: Plan, model: Transformer, source: str | None) -> None:
     print()
     print(
-        f"Greedy decode, {f'{args.source} imported' if args.source else 'demo-preset shape'} "
+        f"Greedy decode, {f'{source} imported' if source else 'demo-preset shape'} "
         f"({model.num_parameters() / 1e6:.2f}M parameters, "
-        f"fp32): K={new_tokens} new tokens after a prompt of L - {new_tokens} (best of "
-        f"{repeats}); no cache: the last U={uncached_tokens} of them (one run). Tokens "
-        "identical across the three engines."
+        f"fp32): K={plan.new_tokens} new tokens after a prompt of L - {plan.new_tokens} (best "
+        f"of {plan.repeats}); no cache: the last U={plan.uncached_tokens} of them (one run). "
+        "Tokens identical across the three engines."
     )
     print()
     print(
@@ -260,6 +268,34 @@ def main() -> int:
             f"| {r.uncached:,.1f} | {r.cached / r.uncached:.1f}x | {hf_cells[1]} "
             f"| {hf_cells[2]} |"
         )
+
+
+def main() -> int:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    plan = plan_of(args)
+    print(f"machine: {machine()}")
+    print(f"versions: {versions()}")
+    if args.source:
+        model, tokenizer = imported_model(args.source)
+        print(f"model: {args.source} imported ({model.num_parameters() / 1e6:.1f}M parameters)")
+    else:
+        model, tokenizer = demo_model(), None
+    engine = ARGenerator(model, eos_id=None)
+    hf = None if args.no_transformers else transformers_copy(model, tokenizer)
+    decode_ours(engine, [[1, 2, 3]], True, 4)  # warm up both code paths
+    if hf is not None:
+        decode_theirs(hf, [[1, 2, 3]], 4)
+
+    rows: list[Row] = []
+    generator = torch.Generator().manual_seed(0)
+    for length in plan.lengths:
+        for batch in plan.batches:
+            shape = (batch, length - plan.new_tokens)
+            prompts = torch.randint(0, model.config.vocab_size, shape, generator=generator)
+            rows.append(measure_row(engine, hf, plan, length, prompts.tolist()))
+            print(f"  done L={length} B={batch}", file=sys.stderr, flush=True)
+    print_table(rows, plan, model, args.source)
     return 0
 
 

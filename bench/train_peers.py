@@ -281,62 +281,16 @@ def main(argv: list[str] | None = None) -> int:
     for precision in precisions:
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         peaks[precision] = peak_flops(torch.device(device), dtype, 0.0)
-
-    keys = [(name, precision) for precision in precisions for name in runners]
-    seconds: dict[tuple[str, str], list[float]] = {key: [] for key in keys}
     clip = TrainConfig(**preset["train"]).grad_clip
-    for index in range(args.warmup + args.rounds):
-        shift = index % len(keys)
-        for name, precision in keys[shift:] + keys[:shift]:
-            elapsed = train_step(runners[name], batch, precision == "bf16", index, clip)
-            if index >= args.warmup:
-                seconds[name, precision].append(elapsed)
-
-    tokens = batch.numel()
+    seconds = time_rounds(runners, batch, precisions, clip, args)
     results = {
-        "machine": {
-            "cpu": cpu_name(),
-            "cores": os.cpu_count(),
-            "threads": torch.get_num_threads(),
-            "device": device,
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": package_version("transformers"),
-            "litgpt": package_version("litgpt") if "litgpt" not in skipped else "absent",
-        },
-        "settings": {
-            "preset": args.preset,
-            "batch_rows": len(batch),
-            "seq_len": batch.shape[1],
-            "tokens_per_step": tokens,
-            "rounds": args.rounds,
-            "warmup": args.warmup,
-            "precisions": precisions,
-            "order": "round-robin over (configuration, precision), rotated by one each round",
-            "flops_per_token": "shared.model.flops_per_token for every configuration",
-        },
+        "machine": machine_record(device, skipped),
+        "settings": settings_record(args, batch, precisions),
         "peak": {p: {"flops": f, "source": s} for p, (f, s) in peaks.items()},
         "guard": guard,
-        "configurations": {},
+        "configurations": configurations_record(args.only, runners, skipped, seconds, batch, peaks),
         "ratios": {},
     }
-    for name in args.only:
-        entry: dict[str, Any] = {"label": LABELS[name]}
-        if name in skipped:
-            entry |= {"status": "skipped", "reason": skipped[name]}
-        else:
-            runner = runners[name]
-            entry |= {
-                "status": "measured",
-                "parameters": runner.parameters,
-                "flops_per_token": runner.flops_per_token,
-                "loss_tokens": runner.loss_tokens,
-                "results": {
-                    p: summarise(seconds[name, p], tokens, runner.flops_per_token, peaks[p][0])
-                    for p in precisions
-                },
-            }
-        results["configurations"][name] = entry
     for precision in precisions:
         speeds = {
             name: results["configurations"][name]["results"][precision]["tokens_per_s_per_round"]
@@ -353,6 +307,70 @@ def main(argv: list[str] | None = None) -> int:
         write_atomic(args.json, json.dumps(results, indent=2))
         print(f"\nwrote {args.json}")
     return 0
+
+
+def time_rounds(runners, batch, precisions, clip, args) -> dict[tuple[str, str], list[float]]:
+    """Each (configuration, precision)'s step seconds over the timed rounds: every round runs
+    every pair once, round-robin, the order rotated by one each round; warm-up rounds untimed."""
+    keys = [(name, precision) for precision in precisions for name in runners]
+    seconds: dict[tuple[str, str], list[float]] = {key: [] for key in keys}
+    for index in range(args.warmup + args.rounds):
+        shift = index % len(keys)
+        for name, precision in keys[shift:] + keys[:shift]:
+            elapsed = train_step(runners[name], batch, precision == "bf16", index, clip)
+            if index >= args.warmup:
+                seconds[name, precision].append(elapsed)
+    return seconds
+
+
+def machine_record(device: str, skipped: dict[str, str]) -> dict[str, Any]:
+    return {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "device": device,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": package_version("transformers"),
+        "litgpt": package_version("litgpt") if "litgpt" not in skipped else "absent",
+    }
+
+
+def settings_record(args, batch: torch.Tensor, precisions: list[str]) -> dict[str, Any]:
+    return {
+        "preset": args.preset,
+        "batch_rows": len(batch),
+        "seq_len": batch.shape[1],
+        "tokens_per_step": batch.numel(),
+        "rounds": args.rounds,
+        "warmup": args.warmup,
+        "precisions": precisions,
+        "order": "round-robin over (configuration, precision), rotated by one each round",
+        "flops_per_token": "shared.model.flops_per_token for every configuration",
+    }
+
+
+def configurations_record(only, runners, skipped, seconds, batch, peaks) -> dict[str, Any]:
+    """Each configuration asked for: skipped with the reason, or its size and speeds."""
+    configurations = {}
+    for name in only:
+        entry: dict[str, Any] = {"label": LABELS[name]}
+        if name in skipped:
+            entry |= {"status": "skipped", "reason": skipped[name]}
+        else:
+            runner = runners[name]
+            entry |= {
+                "status": "measured",
+                "parameters": runner.parameters,
+                "flops_per_token": runner.flops_per_token,
+                "loss_tokens": runner.loss_tokens,
+                "results": {
+                    p: summarise(seconds[name, p], batch.numel(), runner.flops_per_token, pk[0])
+                    for p, pk in peaks.items()
+                },
+            }
+        configurations[name] = entry
+    return configurations
 
 
 def print_report(results: dict[str, Any]) -> None:

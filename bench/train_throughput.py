@@ -15,6 +15,7 @@ data tokens, its noise seeded by the step's index.
 
 from __future__ import annotations
 
+import argparse
 import platform
 import statistics
 import sys
@@ -33,7 +34,8 @@ from shared.data.rows import tokenize_corpus
 from shared.hardware import bf16_is_fast, cpu_name
 from shared.model import Transformer, flops_per_token
 from shared.objective import build_objective
-from shared.tokenizer import Tokenizer, build_tokenizer
+from shared.tokenizer import Tokenizer
+from shared.tokenizer_cache import build_tokenizer
 from shared.training.config import DEFAULT_CACHE
 from shared.training.presets import get_preset
 from shared.training.schedule import batch_generator
@@ -61,19 +63,19 @@ def preset_batch(
     return preset, tokenizer, batch
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = CommandParser(description=__doc__)
     parser.add_argument("--preset", default="demo-d256")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto")
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    preset, tokenizer, batch = preset_batch(args.preset, device)
-    cfg = preset["train"]
-    use_bf16 = args.precision == "bf16" or (args.precision == "auto" and bf16_is_fast())
+    return parser.parse_args()
+
+
+def build_runs(preset: dict, tokenizer, device: str) -> dict[str, tuple]:
+    """For the AR and the MDM: (objective, model, optimizer, FLOPs per token), both models
+    from the same seed."""
     runs = {}
     for name in ("ar", "mdm"):
         objective = build_objective(name, pad_id=tokenizer.pad_id)
@@ -83,25 +85,38 @@ def main() -> None:
         torch.manual_seed(0)
         model = Transformer(model_cfg).to(device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        runs[name] = (objective, model, optimizer, flops_per_token(model_cfg, cfg["seq_len"]))
+        seq_len = preset["train"]["seq_len"]
+        runs[name] = (objective, model, optimizer, flops_per_token(model_cfg, seq_len))
+    return runs
 
-    def step(name: str, index: int) -> float:
-        objective, model, optimizer, _ = runs[name]
-        start = time.perf_counter()
-        noise = objective.sample_noise(len(batch), batch.shape[1], batch_generator(0, index))
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=use_bf16):
-            out = objective.loss(model, batch, noise)
-        (out.nats / out.n_tokens).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        return time.perf_counter() - start
 
+def timed_step(run: tuple, batch: torch.Tensor, index: int, use_bf16: bool) -> float:
+    """Seconds of one training step (noise, loss, backward, optimizer) on ``batch``."""
+    objective, model, optimizer, _ = run
+    device = batch.device.type
+    start = time.perf_counter()
+    noise = objective.sample_noise(len(batch), batch.shape[1], batch_generator(0, index))
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=use_bf16):
+        out = objective.loss(model, batch, noise)
+    (out.nats / out.n_tokens).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    preset, tokenizer, batch = preset_batch(args.preset, device)
+    use_bf16 = args.precision == "bf16" or (args.precision == "auto" and bf16_is_fast())
+    runs = build_runs(preset, tokenizer, device)
     times: dict[str, list[float]] = {"ar": [], "mdm": []}
     for index in range(args.warmup + args.rounds):
         for name in ("ar", "mdm"):
-            elapsed = step(name, index)
+            elapsed = timed_step(runs[name], batch, index, use_bf16)
             if index >= args.warmup:
                 times[name].append(elapsed)
     tokens = batch.numel()

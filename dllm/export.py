@@ -29,7 +29,8 @@ from shared.formats.hf_tokenizer import hf_tokenizer, require_transformers
 from shared.model import Transformer
 from shared.tensor_files import save_tensors
 from shared.tokenizer import Tokenizer
-from shared.training.run_folder import claim_output_folder, mark_folder, removed_if_unfinished
+from shared.training.run_folder import claim_output_folder, mark_folder
+from shared.training.unfinished import removed_if_unfinished
 
 TOKENIZER_DIR = "duolm_tokenizer"
 LLADA_AUTO_MAP = {

@@ -1,5 +1,6 @@
 """What the diffusion objectives share: noise times, their range, the options every one reads
-from a run's config, and the ``[MASK]`` row of the absorbing-state ones (masked and block).
+from a run's config, and the fields and ``[MASK]`` row of the absorbing-state ones (masked and
+block).
 
 Each family's objective lives in its own folder (``dllm.masked``, ``dllm.block``,
 ``dllm.uniform``); what more than one of them uses lives here.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from dllm.schedules import get_schedule
 from shared.objective import loss_positions, noised_positions
 
 
@@ -40,16 +42,32 @@ def diffusion_options(train_config: dict) -> dict:
     }
 
 
-class MaskRow:
-    """The ``[MASK]`` id of the absorbing diffusion objectives: one extra vocabulary row, the
-    last id, so tokenizer ids are unchanged (and every diffusion objective has the same number
-    of parameters)."""
+class AbsorbingObjective:
+    """What the absorbing diffusion objectives (masked, block) share: their fields, and the
+    ``[MASK]`` id, one extra vocabulary row, the last id, so tokenizer ids are unchanged (and
+    every diffusion objective has the same number of parameters)."""
 
     added_rows = 1  # the [MASK] row checkpoints carry beyond the tokenizer's ids
 
-    mask_id: int | None
-    pad_id: int
-    pad_is_data: bool
+    def __init__(
+        self,
+        *,
+        pad_id: int,
+        mask_id: int | None,
+        schedule: str,
+        t_eps: float,
+        pad_is_data: bool,
+    ):
+        """The fields both absorbing objectives hold: the padding id, the ``[MASK]`` id (set by
+        ``model_vocab_size`` when not given), the noise schedule, the smallest time, and whether
+        padding is data. Under the padded protocol padding after EOS is part of the data: it is
+        noised and predicted like any token, or the visible padding tells the model each row's
+        length for free and the NELBO bounds -log p(x | length) instead of -log p(x)."""
+        self.pad_id = pad_id
+        self.mask_id = mask_id
+        self.schedule = get_schedule(schedule)
+        self.t_eps = t_eps
+        self.pad_is_data = pad_is_data
 
     def model_vocab_size(self, tokenizer_vocab_size: int) -> int:
         self.mask_id = tokenizer_vocab_size

@@ -21,7 +21,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from shared.model import KVCache
+from shared.kv_cache import KVCache
 
 Block = tuple[int, int]
 

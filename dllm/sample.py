@@ -101,10 +101,23 @@ OWN_SAMPLER = {
 def build_parser(prog: str = "python -m dllm.sample") -> argparse.ArgumentParser:
     parser = CommandParser(
         prog=prog,
-        description="Sample from a diffusion checkpoint: masked (mdm), block (bd) or "
-        "uniform-state (udm) diffusion.",
+        description="Sample from a diffusion checkpoint: masked (mdm), block (bd), "
+        "uniform-state (udm) diffusion or Eso-LM (eso).",
         formatter_class=DefaultsHelpFormatter,
     )
+    add_request_arguments(parser)
+    add_rule_arguments(parser)
+    add_family_arguments(parser)
+    add_cache_arguments(parser)
+    parser.add_argument("--eos", choices=EOS_POLICIES, default="stop")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    return add_corrector_flags(parser)
+
+
+def add_request_arguments(parser: argparse.ArgumentParser) -> None:
+    """What to sample: the checkpoint, the prompts and the span to fill."""
     parser.add_argument("checkpoint", help="checkpoint directory, or a run / checkpoints folder")
     parser.add_argument("--prompt", action="append", help="prompt text; repeat for a batch")
     parser.add_argument("--suffix", default=None, help="fixed text after the generated span")
@@ -115,6 +128,10 @@ def build_parser(prog: str = "python -m dllm.sample") -> argparse.ArgumentParser
         help="positions to generate (default: 64, or what fits the model's context)",
     )
     parser.add_argument("--num-samples", type=int, default=1, help="samples per prompt")
+
+
+def add_rule_arguments(parser: argparse.ArgumentParser) -> None:
+    """The masked samplers' rule: which sampler, its steps, blocks, remasking and schedule."""
     parser.add_argument(
         "--sampler",
         choices=["ancestral", "fixed", "threshold", "eb"],
@@ -160,6 +177,10 @@ def build_parser(prog: str = "python -m dllm.sample") -> argparse.ArgumentParser
         default=None,
         help="mdm and bd ancestral sampler: noise schedule (default: the checkpoint's)",
     )
+
+
+def add_family_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of one family (guidance, udm's last step and corrector) and the draw itself."""
     parser.add_argument("--cfg-scale", type=float, default=0.0, help="mdm only")
     parser.add_argument(
         "--greedy-tail",
@@ -184,6 +205,10 @@ def build_parser(prog: str = "python -m dllm.sample") -> argparse.ArgumentParser
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=seed_argument, default=0)
+
+
+def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the sampler may reuse between steps (approximate caches, p(x0), bd's KV cache)."""
     parser.add_argument(
         "--cache",
         choices=sorted(CACHES),
@@ -200,11 +225,6 @@ def build_parser(prog: str = "python -m dllm.sample") -> argparse.ArgumentParser
         action="store_true",
         help="bd only: recompute the finished blocks at every step (reference path; same output)",
     )
-    parser.add_argument("--eos", choices=EOS_POLICIES, default="stop")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    return add_corrector_flags(parser)
 
 
 def check_sampler_options(args: argparse.Namespace) -> None:

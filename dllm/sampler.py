@@ -220,18 +220,11 @@ def run(
     mask_id = canvas.mask_id
     region_start = canvas.region[0]
     steps = config.strategy.steps_per_block(len(blocks))
-    revealed: list[torch.Tensor] = []
-    nfe_per_step: list[int] = []
-    block_of_step: list[int] = []
-    for block_index, (start, end) in enumerate(blocks):
-        block = BlockRun(start, end, mask_id, tokens)
-        for index in range(steps) if steps is not None else itertools.count():
-            if not block.step(predictor, counter, config, tokens, generators, index, steps):
-                break
-            revealed.append(block.revealed)
-            nfe_per_step.append(block.nfe)
-            block_of_step.append(block_index)
-        if eos_id is not None and (tokens[:, region_start:end] == eos_id).any(-1).all():
+    trace = StepTrace()
+    for block_index, block in enumerate(blocks):
+        decoding = (block_index, block, steps)
+        decode_block(predictor, counter, config, tokens, mask_id, decoding, generators, trace)
+        if eos_id is not None and (tokens[:, region_start : block[1]] == eos_id).any(-1).all():
             break
     if eos_id is not None:
         tokens = tokens.masked_fill(tokens == mask_id, eos_id)  # blocks after every row's EOS
@@ -241,9 +234,45 @@ def run(
         tokens=tokens,
         region=canvas.region,
         nfe=counter.calls,
-        revealed=torch.stack(revealed) if revealed else torch.zeros(0, canvas.batch_size),
-        nfe_per_step=nfe_per_step,
-        block_of_step=block_of_step,
+        revealed=torch.stack(trace.revealed)
+        if trace.revealed
+        else torch.zeros(0, canvas.batch_size),
+        nfe_per_step=trace.nfe_per_step,
+        block_of_step=trace.block_of_step,
         cache=config.cache if cache is None else cache,
         approximate=config.approximate,
     )
+
+
+@dataclasses.dataclass
+class StepTrace:
+    """What each step of a sampling loop did: the positions it revealed in each row, the model
+    calls it made, the block it decoded."""
+
+    revealed: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    nfe_per_step: list[int] = dataclasses.field(default_factory=list)
+    block_of_step: list[int] = dataclasses.field(default_factory=list)
+
+
+def decode_block(
+    predictor: Predictor,
+    counter: CountingModel,
+    config: SamplerConfig,
+    tokens: torch.Tensor,
+    mask_id: int,
+    decoding: tuple[int, tuple[int, int], int | None],
+    generators: list[torch.Generator],
+    trace: StepTrace,
+) -> None:
+    """Reveal the masked positions of block ``decoding = (index, (start, end), steps)`` of
+    ``tokens`` in place, step by step under the config's rule (``steps`` of them, or until the
+    block is done when the rule sets no count: ``BlockRun.step``), recording each step in
+    ``trace``."""
+    block_index, (start, end), steps = decoding
+    block = BlockRun(start, end, mask_id, tokens)
+    for index in range(steps) if steps is not None else itertools.count():
+        if not block.step(predictor, counter, config, tokens, generators, index, steps):
+            break
+        trace.revealed.append(block.revealed)
+        trace.nfe_per_step.append(block.nfe)
+        trace.block_of_step.append(block_index)

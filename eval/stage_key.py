@@ -1,5 +1,5 @@
 """The key a stored stage is reused under: the code it ran and the packages that computed it
-(a report's own provenance, its commit and machine, is ``eval.report.provenance``).
+(a report's own provenance, its commit and machine, is ``eval.provenance.provenance``).
 
 A stage's key (``stage_code`` and ``stage_packages``, checked by ``what_changed``) names the code
 that ran, not the code its module names in import statements: every project module loaded in the

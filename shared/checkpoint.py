@@ -41,22 +41,16 @@ from torch import nn
 
 from shared import door
 from shared.config import ModelConfig
-from shared.door import fsync_dir, fsync_tree, read_json_file, refuse_link, refuse_links_within
+from shared.door import fsync_dir, fsync_tree, read_json_file
 from shared.errors import CheckpointError
 from shared.faults import kill_now_if
 from shared.files import follow_umask
 from shared.model import Transformer
 from shared.objective import added_vocab_rows
+from shared.path_checks import refuse_link, refuse_links_within
 from shared.tensor_files import save_tensors
 from shared.tokenizer import Tokenizer
 from shared.training_state import (
-    OPTIMIZER_RECORD,
-    PICKLED_FILES,
-    RNG_RECORD,
-    read_optimizer_record,
-    read_optimizer_state,
-    read_rng_state,
-    restore_rng_state,
     rng_state,
     write_training_state,
 )
@@ -238,11 +232,7 @@ def save_checkpoint(
         )
         door.write_atomic(staging / "state.json", json.dumps({"step": step, **state}, indent=2))
         tokenizer.save(staging / "tokenizer")
-        files = sorted(p for p in staging.rglob("*") if p.is_file())
-        manifest = {str(p.relative_to(staging)): file_sha256(p) for p in files}
-        door.write_atomic(staging / MANIFEST, json.dumps(manifest, indent=2))
-        follow_umask(staging)
-        fsync_tree(staging)
+        seal(staging)
         # Re-saving the same step (e.g. after a resume) replaces it whole: the old one is renamed
         # out of the way (a staging name, so a crash before the next line leaves it as garbage
         # the next save clears) rather than deleted file by file before the new one is in place.
@@ -257,11 +247,26 @@ def save_checkpoint(
         raise
     door.remove_tree(retired)
     if keep_last > 0:
-        kept = {Path(p).resolve() for p in protect}
-        for old in list_checkpoints(root)[:-keep_last]:
-            if old.resolve() not in kept:
-                door.remove_tree(old)
+        remove_old_checkpoints(root, keep_last, protect)
     return final
+
+
+def seal(staging: Path) -> None:
+    """List every file of a staged checkpoint with its checksum, give the files the umask's
+    modes and flush them to disk: what is renamed into place next is complete."""
+    files = sorted(p for p in staging.rglob("*") if p.is_file())
+    manifest = {str(p.relative_to(staging)): file_sha256(p) for p in files}
+    door.write_atomic(staging / MANIFEST, json.dumps(manifest, indent=2))
+    follow_umask(staging)
+    fsync_tree(staging)
+
+
+def remove_old_checkpoints(root: Path, keep_last: int, protect: tuple[Path, ...]) -> None:
+    """Delete all but the newest ``keep_last`` checkpoints under ``root``, except ``protect``."""
+    kept = {Path(p).resolve() for p in protect}
+    for old in list_checkpoints(root)[:-keep_last]:
+        if old.resolve() not in kept:
+            door.remove_tree(old)
 
 
 def list_checkpoints(root: Path) -> list[Path]:
@@ -397,77 +402,6 @@ def load_checked_weights(path: Path, model: nn.Module, file: str) -> None:
         raise CheckpointError(
             f"{path}: weights do not fit the model (missing {missing}, unexpected {unexpected})"
         )
-
-
-def check_training_state(path: Path) -> None:
-    """Raise ``CheckpointError`` unless the checkpoint's manifest lists its training state in the
-    files this release reads. One of an earlier release, whose state is pickled, is refused
-    with the command that converts it: reading a pickle can run code."""
-    listed = read_manifest(path)
-    pickled = [name for name in PICKLED_FILES if name in listed]
-    if pickled:
-        raise CheckpointError(
-            f"{path}: its training state is in Python pickles ({', '.join(pickled)}, written by "
-            "an earlier release), which a resume does not read because unpickling can run "
-            f"code; if you trust where it came from, convert it: duolm convert-checkpoint "
-            f"{path} --trust"
-        )
-    if RNG_RECORD not in listed:
-        raise CheckpointError(f"{path}: no training state ({RNG_RECORD}) in its {MANIFEST}")
-    # The records a resume restores are read and checked now, before the run writes anything:
-    # a value out of range would otherwise fail mid-run, after config.json was rewritten.
-    state = read_state(path)
-    check_step(state, path)
-    if "imported_from" in state:
-        # an import has weights and a model config but no corpus, optimizer or schedule
-        raise CheckpointError(
-            f"{path}: an imported model, not a training run, so there is no training to "
-            f"continue; train from its weights with --init-from {path}"
-        )
-    read_rng_state(path)
-    if OPTIMIZER_RECORD in listed:
-        read_optimizer_record(path)
-
-
-def check_step(state: dict[str, Any], path: Path) -> None:
-    """A checkpoint's state.json names its step: a whole number >= 0, the one in the folder's
-    name (``step_000120`` holds step 120)."""
-    step = state.get("step")
-    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**63:
-        shown = repr(step) if len(repr(step)) <= 40 else repr(step)[:37] + "..."
-        raise CheckpointError(
-            f"{path / 'state.json'}: step is {shown}; it must be a whole number >= 0"
-        )
-    named = CHECKPOINT_PATTERN.match(path.name)
-    if named and int(named.group(1)) != step:
-        raise CheckpointError(
-            f"{path / 'state.json'}: step is {step}, but the checkpoint's folder is {path.name}"
-        )
-
-
-def load_training_state(
-    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
-) -> None:
-    """Optimizer, scheduler and RNG state from a checkpoint; ``model`` is the (possibly sharded)
-    model the optimizer steps. Every rank calls this."""
-    path = Path(path)
-    check_training_state(path)
-    optimizer_state, scheduler_state = read_optimizer_state(path)
-    rng = read_rng_state(path)
-    try:
-        load_optimizer_state(model, optimizer, optimizer_state)
-    except (KeyError, ValueError) as error:
-        raise CheckpointError(
-            f"{path}: its optimizer state does not fit this model ({error!r})"
-        ) from None
-    if scheduler is not None and scheduler_state is not None:
-        scheduler.load_state_dict(scheduler_state)
-    try:
-        restore_rng_state(rng)
-    except (RuntimeError, TypeError, ValueError) as error:
-        raise CheckpointError(
-            f"{path / RNG_RECORD}: not a usable generator state ({error})"
-        ) from None
 
 
 def load_model_from_checkpoint(path: Path, device: str | torch.device = "cpu"):

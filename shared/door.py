@@ -18,7 +18,9 @@ byte and every name in it, so the door
 - writes only by temporary file and rename in the same folder (``write_atomic``), or appends to
   a regular file opened without following links (``append_line``); locks open the same way.
 
-A library that insists on a path is handed ``/proc/self/fd/N`` (``opened_path``).
+A library that insists on a path is handed ``/proc/self/fd/N`` (``opened_path``). How a path is
+judged before it is opened (links, kinds of file, staying inside a root) is in
+``shared.path_checks``.
 """
 
 from __future__ import annotations
@@ -38,121 +40,18 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from shared.errors import ConfigError, with_path
-from shared.strict_json import parse_json
-
-# What a path that is not a regular file is, by its lstat mode (a final link is not followed).
-_SPECIAL_KINDS = (
-    (stat.S_ISLNK, "a symbolic link"),
-    (stat.S_ISDIR, "a folder"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISSOCK, "a socket"),
+from shared.path_checks import (
+    kind_of_mode,
+    not_a_regular_file,
+    path_inside,
+    refuse_link,
+    refuse_links_below,
+    refuse_links_within,
 )
+from shared.strict_json import parse_json
 
 TOKENIZER_LIMIT = 1 << 30  # bytes of a tokenizer.json: the largest vocabularies take a few MB
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-def link_target(path: Path) -> str:
-    return os.readlink(path) if os.path.islink(path) else "?"
-
-
-def kind_of_mode(mode: int, path: Path | None = None) -> str:
-    """What a file of this ``lstat`` mode is, in words."""
-    if stat.S_ISREG(mode):
-        return "a file"
-    for test, kind in _SPECIAL_KINDS:
-        if test(mode):
-            if kind == "a symbolic link" and path is not None:
-                return f"{kind} to {link_target(path)}"
-            return kind
-    return "not a regular file"
-
-
-def not_a_regular_file(path: Path) -> str | None:
-    """What ``path`` is when something other than a regular file is there (a device, a FIFO, a
-    socket, a folder, a symbolic link), in words; None for a regular file or a new path."""
-    try:
-        mode = os.lstat(path).st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    return None if stat.S_ISREG(mode) else kind_of_mode(mode, Path(path))
-
-
-def refuse_link(path: Path, what: str, error: type[Exception] = ConfigError) -> None:
-    """Refuse ``path`` when it is a symbolic link (``what``: what holds it, in words)."""
-    if os.path.islink(path):
-        raise error(
-            f"{path} is a symbolic link (to {link_target(path)}); {what} holds its own files, "
-            "never links: copy the files in place of the link"
-        )
-
-
-def components_below(path: Path, root: Path) -> list[Path]:
-    """The paths from ``root`` (excluded) down to ``path`` (included), by name, without
-    resolving anything; ``path`` outside ``root`` by name is refused."""
-    absolute, top = Path(os.path.abspath(path)), Path(os.path.abspath(root))
-    if absolute == top:
-        return []
-    if not absolute.is_relative_to(top):
-        raise ConfigError(f"{path} lies outside {root}; only files inside {root} are read")
-    parts = absolute.relative_to(top).parts
-    return [top.joinpath(*parts[: i + 1]) for i in range(len(parts))]
-
-
-def refuse_links_below(path: Path, root: Path | None, what: str, error=ConfigError) -> None:
-    """Refuse ``path`` when any component below ``root`` (or its last one, with no root) is a
-    symbolic link; a component that does not exist ends the walk (a writer creates it)."""
-    for component in components_below(path, root) if root is not None else [Path(path)]:
-        try:
-            mode = os.lstat(component).st_mode
-        except (FileNotFoundError, NotADirectoryError):
-            return
-        if stat.S_ISLNK(mode):
-            refuse_link(component, what, error)
-
-
-def path_inside(path: Path, root: Path) -> bool:
-    """Whether ``path``, with every link in it followed, lies in ``root`` (links followed too)."""
-    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(root))
-
-
-def check_inside(path: Path, root: Path, what: str, error=ConfigError) -> Path:
-    """``path`` when it lies in ``root`` once its links are followed; a name that climbs out
-    (``../x``), an absolute path elsewhere or a link that leaves ``root`` is refused with one
-    line naming it, before anything opens it."""
-    if not path_inside(path, root):
-        through = f" (a symbolic link to {link_target(path)})" if os.path.islink(path) else ""
-        raise error(
-            f"{path}{through} lies outside {root}; {what} reads only files inside its own folder"
-        )
-    return Path(path)
-
-
-def refuse_links_within(folder: Path, what: str, error=ConfigError) -> None:
-    """Refuse ``folder`` when it is a symbolic link or anything under it is one (links are not
-    followed), or is not a regular file or folder (a FIFO would block a reader forever)."""
-    refuse_link(folder, what, error)
-    pending = [Path(folder)]
-    while pending:
-        current = pending.pop()
-        try:
-            entries = list(os.scandir(current))
-        except (NotADirectoryError, FileNotFoundError):
-            return  # the reader that expects a folder says so
-        for entry in entries:
-            path = Path(entry.path)
-            mode = entry.stat(follow_symlinks=False).st_mode
-            if stat.S_ISLNK(mode):
-                refuse_link(path, what, error)
-            elif stat.S_ISDIR(mode):
-                pending.append(path)
-            elif not stat.S_ISREG(mode):
-                raise error(
-                    f"{path} is {kind_of_mode(mode)}, not a regular file; {what} holds regular "
-                    "files and folders only"
-                )
 
 
 # ------------------------------------------------------------------------------ reading

@@ -14,7 +14,6 @@ RMSNorm and RoPE with their gradients written out (fewer passes than autograd's)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +29,9 @@ from shared.attention import (
     sliding_window_block_mask,
 )
 from shared.config import ModelConfig
-from shared.ops import RotaryFunction, rms_norm, rotate_pairs
+from shared.kv_cache import CachedLayer, KVCache
+from shared.ops import rms_norm
+from shared.rope import apply_rope, model_rope_frequencies, rope_cos_sin
 from shared.time_embedding import SoftInput, TimeEmbedding, embed_input
 
 # "causal", "bidirectional", a boolean mask [T_q, T_k] or [B, 1, T_q, T_k] (True = may attend), or a
@@ -48,69 +49,6 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-def rope_frequencies(head_dim: int, theta: float) -> torch.Tensor:
-    """Inverse frequencies of the rotary embedding, one per channel pair: theta^(-2i/head_dim)."""
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-
-
-def llama3_scaled_frequencies(
-    frequencies: torch.Tensor,
-    factor: float,
-    low_freq_factor: float,
-    high_freq_factor: float,
-    original_max_len: int,
-) -> torch.Tensor:
-    """Llama-3's long-context rescaling of RoPE inverse frequencies.
-
-    Wavelengths (2 pi / frequency) shorter than original_max_len / high_freq_factor are kept,
-    those longer than original_max_len / low_freq_factor are stretched by ``factor``, and the
-    band between blends the two linearly in original_max_len / wavelength, so the short-range
-    channels that resolve nearby tokens stay as trained while the long-range ones reach further.
-    """
-    wavelength = 2 * math.pi / frequencies
-    stretched = frequencies / factor
-    blend = (original_max_len / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    between = (1 - blend) * stretched + blend * frequencies
-    short = wavelength < original_max_len / high_freq_factor
-    long = wavelength > original_max_len / low_freq_factor
-    return torch.where(short, frequencies, torch.where(long, stretched, between))
-
-
-def model_rope_frequencies(cfg: ModelConfig) -> torch.Tensor:
-    """The backbone's RoPE inverse frequencies: plain, or Llama-3-scaled when the config says."""
-    frequencies = rope_frequencies(cfg.head_dim, cfg.rope_theta)
-    if not cfg.rope_scaling_factor:
-        return frequencies
-    return llama3_scaled_frequencies(
-        frequencies,
-        cfg.rope_scaling_factor,
-        cfg.rope_low_freq_factor,
-        cfg.rope_high_freq_factor,
-        cfg.rope_original_max_len,
-    )
-
-
-def rope_cos_sin(
-    positions: torch.Tensor, head_dim: int, theta: float, frequencies: torch.Tensor | None = None
-) -> tuple[torch.Tensor, ...]:
-    """cos and sin tables [..., T, head_dim] for integer positions [..., T] (float32);
-    ``frequencies`` replaces the plain ``rope_frequencies(head_dim, theta)`` (scaled RoPE)."""
-    if frequencies is None:
-        frequencies = rope_frequencies(head_dim, theta)
-    angles = positions.to(torch.float64)[..., None] * frequencies
-    angles = torch.cat([angles, angles], dim=-1)  # rotate-half layout: first and second halves pair
-    return angles.cos().float(), angles.sin().float()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate channel pairs (i, i + head_dim/2) of x [B, H, T, head_dim] by per-position angles
-    (cos and sin tables [T, head_dim] or [B, 1, T, head_dim] from ``rope_cos_sin``)."""
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    if torch.is_grad_enabled() and x.requires_grad:
-        return RotaryFunction.apply(x, cos, sin)
-    return rotate_pairs(x, cos, sin, direction=1.0)
-
-
 def shift_predictions(hidden: torch.Tensor) -> torch.Tensor:
     """Hidden states [B, T, d] moved one position right, so the head's output at position i is
     read from position i - 1 (a shifted-logit model: position i - 1 predicts token i, the AR
@@ -118,55 +56,6 @@ def shift_predictions(hidden: torch.Tensor) -> torch.Tensor:
     never masked and never read, and a cached forward that starts later is widened by one slot
     so that its first output is not read either (``dllm.predictors``)."""
     return torch.cat([hidden[:, :1], hidden[:, :-1]], dim=1)
-
-
-class KVCache:
-    """Preallocated keys and values of every layer, [layers, B, n_kv_heads, max_len, head_dim].
-
-    It stores the KV heads, not the query heads, so grouped-query models keep their memory saving.
-    ``valid`` [B, max_len] marks slots that hold real tokens (False for left padding), and
-    ``length`` is how many slots are filled. A forward with ``cache_start=s`` writes its keys
-    and values into slots s..s+T and attends over slots 0..max(length, s+T); writing below
-    ``length`` overwrites slots in place, which is how a block of a sequence is recomputed while
-    the rest stays cached.
-    """
-
-    def __init__(
-        self,
-        cfg: ModelConfig,
-        batch_size: int,
-        max_len: int,
-        device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.float32,
-    ):
-        if max_len > cfg.max_seq_len:
-            raise ValueError(f"cache max_len={max_len} exceeds max_seq_len={cfg.max_seq_len}")
-        shape = (cfg.n_layers, batch_size, cfg.n_kv_heads, max_len, cfg.head_dim)
-        self.keys = torch.zeros(shape, device=device, dtype=dtype)
-        self.values = torch.zeros(shape, device=device, dtype=dtype)
-        self.valid = torch.zeros(batch_size, max_len, device=device, dtype=torch.bool)
-        self.length = 0
-        # True once any slot was written as padding. While False, a token appended at the end
-        # may attend to every filled slot with no mask at all (the common decode step).
-        self.has_padding = False
-
-    @property
-    def max_len(self) -> int:
-        return self.keys.shape[3]
-
-    def store(
-        self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor, end: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v [B, H_kv, T, d] at slots start..start+T; return slots 0..end of the layer."""
-        stop = start + k.shape[2]
-        self.keys[layer, :, :, start:stop] = k
-        self.values[layer, :, :, start:stop] = v
-        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
-
-    def crop(self, length: int) -> None:
-        """Forget slots from ``length`` on (e.g. to reuse a prompt's cache for another sample)."""
-        self.valid[:, length:] = False
-        self.length = min(self.length, length)
 
 
 class GroupedQueryAttention(nn.Module):
@@ -226,16 +115,6 @@ class GroupedQueryAttention(nn.Module):
         grouped = q.view(batch, self.n_kv_heads, groups, head_dim)
         out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask)
         return out.view(batch, self.n_heads, 1, head_dim)
-
-
-@dataclass
-class CachedLayer:
-    """Where one layer's attention reads and writes its KV cache during a cached forward."""
-
-    cache: KVCache
-    layer: int
-    start: int
-    end: int
 
 
 class FeedForward(nn.Module):
@@ -344,29 +223,8 @@ class Transformer(nn.Module):
         ``time`` [B]: each row's diffusion time in [0, 1]; only a time-conditioned model reads it.
         ``soft``: soft input tokens at some positions (``shared.time_embedding.SoftInput``).
         """
-        batch, length = tokens.shape
-        start = 0
-        if cache is not None:
-            start = cache.length if cache_start is None else cache_start
-            if start + length > cache.max_len:
-                raise ValueError(
-                    f"cache overflow: slots {start}..{start + length} exceed the cache's "
-                    f"max_len={cache.max_len}"
-                )
-        elif length > self.config.max_seq_len and positions is None:
-            raise ValueError(
-                f"sequence length {length} exceeds max_seq_len={self.config.max_seq_len}"
-            )
-        if positions is not None and length > self.config.max_seq_len:
-            # A longer input is fine when its RoPE positions repeat (block diffusion trains on
-            # [noisy row, clean row], both at positions 0..L-1); only the tables bound them.
-            # Checked only here, so the usual forward pays no device sync for it.
-            highest = int(positions.max())
-            if highest >= self.config.max_seq_len or int(positions.min()) < 0:
-                raise ValueError(
-                    f"positions must lie in 0..{self.config.max_seq_len - 1} "
-                    f"(max_seq_len={self.config.max_seq_len}); got up to {highest}"
-                )
+        length = tokens.shape[1]
+        start = self._first_slot(length, positions, cache, cache_start)
         slots = torch.arange(start, start + length, device=tokens.device)
         if positions is None:
             positions = slots
@@ -394,6 +252,39 @@ class Transformer(nn.Module):
             # anyway, so the check costs no extra sync.
             x = x.flatten(0, 1) if bool(output_mask.all()) else x[output_mask]
         return self.output(x)
+
+    def _first_slot(
+        self,
+        length: int,
+        positions: torch.Tensor | None,
+        cache: KVCache | None,
+        cache_start: int | None,
+    ) -> int:
+        """The cache slot the input's first token takes (0 without a cache), once the input is
+        known to fit the cache, or the model's RoPE tables."""
+        start = 0
+        if cache is not None:
+            start = cache.length if cache_start is None else cache_start
+            if start + length > cache.max_len:
+                raise ValueError(
+                    f"cache overflow: slots {start}..{start + length} exceed the cache's "
+                    f"max_len={cache.max_len}"
+                )
+        elif length > self.config.max_seq_len and positions is None:
+            raise ValueError(
+                f"sequence length {length} exceeds max_seq_len={self.config.max_seq_len}"
+            )
+        if positions is not None and length > self.config.max_seq_len:
+            # A longer input is fine when its RoPE positions repeat (block diffusion trains on
+            # [noisy row, clean row], both at positions 0..L-1); only the tables bound them.
+            # Checked only here, so the usual forward pays no device sync for it.
+            highest = int(positions.max())
+            if highest >= self.config.max_seq_len or int(positions.min()) < 0:
+                raise ValueError(
+                    f"positions must lie in 0..{self.config.max_seq_len - 1} "
+                    f"(max_seq_len={self.config.max_seq_len}); got up to {highest}"
+                )
+        return start
 
     def _cached_mask(
         self,

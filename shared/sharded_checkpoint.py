@@ -49,6 +49,7 @@ from shared.door import fsync_dir, fsync_tree
 from shared.errors import CheckpointError
 from shared.faults import kill_now_if
 from shared.files import follow_umask
+from shared.resume_state import check_training_state
 from shared.sharded_index import _SAFETENSORS_DTYPES, METADATA, read_index
 from shared.training_state import (
     FORMAT,
@@ -177,11 +178,14 @@ def _record(state: dict[str, Any], scheduler_state: dict | None) -> dict[str, An
     }
 
 
-def _hash_own_shards(folder: Path, rank: int) -> dict[str, str]:
+def hash_shards_written_by(folder: Path, rank: int) -> dict[str, str]:
+    """sha256 of the shard files process ``rank`` wrote (DCP's file writer names them
+    ``__<rank>_<n>.distcp``): each process hashes its own, while the others hash theirs."""
     return {f"{SHARDS}/{p.name}": ckpt.file_sha256(p) for p in folder.glob(f"__{rank}_*.distcp")}
 
 
-def _gather_digests(own: dict[str, str]) -> dict[str, str]:
+def digests_from_every_process(own: dict[str, str]) -> dict[str, str]:
+    """Every process's shard digests merged, on every process (a collective)."""
     if not _distributed():
         return own
     every: list[dict[str, str] | None] = [None] * torch.distributed.get_world_size()
@@ -218,7 +222,7 @@ def save_sharded_checkpoint(
         writer = _index_writer(staging / SHARDS)
         with _quiet():
             _dcp().save(tensors, storage_writer=writer)
-        digests = _gather_digests(_hash_own_shards(staging / SHARDS, rank))
+        digests = digests_from_every_process(hash_shards_written_by(staging / SHARDS, rank))
         if rank == 0:
             _finish(staging, final, digests, step, tokenizer, state, optim_state, scheduler_state)
     except BaseException as error:  # every rank still meets the barrier below
@@ -271,7 +275,7 @@ def load_sharded_training_state(
     """Weights, optimizer, scheduler and generator states from a sharded checkpoint into the
     (wrapped, possibly sharded) ``model`` and its ``optimizer``; every process calls it."""
     path = Path(path)
-    ckpt.check_training_state(path)
+    check_training_state(path)
     record = read_optimizer_record(path)
     rng = read_rng_state(path)
     index = read_index(path)

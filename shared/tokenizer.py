@@ -51,7 +51,7 @@ _META_VERSION = 1
 # the project's eos / pad map onto the first of these the vocabulary has
 HF_EOS_CANDIDATES = ("<|endoftext|>", "</s>", "[SEP]", "<eos>")
 HF_PAD_CANDIDATES = ("[PAD]", "<pad>", "<|pad|>")
-_HF_KIND_HINT = "hf:<hub name or tokenizer.json path>"
+HF_KIND_HINT = "hf:<hub name or tokenizer.json path>"
 
 
 def is_hf_kind(kind: str) -> bool:
@@ -63,7 +63,7 @@ class Tokenizer:
     """A byte, GPT-2, trained byte-level BPE or Hugging Face tokenizer with two special ids.
 
     Build one with :meth:`byte`, :meth:`gpt2`, :meth:`train_bpe`, :meth:`from_hf`, :meth:`load`
-    or :func:`build_tokenizer`; the constructor is internal.
+    or :func:`shared.tokenizer_cache.build_tokenizer`; the constructor is internal.
 
     ``bytes_exact`` is True when ``token_bytes()`` sums to the exact UTF-8 size of the encoded
     text (all kinds except non-byte-level "hf:" vocabularies such as WordPiece), i.e. when
@@ -81,7 +81,7 @@ class Tokenizer:
     ) -> None:
         if kind not in KINDS and not is_hf_kind(kind):
             raise ValueError(
-                f"tokenizer kind must be one of {', '.join(KINDS)} or {_HF_KIND_HINT}; got {kind!r}"
+                f"tokenizer kind must be one of {', '.join(KINDS)} or {HF_KIND_HINT}; got {kind!r}"
             )
         if (backend is None) != (kind == "byte"):
             raise ValueError(f"tokenizer kind {kind!r} and backend do not match")
@@ -128,7 +128,7 @@ class Tokenizer:
         the trainer may run out of merges, in which case the vocabulary ends up smaller.
         """
 
-        _check_bpe_vocab_size(vocab_size)
+        check_bpe_vocab_size(vocab_size)
         backend = byte_level_backend(models.BPE())
         trainer = trainers.BpeTrainer(
             vocab_size=vocab_size - 2,
@@ -151,7 +151,7 @@ class Tokenizer:
         project adds BOS/EOS and pads rows itself.
         """
         if not is_hf_kind(spec):
-            raise ValueError(f"tokenizer={spec!r} must look like {_HF_KIND_HINT}")
+            raise ValueError(f"tokenizer={spec!r} must look like {HF_KIND_HINT}")
         return cls._wrap_hf(spec, load_hf_backend(spec))
 
     @classmethod
@@ -415,73 +415,10 @@ class Tokenizer:
         )
 
 
-def _check_bpe_vocab_size(vocab_size: int | None) -> int:
+def check_bpe_vocab_size(vocab_size: int | None) -> int:
     if vocab_size is None or int(vocab_size) < MIN_BPE_VOCAB:
         raise ValueError(
             f"tokenizer_vocab_size must be >= {MIN_BPE_VOCAB} for the 'bpe' tokenizer "
             f"(256 bytes + 2 specials + merges); got {vocab_size}"
         )
     return int(vocab_size)
-
-
-def texts_fingerprint(texts: Iterable[str]) -> str:
-    """sha256 hex of a sequence of texts (length-prefixed so boundaries matter)."""
-    h = hashlib.sha256()
-    for t in texts:
-        data = t.encode("utf-8")
-        h.update(len(data).to_bytes(8, "little"))
-        h.update(data)
-    return h.hexdigest()
-
-
-def build_tokenizer(
-    kind: str,
-    *,
-    vocab_size: int | None = None,
-    train_texts: Sequence[str] | None = None,
-    corpus_fingerprint: str | None = None,
-    cache_dir: Path,
-) -> Tokenizer:
-    """Build the tokenizer named by kind.
-
-    ``vocab_size`` and ``train_texts`` only matter for "bpe", whose training result is cached
-    under ``cache_dir/tokenizers/bpe-<corpus fingerprint[:16]>-<vocab_size>``. ``"hf:<name>"``
-    loads a Hugging Face tokenizer (see :meth:`Tokenizer.from_hf`).
-    """
-    if kind == "byte":
-        return Tokenizer.byte()
-    if kind == "gpt2":
-        return Tokenizer.gpt2()
-    if is_hf_kind(kind):
-        return Tokenizer.from_hf(kind)
-    if kind != "bpe":
-        raise ValueError(
-            f"tokenizer must be one of {', '.join(KINDS)} or {_HF_KIND_HINT}; got {kind!r}"
-        )
-
-    vocab_size = _check_bpe_vocab_size(vocab_size)
-    if corpus_fingerprint is None:
-        if train_texts is None:
-            raise ValueError("the 'bpe' tokenizer needs train_texts (or a corpus_fingerprint)")
-        corpus_fingerprint = texts_fingerprint(train_texts)
-    target = Path(cache_dir) / "tokenizers" / f"bpe-{corpus_fingerprint[:16]}-{vocab_size}"
-    if (target / META_FILE).is_file():
-        return Tokenizer.load(target)
-    if train_texts is None:
-        raise ValueError(f"no cached bpe tokenizer at {target} and no train_texts to train one")
-
-    tok = Tokenizer.train_bpe(train_texts, vocab_size)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # save into a private folder and rename it in, so readers never see half a tokenizer
-    staging = door.make_temp_folder(target.parent, f".{target.name}.")
-    try:
-        tok.save(staging)
-        try:
-            door.rename(staging, target)
-        except OSError:
-            if not (target / META_FILE).is_file():  # lost a race only if the winner finished
-                raise
-    finally:
-        if staging.exists():
-            door.remove_tree(staging)
-    return tok

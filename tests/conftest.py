@@ -36,7 +36,10 @@ if str(TESTS) not in sys.path:
 
 import scheduling  # noqa: E402
 
+from shared import checkpoint as ckpt  # noqa: E402
 from shared import hardware  # noqa: E402
+from shared.tokenizer import Tokenizer  # noqa: E402
+from shared.training import cli  # noqa: E402
 
 # The tests whose numbers depend on the CPU's kernels: they compare against numbers recorded on
 # another machine (the compat fixture), against outside implementations (transformers' Llama,
@@ -145,7 +148,6 @@ def shared_run_dir():
 def tiny_runs(shared_run_dir) -> dict[str, Path]:
     """A tiny AR run and a tiny MDM run (5 steps, one validation at the end), trained once per
     test run for the modules that only read them."""
-    from shared.training import cli
 
     def make(folder: Path) -> None:
         for objective in ("ar", "mdm"):
@@ -156,3 +158,67 @@ def tiny_runs(shared_run_dir) -> dict[str, Path]:
 
     root = shared_run_dir("tiny-runs", make)
     return {"ar": root / "ar", "mdm": root / "mdm"}
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory) -> Path:
+    """A tokenizer cache for the runs one test module trains."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, cache_dir) -> Path:
+    """A tiny MDM run of two steps, its one checkpoint in the current format (a module that
+    changes it works on ``helpers.copy_of``)."""
+    out = tmp_path_factory.mktemp("tiny") / "run"
+    argv = ["--preset", "tiny", "--objective", "mdm", "--out", str(out)]
+    cli.train_from_argv([*argv, "--cache-dir", str(cache_dir), "--max-steps", "2"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def small_sharded(tmp_path_factory, cache_dir) -> Path:
+    """The last checkpoint of a tiny two-step run saved in the sharded format."""
+    out = tmp_path_factory.mktemp("small") / "run"
+    cli.train_from_argv(
+        ["--preset", "tiny", "--max-steps", "2", "--eval-every", "2", "--out", str(out)]
+        + ["--cache-dir", str(cache_dir), "--checkpoint-format", "sharded"]
+    )
+    return ckpt.list_checkpoints(out / "checkpoints")[-1]
+
+
+@pytest.fixture
+def private_home(tmp_path_factory, tmp_path, monkeypatch) -> Path:
+    """A HOME of the test's own (a folder beside its tmp_path, so the tests that list what a
+    command left in tmp_path find only that) and duolm's cache in tmp_path, debug tracebacks off:
+    what a command writes by default lands there, never in the user's home."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("DUOLM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("DUOLM_DEBUG", raising=False)
+    return home
+
+
+@pytest.fixture(scope="module")
+def byte_tok():
+    """The byte-level tokenizer the synthetic languages are written in."""
+    return Tokenizer.byte()
+
+
+@pytest.fixture(scope="module")
+def udm_run(tmp_path_factory) -> Path:
+    """A tiny uniform-state diffusion run of two steps."""
+    out = tmp_path_factory.mktemp("udm") / "run"
+    cli.train_from_argv(
+        ["--preset", "tiny", "--objective", "udm", "--out", str(out), "--max-steps", "2"]
+        + ["--eval-every", "100", "--cache-dir", str(out.parent / "cache")]
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def language():
+    """The small variable-length hidden Markov language the exact samplers' tests enumerate."""
+    from shared.data.synthetic.hmm import HMMLanguage
+
+    return HMMLanguage(states=2, vocab=2, max_len=3, stop_min=0.2, stop_max=0.6, seed=4)

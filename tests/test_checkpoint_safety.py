@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import copy_of, relist
 from safetensors.torch import load_file
 
 from shared import checkpoint as ckpt
@@ -30,33 +31,6 @@ class CreatesFile:
 
     def __reduce__(self):
         return (open, (self.path, "w"))
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("cache")
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory, cache_dir) -> Path:
-    """A tiny MDM run of two steps, its one checkpoint in the current format."""
-    out = tmp_path_factory.mktemp("tiny") / "run"
-    argv = ["--preset", "tiny", "--objective", "mdm", "--out", str(out)]
-    cli.train_from_argv([*argv, "--cache-dir", str(cache_dir), "--max-steps", "2"])
-    return out
-
-
-def copy_of(run: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(run, tmp_path / "copy", ignore=shutil.ignore_patterns(".lock")))
-
-
-def relist(checkpoint: Path, removed: tuple[str, ...] = ()) -> None:
-    """Rewrite the manifest as a crafter would: every file there, with its checksum."""
-    for name in removed:
-        (checkpoint / name).unlink()
-    files = sorted(p for p in checkpoint.rglob("*") if p.is_file() and p.name != ckpt.MANIFEST)
-    manifest = {str(p.relative_to(checkpoint)): ckpt.file_sha256(p) for p in files}
-    (checkpoint / ckpt.MANIFEST).write_text(json.dumps(manifest, indent=2))
 
 
 def as_earlier_release(checkpoint: Path, rng=None, optimizer=None) -> None:

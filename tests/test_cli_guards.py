@@ -18,11 +18,6 @@ from shared.cli_args import CommandParser
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def runs(tiny_runs) -> dict[str, Path]:
-    return tiny_runs
-
-
 def status_of(argv: list[str]) -> int:
     """The exit status of ``duolm argv``: what main returns, or what argparse exits with."""
     try:
@@ -35,52 +30,52 @@ def error_line(capsys) -> str:
     return capsys.readouterr().err.strip().splitlines()[-1]
 
 
-def test_export_refuses_a_training_run_an_earlier_export_and_a_file(runs, tmp_path, capsys):
+def test_export_refuses_a_training_run_an_earlier_export_and_a_file(tiny_runs, tmp_path, capsys):
     pytest.importorskip("transformers")
-    target = runs["mdm"]
+    target = tiny_runs["mdm"]
     config = (target / "config.json").read_text()
-    assert duolm.main(["export", str(runs["ar"]), str(target)]) == 2
+    assert duolm.main(["export", str(tiny_runs["ar"]), str(target)]) == 2
     assert "already holds a training run" in error_line(capsys)
     assert (target / "config.json").read_text() == config
     assert not (target / "model.safetensors").exists()
 
     exported = tmp_path / "hf"
-    assert duolm.main(["export", str(runs["ar"]), str(exported)]) == 0
+    assert duolm.main(["export", str(tiny_runs["ar"]), str(exported)]) == 0
     first = (exported / "model.safetensors").read_bytes()
-    assert duolm.main(["export", str(runs["ar"]), str(exported)]) == 2
+    assert duolm.main(["export", str(tiny_runs["ar"]), str(exported)]) == 2
     assert "--overwrite" in error_line(capsys)
-    assert duolm.main(["export", str(runs["ar"]), str(exported), "--overwrite"]) == 0
+    assert duolm.main(["export", str(tiny_runs["ar"]), str(exported), "--overwrite"]) == 0
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("hf.replaced-")]
     assert len(aside) == 1 and (aside[0] / "model.safetensors").read_bytes() == first
 
     a_file = tmp_path / "file.txt"
     a_file.write_text("keep me")
-    assert duolm.main(["export", str(runs["ar"]), str(a_file)]) == 2
+    assert duolm.main(["export", str(tiny_runs["ar"]), str(a_file)]) == 2
     assert "is a file" in error_line(capsys) and a_file.read_text() == "keep me"
 
 
 def test_duolm_export_writes_an_mdm_as_llada_and_the_llama_export_refuses_it(
-    runs, tmp_path, capsys
+    tiny_runs, tmp_path, capsys
 ):
     pytest.importorskip("transformers")
-    assert duolm.main(["export", str(runs["mdm"]), str(tmp_path / "llada")]) == 0
+    assert duolm.main(["export", str(tiny_runs["mdm"]), str(tmp_path / "llada")]) == 0
     assert '"model_type": "llada"' in (tmp_path / "llada" / "config.json").read_text()
-    assert ar_export.main([str(runs["mdm"]), str(tmp_path / "hf")]) == 2
+    assert ar_export.main([str(tiny_runs["mdm"]), str(tmp_path / "hf")]) == 2
     line = error_line(capsys)
     assert "'mdm' checkpoint" in line and "Hugging Face Llama folder" in line and "LLaDA" in line
 
 
-def test_sample_finds_its_checkpoint_after_a_flag_value(runs, capsys):
+def test_sample_finds_its_checkpoint_after_a_flag_value(tiny_runs, capsys):
     status = duolm.main(
-        ["sample", "--prompt", "And God said", str(runs["ar"]), "--max-new-tokens", "4"]
+        ["sample", "--prompt", "And God said", str(tiny_runs["ar"]), "--max-new-tokens", "4"]
     )
     assert status == 0, capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("family", "flag"), [("ar", "--max-new-tokens"), ("mdm", "--steps")])
-def test_a_bad_sampling_value_names_duolm_sample(runs, family, flag, capsys):
+def test_a_bad_sampling_value_names_duolm_sample(tiny_runs, family, flag, capsys):
     # the checkpoint's own sampler parses the flags, under the command the user typed
-    assert status_of(["sample", str(runs[family]), flag, "many"]) == 2
+    assert status_of(["sample", str(tiny_runs[family]), flag, "many"]) == 2
     line = error_line(capsys)
     assert line.startswith("duolm sample: error:") and flag in line, line
 
@@ -112,12 +107,12 @@ def test_sample_prints_its_own_usage_naming_both_samplers(flag, capsys):
     assert capsys.readouterr().out.startswith("usage: duolm sample CHECKPOINT ")
 
 
-def test_the_docstrings_export_command_runs(runs, tmp_path):
+def test_the_docstrings_export_command_runs(tiny_runs, tmp_path):
     pytest.importorskip("transformers")
     line = next(line for line in duolm.__doc__.splitlines() if "duolm export" in line)
     words = line.split("#")[0].split()[2:]  # after "duolm export"
     assert words[-1] != "--out" and not any(w.startswith("--") for w in words)
-    assert duolm.main(["export", str(runs["ar"]), str(tmp_path / "exported")]) == 0
+    assert duolm.main(["export", str(tiny_runs["ar"]), str(tmp_path / "exported")]) == 0
 
 
 def test_only_the_first_process_of_a_launcher_prints_a_usage_error():
@@ -172,7 +167,7 @@ def test_help_says_each_default_once(capsys):
 
 @pytest.mark.parametrize("kind", ["ar", "mdm"])
 def test_ctrl_c_during_an_export_is_one_line_130_and_leaves_nothing(
-    kind, runs, tmp_path, capsys, monkeypatch
+    kind, tiny_runs, tmp_path, capsys, monkeypatch
 ):
     pytest.importorskip("transformers")
     import transformers
@@ -183,7 +178,7 @@ def test_ctrl_c_during_an_export_is_one_line_130_and_leaves_nothing(
     # the tokenizer is written by both exports, after their weights
     monkeypatch.setattr(transformers.PreTrainedTokenizerFast, "save_pretrained", interrupted)
     out = tmp_path / "exported"
-    assert status_of(["export", str(runs[kind]), str(out)]) == 130
+    assert status_of(["export", str(tiny_runs[kind]), str(out)]) == 130
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert errors == ["error: stopped by Ctrl-C (SIGINT)"]
     assert not out.exists()

@@ -25,11 +25,6 @@ def mdm_run(tmp_path_factory) -> Path:
     return train(tmp_path_factory, "mdm")
 
 
-@pytest.fixture(scope="module")
-def udm_run(tmp_path_factory) -> Path:
-    return train(tmp_path_factory, "udm")
-
-
 def sampled(run: Path, capsys, *flags: str) -> dict:
     status = main([str(run), "--gen-length", "8", "--eos", "none", "--json", *flags])
     out = capsys.readouterr()

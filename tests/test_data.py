@@ -9,18 +9,14 @@ from shared.data import corpus as corpus_mod
 from shared.data import hub as hub_mod
 from shared.data.corpus import CorpusSplits, load_corpus
 from shared.data.rows import EpochSampler, TokenizedSplit, protocol_record, tokenize_corpus
-from shared.tokenizer import Tokenizer, build_tokenizer
+from shared.tokenizer import Tokenizer
+from shared.tokenizer_cache import build_tokenizer
 
 E, P = 256, 257  # byte tokenizer specials
 
 
 def ids(text: str) -> list[int]:
     return list(text.encode("utf-8"))
-
-
-@pytest.fixture(scope="module")
-def byte_tok() -> Tokenizer:
-    return Tokenizer.byte()
 
 
 # ---- row layout ---------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ def seeded(seed: int) -> torch.Generator:
 
 
 @pytest.fixture(scope="module")
-def model():
+def eb_model():
     torch.manual_seed(1)
     config = ModelConfig(
         vocab_size=9, dim=32, n_layers=2, n_heads=4, n_kv_heads=4, hidden_dim=64, max_seq_len=17
@@ -39,21 +39,21 @@ def canvas(batch: int = 3) -> Canvas:
     return Canvas(torch.tensor([[0] + [8] * GEN] * batch), mask_id=8)
 
 
-def test_gamma_zero_reveals_one_token_per_step_as_the_fixed_sampler(model):
-    eb = sample(model, SamplerConfig(EntropyBounded(0.0)), canvas(), seeded(4))
-    fixed = sample(model, SamplerConfig(FixedCount(GEN)), canvas(), seeded(4))
+def test_gamma_zero_reveals_one_token_per_step_as_the_fixed_sampler(eb_model):
+    eb = sample(eb_model, SamplerConfig(EntropyBounded(0.0)), canvas(), seeded(4))
+    fixed = sample(eb_model, SamplerConfig(FixedCount(GEN)), canvas(), seeded(4))
     assert eb.revealed.tolist() == [[1] * 3] * GEN
     assert torch.equal(eb.tokens, fixed.tokens)
 
 
-def test_gamma_zero_in_the_block_family(model):
-    result = sample_blocks(model, SamplerConfig(EntropyBounded(0.0)), canvas(), 4, seeded(0))
+def test_gamma_zero_in_the_block_family(eb_model):
+    result = sample_blocks(eb_model, SamplerConfig(EntropyBounded(0.0)), canvas(), 4, seeded(0))
     assert result.revealed.tolist() == [[1] * 3] * GEN
 
 
-def test_a_larger_budget_takes_fewer_steps(model):
+def test_a_larger_budget_takes_fewer_steps(eb_model):
     steps = [
-        sample(model, SamplerConfig(EntropyBounded(gamma)), canvas(), seeded(4)).steps
+        sample(eb_model, SamplerConfig(EntropyBounded(gamma)), canvas(), seeded(4)).steps
         for gamma in (0.0, 1.0, 4.0, 1e9)
     ]
     assert steps[0] == GEN and steps == sorted(steps, reverse=True) and steps[-1] == 1

@@ -23,28 +23,28 @@ EOS, PAD = TOK.eos_id, TOK.pad_id
 
 
 @pytest.fixture(scope="module")
-def language() -> HMMLanguage:
+def ternary_language() -> HMMLanguage:
     return HMMLanguage(states=2, vocab=3, max_len=3, stop_min=0.2, stop_max=0.6, seed=4)
 
 
-def strings(language):
-    return {s: math.exp(lp) for s, lp in language.enumerate()}
+def strings(ternary_language):
+    return {s: math.exp(lp) for s, lp in ternary_language.enumerate()}
 
 
-def padded_rows(language, gen_length):
+def padded_rows(ternary_language, gen_length):
     """P(row) over the generation region of ``[BOS] + s + EOS + PAD...``."""
-    ids = dict(zip(language.alphabet, symbol_ids(language, TOK)))
+    ids = dict(zip(ternary_language.alphabet, symbol_ids(ternary_language, TOK)))
     rows = {}
-    for s, p in strings(language).items():
+    for s, p in strings(ternary_language).items():
         body = [ids[c] for c in s] + [EOS]
         rows[tuple(body + [PAD] * (gen_length - len(body)))] = p
     return rows
 
 
-def stream_rows(language, gen_length):
+def stream_rows(ternary_language, gen_length):
     """P(row) of i.i.d. documents, each followed by EOS, cut at ``gen_length`` tokens."""
-    ids = dict(zip(language.alphabet, symbol_ids(language, TOK)))
-    docs = [([ids[c] for c in s] + [EOS], p) for s, p in strings(language).items()]
+    ids = dict(zip(ternary_language.alphabet, symbol_ids(ternary_language, TOK)))
+    docs = [([ids[c] for c in s] + [EOS], p) for s, p in strings(ternary_language).items()]
     rows = defaultdict(float)
     frontier = [((), 1.0)]
     while frontier:
@@ -67,15 +67,15 @@ def probs_at(logits, ids):
     return torch.softmax(logits.double(), -1)[..., ids].numpy()
 
 
-def test_brute_force_rows_sum_to_one(language) -> None:
-    assert sum(padded_rows(language, 5).values()) == pytest.approx(1.0, abs=1e-12)
-    assert sum(stream_rows(language, 5).values()) == pytest.approx(1.0, abs=1e-12)
+def test_brute_force_rows_sum_to_one(ternary_language) -> None:
+    assert sum(padded_rows(ternary_language, 5).values()) == pytest.approx(1.0, abs=1e-12)
+    assert sum(stream_rows(ternary_language, 5).values()) == pytest.approx(1.0, abs=1e-12)
 
 
 @pytest.mark.parametrize("gen_length", [4, 6])
-def test_ar_next_token_is_the_enumerated_ratio(language, gen_length) -> None:
-    rows = padded_rows(language, gen_length)
-    model = exact_denoiser("ar", language, TOK, gen_length + 1)
+def test_ar_next_token_is_the_enumerated_ratio(ternary_language, gen_length) -> None:
+    rows = padded_rows(ternary_language, gen_length)
+    model = exact_denoiser("ar", ternary_language, TOK, gen_length + 1)
     ids = list(model.tokens.ids)
     checked = 0
     for row in rows:
@@ -106,9 +106,9 @@ def partial_observations(rows, gen_length, mask, rng, count):
 
 
 @pytest.mark.parametrize("gen_length", [4, 5])
-def test_absorbing_conditionals_are_the_enumerated_ratios(language, gen_length) -> None:
-    rows = padded_rows(language, gen_length)
-    model = exact_denoiser("mdm", language, TOK, gen_length + 1)
+def test_absorbing_conditionals_are_the_enumerated_ratios(ternary_language, gen_length) -> None:
+    rows = padded_rows(ternary_language, gen_length)
+    model = exact_denoiser("mdm", ternary_language, TOK, gen_length + 1)
     mask, ids = model.config.vocab_size - 1, list(model.tokens.ids)
     observations = partial_observations(rows, gen_length, mask, np.random.default_rng(1), 30)
     observations.append((mask,) * gen_length)
@@ -122,15 +122,15 @@ def test_absorbing_conditionals_are_the_enumerated_ratios(language, gen_length) 
             np.testing.assert_allclose(probs_at(logits[i], ids), expected, atol=1e-12)
 
 
-def test_block_input_gets_the_conditional_given_prefix_and_block(language) -> None:
+def test_block_input_gets_the_conditional_given_prefix_and_block(ternary_language) -> None:
     """Block diffusion's reference predictor feeds [0, end) only: the exact model sums the
     positions past the block out, which is the conditional given the clean prefix and the
     block's unmasked tokens."""
     gen_length = 5
-    rows = padded_rows(language, gen_length)
-    model = exact_denoiser("bd", language, TOK, gen_length + 1)
+    rows = padded_rows(ternary_language, gen_length)
+    model = exact_denoiser("bd", ternary_language, TOK, gen_length + 1)
     mask, ids = model.config.vocab_size - 1, list(model.tokens.ids)
-    a = symbol_ids(language, TOK)[0]
+    a = symbol_ids(ternary_language, TOK)[0]
     for seen in [(a, mask), (a, a, mask, mask), (mask, mask), (a, EOS, mask)]:
         batch = torch.tensor([[EOS, *seen]])
         logits = model(batch, attention=block_causal_mask(len(seen) + 1, 2, "cpu"))[0, 1:]
@@ -142,10 +142,10 @@ def test_block_input_gets_the_conditional_given_prefix_and_block(language) -> No
 
 
 @pytest.mark.parametrize("t", [0.1, 0.5, 0.97])
-def test_uniform_posteriors_are_the_enumerated_ratios(language, t) -> None:
+def test_uniform_posteriors_are_the_enumerated_ratios(ternary_language, t) -> None:
     gen_length = 4
-    rows = stream_rows(language, gen_length)
-    model = exact_denoiser("udm", language, TOK, gen_length + 1)
+    rows = stream_rows(ternary_language, gen_length)
+    model = exact_denoiser("udm", ternary_language, TOK, gen_length + 1)
     n_support = TOK.vocab_size - 1
     time = torch.tensor([t])  # float32, as the sampler passes it
     keep = float(alpha(time.double())[0])
@@ -208,13 +208,13 @@ def test_the_uniform_nelbo_is_least_at_the_posterior_without_the_own_token(kept,
         torch.set_default_dtype(torch.float32)
 
 
-def test_impossible_evidence_gives_uniform_row_symbols(language) -> None:
-    model = exact_denoiser("mdm", language, TOK, 6)
+def test_impossible_evidence_gives_uniform_row_symbols(ternary_language) -> None:
+    model = exact_denoiser("mdm", ternary_language, TOK, 6)
     mask, ids = model.config.vocab_size - 1, list(model.tokens.ids)
     logits = logits_of(model, [(PAD, mask, mask, mask, mask)])[0, 2]
     np.testing.assert_allclose(probs_at(logits, ids), [1 / len(ids)] * len(ids), atol=1e-12)
     for family in ("ar", "mdm", "bd", "udm"):
-        model = exact_denoiser(family, language, TOK, 6)
+        model = exact_denoiser(family, ternary_language, TOK, 6)
         shape = (2, 6, model.config.vocab_size)
         time = torch.tensor([0.5, 0.5]) if family == "udm" else None
         out = model(torch.full((2, 6), EOS), attention="causal", time=time)
@@ -222,8 +222,8 @@ def test_impossible_evidence_gives_uniform_row_symbols(language) -> None:
         assert all(p.numel() == 1 for p in model.parameters())  # the device anchor only
 
 
-def test_output_mask_selects_positions(language) -> None:
-    model = exact_denoiser("mdm", language, TOK, 6)
+def test_output_mask_selects_positions(ternary_language) -> None:
+    model = exact_denoiser("mdm", ternary_language, TOK, 6)
     mask = model.config.vocab_size - 1
     batch = torch.tensor([[EOS] + [mask] * 5, [EOS, mask, EOS, PAD, PAD, PAD]])
     selected = torch.zeros_like(batch, dtype=torch.bool)

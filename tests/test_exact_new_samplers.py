@@ -18,17 +18,11 @@ from eval.synthetic.exact.denoisers import exact_denoiser
 from eval.synthetic.exact.frontier import sampler_distribution
 from eval.synthetic.exact.outcomes import outcome
 from eval.synthetic.likelihood import symbol_ids
-from shared.data.synthetic.hmm import HMMLanguage
 from shared.errors import ConfigError
 from shared.tokenizer import Tokenizer
 
 TOK = Tokenizer.byte()
 G = 4
-
-
-@pytest.fixture(scope="module")
-def language() -> HMMLanguage:
-    return HMMLanguage(states=2, vocab=2, max_len=3, stop_min=0.2, stop_max=0.6, seed=4)
 
 
 def exact_q(family, language, config, state=None) -> dict:

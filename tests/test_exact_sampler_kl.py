@@ -37,11 +37,6 @@ G = 4  # generation length: the longest string (3) and its EOS
 BD = {"objective": "bd", "train_config": {"block_size": 2, "schedule": "linear"}}
 
 
-@pytest.fixture(scope="module")
-def language() -> HMMLanguage:
-    return HMMLanguage(states=2, vocab=2, max_len=3, stop_min=0.2, stop_max=0.6, seed=4)
-
-
 def error(family, language, config, gen_length=G, **kw):
     model = exact_denoiser(family, language, TOK, gen_length + 1)
     return sampler_error(family, model, language, TOK, config, gen_length, **kw)

@@ -1,10 +1,7 @@
 """Diffusion families: a family added from outside the package trains, is scored and samples
 through the same entries as the built-in ones, and the old module paths still work."""
 
-import importlib
 import math
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +14,6 @@ from dllm.canvas import mask_token_id
 from dllm.families import Family, SampleRequest, family_names, register_family
 from dllm.generator import DiffusionGenerator
 from dllm.masked.objective import MaskedDiffusionObjective
-from dllm.noise import stratified_times
 from dllm.predictors import CountingModel, FullForward
 from dllm.sampler import SamplerConfig, SampleResult
 from dllm.strategies import FixedCount
@@ -114,20 +110,3 @@ def test_a_family_name_is_registered_once(toy_family):
     register_family(toy_family)  # the same family again is no change
     with pytest.raises(ValueError, match="'toy' is registered twice"):
         register_family(Family("toy", SamplerConfig, one_shot, mask_token_id))
-
-
-def test_an_old_module_path_still_works_and_names_its_new_home(monkeypatch):
-    monkeypatch.delitem(sys.modules, "dllm.objective", raising=False)
-    with pytest.warns(DeprecationWarning, match="dllm.objective moved to dllm.masked.objective"):
-        old = importlib.import_module("dllm.objective")
-    assert old.MaskedDiffusionObjective is MaskedDiffusionObjective
-    assert old.stratified_times is stratified_times
-    # a command's old name runs the command
-    done = subprocess.run(
-        [sys.executable, "-m", "dllm.distill", "--help"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0 and "distill" in done.stdout, done.stderr

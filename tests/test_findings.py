@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from eval.findings import adaptation, compute_gap, data_constrained, pathstar, reversal
+from eval.findings import (
+    adaptation,
+    compute_gap,
+    data_constrained,
+    pathstar,
+    reuse_half_life,
+    reversal,
+)
 from eval.findings import sample_quality as quality
 from eval.findings.__main__ import checked_labels, main
 from eval.findings.registry import FINDINGS
@@ -34,8 +41,8 @@ from eval.findings.verdicts import (
     t_interval,
     wilson_interval,
 )
+from eval.provenance import git_output
 from eval.quality import JudgeScore
-from eval.report import git_output
 from eval.sample_sets import before_eos
 
 # ---- the rules -----------------------------------------------------------------------------------
@@ -280,18 +287,18 @@ def test_data_constrained_plateau_and_half_life():
     assert not data_constrained.plateaued(dc_curve(MDM_FALLING))
     assert not data_constrained.plateaued(dc_curve([3.0]))  # too short to say
     # effective epochs from the fresh curve: equal losses at equal epochs are worth 1:1
-    same = data_constrained.effective_epochs(dc_curve(FRESH[:4]), dc_curve(FRESH))
+    same = reuse_half_life.effective_epochs(dc_curve(FRESH[:4]), dc_curve(FRESH))
     assert [e for e, _ in same] == [1.0, 2.0, 3.0, 4.0]
     assert [w for _, w in same] == pytest.approx([1.0, 2.0, 3.0, 4.0])
     # only up to the repeated run's best (the form describes diminishing returns, not overfit)
-    overfit = data_constrained.effective_epochs(dc_curve(AR_OVERFITS), dc_curve(FRESH))
+    overfit = reuse_half_life.effective_epochs(dc_curve(AR_OVERFITS), dc_curve(FRESH))
     assert [e for e, _ in overfit] == [1.0, 2.0, 3.0]
     # R* recovered from points made by the form itself
     points = [(e, 1 + 5.0 * (1 - math.exp(-(e - 1) / 5.0))) for e in range(1, 30)]
-    assert data_constrained.fit_half_life(points)["r_star"] == pytest.approx(5.0, rel=1e-3)
+    assert reuse_half_life.fit_half_life(points)["r_star"] == pytest.approx(5.0, rel=1e-3)
     # repetitions worth as much as fresh data: no saturation, the fit runs into its bound
-    assert data_constrained.fit_half_life([(e, e) for e in range(1, 10)])["at_bound"]
-    assert data_constrained.fit_half_life([(1.0, 1.0)]) is None
+    assert reuse_half_life.fit_half_life([(e, e) for e in range(1, 10)])["at_bound"]
+    assert reuse_half_life.fit_half_life([(1.0, 1.0)]) is None
 
 
 def gap_size(interval: Interval | None, window: int = 0, mdm_points: int = 2) -> dict:

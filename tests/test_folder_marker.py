@@ -19,11 +19,6 @@ from shared.training.run_folder import (
 TINY = ["--preset", "tiny", "--max-steps", "2", "--eval-every", "2"]
 
 
-@pytest.fixture
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")
-
-
 def users_folder(path, names=("checkpoints", "stages", "metrics.jsonl")):
     """A folder of the user's own files that happens to use the names duolm's folders use."""
     path.mkdir(parents=True)
@@ -38,20 +33,20 @@ def users_folder(path, names=("checkpoints", "stages", "metrics.jsonl")):
     return sorted(p.name for p in path.iterdir())
 
 
-def test_a_run_marks_its_folder_and_overwrite_moves_only_marked_ones(tmp_path, cache, capsys):
+def test_a_run_marks_its_folder_and_overwrite_moves_only_marked_ones(tmp_path, cache_dir, capsys):
     run = tmp_path / "run"
-    assert cli.main([*TINY, "--out", str(run), "--cache-dir", str(cache)]) == 0
+    assert cli.main([*TINY, "--out", str(run), "--cache-dir", str(cache_dir)]) == 0
     assert folder_kind(run) == "run" and made_here(run) == "a training run"
     assert json.loads((run / MARKER).read_text())["kind"] == "run"
-    assert cli.main([*TINY, "--out", str(run), "--cache-dir", str(cache), "--overwrite"]) == 0
+    assert cli.main([*TINY, "--out", str(run), "--cache-dir", str(cache_dir), "--overwrite"]) == 0
     assert "aside" in capsys.readouterr().out
     assert folder_kind(run) == "run"
 
 
-def test_overwrite_never_moves_a_users_folder_by_its_subfolder_names(tmp_path, cache, capsys):
+def test_overwrite_never_moves_a_users_folder_by_its_subfolder_names(tmp_path, cache_dir, capsys):
     folder = tmp_path / "mine"
     before = users_folder(folder)
-    code = cli.main([*TINY, "--out", str(folder), "--cache-dir", str(cache), "--overwrite"])
+    code = cli.main([*TINY, "--out", str(folder), "--cache-dir", str(cache_dir), "--overwrite"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
     assert "earlier version" in err and f"mv {folder}" in err  # how to move it by hand
@@ -87,25 +82,25 @@ def test_ownership_comes_from_the_marker_alone(tmp_path):
 
 
 @pytest.mark.parametrize("entry", [".lock", "metrics.jsonl"])
-def test_a_link_in_a_run_folder_never_writes_through(tmp_path, cache, capsys, entry):
+def test_a_link_in_a_run_folder_never_writes_through(tmp_path, cache_dir, capsys, entry):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
     run = tmp_path / "run"
     run.mkdir()
     (run / entry).symlink_to(victim)
-    code = cli.main([*TINY, "--out", str(run), "--cache-dir", str(cache)])
+    code = cli.main([*TINY, "--out", str(run), "--cache-dir", str(cache_dir)])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
     assert "symbolic link" in err or "earlier version" in err, err
     assert victim.read_text() == "precious\n"
 
 
-def test_a_fifo_lock_is_refused_at_once(tmp_path, cache, capsys):
+def test_a_fifo_lock_is_refused_at_once(tmp_path, cache_dir, capsys):
     import os
 
     run = tmp_path / "run"
     run.mkdir()
     os.mkfifo(run / ".lock")
-    code = cli.main([*TINY, "--out", str(run), "--cache-dir", str(cache)])
+    code = cli.main([*TINY, "--out", str(run), "--cache-dir", str(cache_dir)])
     err = capsys.readouterr().err
     assert code == 2 and "FIFO" in err and err.count("\n") == 1, err

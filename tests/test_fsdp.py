@@ -21,11 +21,6 @@ from shared.training import cli, loop, setup
 COMMON = FSDP_RUN
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("cache")
-
-
 def train_losses(out: Path) -> list[float]:
     lines = (out / "metrics.jsonl").read_text().splitlines()
     return [r["loss"] for r in map(json.loads, lines) if r["kind"] == "train"]

@@ -14,7 +14,8 @@ from arlm.decoding import left_pad
 from arlm.generate import ARGenerator, GenerationConfig, check_prompts
 from shared.checkpoint import full_model_state, save_checkpoint
 from shared.config import ModelConfig
-from shared.model import KVCache, Transformer, attention_mask
+from shared.kv_cache import KVCache
+from shared.model import Transformer, attention_mask
 from shared.sampling import SamplingConfig
 from shared.tokenizer import Tokenizer
 

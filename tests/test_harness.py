@@ -112,7 +112,7 @@ def generation_stop(run) -> str:
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory, tiny_runs):
+def exported_ar(tmp_path_factory, tiny_runs):
     folder = tmp_path_factory.mktemp("export") / "ar"
     export_checkpoint(str(tiny_runs["ar"]), str(folder), False)
     return folder
@@ -143,7 +143,7 @@ def flat(responses: list) -> list:
 
 @pytest.mark.parametrize("max_length", [None, 12])
 def test_per_item_loglikelihoods_equal_the_hf_backend_on_the_export(
-    max_length, tiny_runs, exported, task_dir
+    max_length, tiny_runs, exported_ar, task_dir
 ):
     """Multiple choice (a context ending in a space, one truncated at the short context, the
     model's greedy tokens) and rolling perplexity of texts shorter and longer than the context;
@@ -158,7 +158,7 @@ def test_per_item_loglikelihoods_equal_the_hf_backend_on_the_export(
     )
     theirs = per_item(
         "hf",
-        {"pretrained": str(exported), "dtype": "float32", "max_length": max_length or seq_len},
+        {"pretrained": str(exported_ar), "dtype": "float32", "max_length": max_length or seq_len},
         task_dir,
         tasks,
     )

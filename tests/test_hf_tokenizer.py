@@ -14,7 +14,8 @@ from shared.data import hub as hub_mod
 from shared.data.corpus import CorpusSplits
 from shared.data.rows import protocol_record, tokenize_corpus
 from shared.errors import ResourceUnavailableError
-from shared.tokenizer import Tokenizer, build_tokenizer
+from shared.tokenizer import Tokenizer
+from shared.tokenizer_cache import build_tokenizer
 from shared.training.presets import PRESETS
 
 SENTENCES = [
@@ -37,21 +38,21 @@ def _train_wordpiece(path: Path, specials: list[str]) -> Path:
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-    tok = HFTokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.decoder = decoders.WordPiece()
+    hf_tok = HFTokenizer(models.WordPiece(unk_token="[UNK]"))
+    hf_tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    hf_tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    hf_tok.decoder = decoders.WordPiece()
     trainer = trainers.WordPieceTrainer(
         vocab_size=300, special_tokens=specials, show_progress=False
     )
-    tok.train_from_iterator(SENTENCES, trainer=trainer)
+    hf_tok.train_from_iterator(SENTENCES, trainer=trainer)
     if "[SEP]" in specials and "[CLS]" in specials:
-        sep, cls = tok.token_to_id("[SEP]"), tok.token_to_id("[CLS]")
-        tok.post_processor = processors.BertProcessing(("[SEP]", sep), ("[CLS]", cls))
-    tok.enable_truncation(8)
+        sep, cls = hf_tok.token_to_id("[SEP]"), hf_tok.token_to_id("[CLS]")
+        hf_tok.post_processor = processors.BertProcessing(("[SEP]", sep), ("[CLS]", cls))
+    hf_tok.enable_truncation(8)
     if "[PAD]" in specials:
-        tok.enable_padding(pad_id=tok.token_to_id("[PAD]"), pad_token="[PAD]", length=32)
-    tok.save(str(path))
+        hf_tok.enable_padding(pad_id=hf_tok.token_to_id("[PAD]"), pad_token="[PAD]", length=32)
+    hf_tok.save(str(path))
     return path
 
 
@@ -59,17 +60,17 @@ def _train_byte_level(path: Path) -> Path:
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
-    tok = HFTokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
+    hf_tok = HFTokenizer(models.BPE())
+    hf_tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf_tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=400,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         special_tokens=["<|endoftext|>"],
         show_progress=False,
     )
-    tok.train_from_iterator(SENTENCES, trainer=trainer)
-    tok.save(str(path))
+    hf_tok.train_from_iterator(SENTENCES, trainer=trainer)
+    hf_tok.save(str(path))
     return path
 
 
@@ -94,7 +95,9 @@ def byte_level(bl_path: Path) -> Tokenizer:
 
 
 @pytest.fixture(params=["wordpiece", "byte_level"])
-def tok(request: pytest.FixtureRequest, wordpiece: Tokenizer, byte_level: Tokenizer) -> Tokenizer:
+def hf_tok(
+    request: pytest.FixtureRequest, wordpiece: Tokenizer, byte_level: Tokenizer
+) -> Tokenizer:
     return {"wordpiece": wordpiece, "byte_level": byte_level}[request.param]
 
 
@@ -119,19 +122,19 @@ def test_byte_level_specials_add_a_pad_id(byte_level: Tokenizer, bl_path: Path) 
     assert byte_level.bytes_exact is True
 
 
-def test_encode_adds_no_specials_and_does_not_truncate(tok: Tokenizer) -> None:
+def test_encode_adds_no_specials_and_does_not_truncate(hf_tok: Tokenizer) -> None:
     text = " ".join(PLAIN)  # longer than the file's truncation length of 8
-    ids = tok.encode(text)
+    ids = hf_tok.encode(text)
     assert len(ids) > 8
-    assert tok.eos_id not in ids and tok.pad_id not in ids
-    assert tok.encode_batch([text, "hi"]) == [ids, tok.encode("hi")]
+    assert hf_tok.eos_id not in ids and hf_tok.pad_id not in ids
+    assert hf_tok.encode_batch([text, "hi"]) == [ids, hf_tok.encode("hi")]
 
 
-def test_literal_special_text_is_not_special(tok: Tokenizer) -> None:
-    ids = tok.encode("a [SEP] b [PAD] c <|endoftext|> [CLS]")
-    assert tok.eos_id not in ids and tok.pad_id not in ids
+def test_literal_special_text_is_not_special(hf_tok: Tokenizer) -> None:
+    ids = hf_tok.encode("a [SEP] b [PAD] c <|endoftext|> [CLS]")
+    assert hf_tok.eos_id not in ids and hf_tok.pad_id not in ids
     # no other special either (decode would drop it): "[CLS]" is read as "[", "cls", "]"
-    assert "cls" in tok.decode(ids).lower() and "endoftext" in tok.decode(ids)
+    assert "cls" in hf_tok.decode(ids).lower() and "endoftext" in hf_tok.decode(ids)
 
 
 @pytest.mark.parametrize("text", PLAIN + ["Hello World THE Fox"])
@@ -158,26 +161,26 @@ def test_byte_level_round_trip_and_exact_bytes(byte_level: Tokenizer, text: str)
     assert int(byte_level.token_bytes()[ids].sum()) == len(text.encode("utf-8"))
 
 
-def test_save_load_fingerprint_round_trip(tok: Tokenizer, tmp_path: Path) -> None:
-    tok.save(tmp_path / "saved")
+def test_save_load_fingerprint_round_trip(hf_tok: Tokenizer, tmp_path: Path) -> None:
+    hf_tok.save(tmp_path / "saved")
     meta = json.loads((tmp_path / "saved" / "tokenizer_meta.json").read_text())
-    assert meta["kind"] == tok.kind and meta["bytes_exact"] == tok.bytes_exact
+    assert meta["kind"] == hf_tok.kind and meta["bytes_exact"] == hf_tok.bytes_exact
     saved = json.loads((tmp_path / "saved" / "tokenizer.json").read_text())
     assert saved["post_processor"] is None and saved["truncation"] is None
     loaded = Tokenizer.load(tmp_path / "saved")
     assert (loaded.kind, loaded.vocab_size, loaded.eos_id, loaded.pad_id) == (
-        tok.kind,
-        tok.vocab_size,
-        tok.eos_id,
-        tok.pad_id,
+        hf_tok.kind,
+        hf_tok.vocab_size,
+        hf_tok.eos_id,
+        hf_tok.pad_id,
     )
-    assert loaded.bytes_exact == tok.bytes_exact
-    assert loaded.fingerprint() == tok.fingerprint()
-    assert np.array_equal(loaded.token_bytes(), tok.token_bytes())
+    assert loaded.bytes_exact == hf_tok.bytes_exact
+    assert loaded.fingerprint() == hf_tok.fingerprint()
+    assert np.array_equal(loaded.token_bytes(), hf_tok.token_bytes())
     texts = PLAIN + UNICODE
-    assert loaded.encode_batch(texts) == tok.encode_batch(texts)
-    ids = tok.encode_batch(texts)
-    assert [loaded.decode(i) for i in ids] == [tok.decode(i) for i in ids]
+    assert loaded.encode_batch(texts) == hf_tok.encode_batch(texts)
+    ids = hf_tok.encode_batch(texts)
+    assert [loaded.decode(i) for i in ids] == [hf_tok.decode(i) for i in ids]
 
 
 def test_fingerprint_ignores_the_path(wp_path: Path, wordpiece: Tokenizer, tmp_path: Path) -> None:
@@ -199,14 +202,14 @@ def test_build_tokenizer_accepts_hf(wp_path: Path, wordpiece: Tokenizer, tmp_pat
         build_tokenizer("sentencepiece", cache_dir=tmp_path)
 
 
-def test_tokenize_corpus_padded(tok: Tokenizer, tmp_path: Path) -> None:
+def test_tokenize_corpus_padded(hf_tok: Tokenizer, tmp_path: Path) -> None:
     corpus = CorpusSplits.from_texts("tiny", SENTENCES[:5] * 4, SENTENCES[5:7])
-    splits = tokenize_corpus(corpus, tok, protocol="padded", seq_len=32, cache_dir=tmp_path)
+    splits = tokenize_corpus(corpus, hf_tok, protocol="padded", seq_len=32, cache_dir=tmp_path)
     rows = splits["train"].tokens
     assert rows.shape[1] == 32 and rows.shape[0] > 0
-    assert (rows[:, 0] == tok.eos_id).all()
-    assert (rows == tok.pad_id).any()
-    assert int(rows.max()) < tok.vocab_size
+    assert (rows[:, 0] == hf_tok.eos_id).all()
+    assert (rows == hf_tok.pad_id).any()
+    assert int(rows.max()) < hf_tok.vocab_size
     assert splits["train"].n_bytes > 0 and splits["validation"].n_rows > 0
 
 

@@ -23,11 +23,6 @@ from shared.training.warm_start import check_start, load_source_weights
 TOKENIZER_VOCAB = 258  # the tiny preset's byte tokenizer
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("cache")
-
-
 def tiny(out: Path, cache: Path, *extra: str) -> list[str]:
     return [
         "--preset",

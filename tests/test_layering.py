@@ -4,8 +4,7 @@ imports at module level except where a dependency is optional.
 Layers, bottom to top: ``shared`` (the library both objectives stand on), the objectives
 ``arlm`` and ``dllm`` (independent of each other), ``eval`` (metrics; speed in ``eval.speed``, the
 synthetic-language evaluation in ``eval.synthetic``), ``eval.experiments`` and the entry points
-(``train.py``, ``eval.cli``). ``bench`` measures library code only. Old module paths kept for one
-release after a move are imported by users' scripts only, never by the project.
+(``train.py``, ``eval.cli``). ``bench`` measures library code only.
 """
 
 import ast
@@ -101,33 +100,32 @@ def test_no_layer_imports_a_layer_above_it():
     assert not violations, "\n".join(sorted(set(violations)))
 
 
-def moved_paths() -> set[str]:
-    """Old module paths kept for one release (they call ``eval.moved.warn_moved``): a module,
-    or a package whose old module names its ``__getattr__`` still answers."""
-    return {
-        module_name(path)
+def deprecation_warnings(path: Path) -> list[int]:
+    """Lines of ``path`` that call ``warnings.warn`` (or ``warn``) with a DeprecationWarning."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        called = (
+            node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        )
+        arguments = list(node.args) + [keyword.value for keyword in node.keywords]
+        if called == "warn" and any(
+            isinstance(a, ast.Name) and a.id == "DeprecationWarning" for a in arguments
+        ):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_module_keeps_an_old_path_with_a_deprecation_warning():
+    """One path per thing: a module that moves is imported from its new home everywhere, with no
+    second name left behind that re-exports it and warns."""
+    kept = [
+        f"{path.relative_to(ROOT)}:{line}"
         for path in project_files()
-        if module_name(path) != "eval.moved" and "warn_moved(" in path.read_text()
-    }
-
-
-def test_project_code_imports_no_moved_path():
-    """Our own code and tests use the new paths: a moved path's warning is for users' scripts.
-    From a package that answers old names, only its submodules may be imported."""
-    moved = moved_paths()
-    names = {module_name(path) for path in project_files()}
-    # the test of the old paths themselves imports them
-    tests = [p for p in sorted((ROOT / "tests").glob("*.py")) if p.name != "test_moved_modules.py"]
-    wrong = []
-    for path in project_files() + tests:
-        own = module_name(path) if path.parent.name != "tests" else path.stem
-        for imported, _ in imports(path):
-            package, _, leaf = imported.rpartition(".")
-            old_module = imported in moved and not (ROOT / imported.replace(".", "/")).is_dir()
-            old_name = package in moved and leaf and imported not in names
-            if (old_module or old_name) and own not in moved:
-                wrong.append(f"{own} imports {imported}")
-    assert not wrong, "\n".join(sorted(set(wrong)))
+        for line in deprecation_warnings(path)
+    ]
+    assert not kept, "\n".join(kept)
 
 
 def test_imports_are_at_module_level_except_optional_dependencies():
@@ -170,17 +168,19 @@ def test_no_import_cycles_between_project_files():
 
 
 @pytest.mark.parametrize("path", project_files(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_no_module_is_over_500_lines(path):
-    assert len(path.read_text().splitlines()) <= 500, f"{path.relative_to(ROOT)} is too long"
+def test_no_module_is_within_25_lines_of_the_500_line_cap(path):
+    """A module is sized by what it owns, not held at the cap: one that reaches 475 lines is split
+    where a reader would look for a piece (as the trainer's step and evaluation were)."""
+    assert len(path.read_text().splitlines()) <= 475, f"{path.relative_to(ROOT)} is too long"
 
 
-def test_no_function_in_eval_is_over_60_lines():
-    """Reports and verdicts in sections: each section, verdict half or stage step is a named
-    function of its own, where the next family, figure or rule can enter."""
+def test_no_function_is_over_60_lines():
+    """Every function of the project (train.py, shared, arlm, dllm, eval, bench) reads in one
+    screen: a long one is split along its own steps (checks, setup, the loop, the report), each a
+    named function where the next option, family or section can enter."""
     long = [
         f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)"
         for path in project_files()
-        if path.relative_to(ROOT).parts[0] == "eval"
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
         and (length := node.end_lineno - node.lineno + 1) > 60
@@ -211,17 +211,6 @@ def test_commands_start_without_the_slow_imports_they_do_not_need():
 # alone, so it can be read, changed or copied as the start of a new one without the others.
 
 FAMILIES = ("dllm.masked", "dllm.block", "dllm.uniform", "dllm.eso")
-# Module paths from before the family folders, kept one release: each re-exports its new home.
-MOVED = (
-    "dllm.objective",
-    "dllm.generate",
-    "dllm.block_objective",
-    "dllm.block_generate",
-    "dllm.uniform_objective",
-    "dllm.uniform_generate",
-    "dllm.uniform_curriculum",
-    "dllm.distill",
-)
 # Above the families: the package (importing it registers each family) and the command line.
 ABOVE_FAMILIES = ("dllm", "dllm.sample", "dllm.corrector_flags")  # the package, the command line
 PROJECT = ("shared", "arlm", "dllm", "eval", "bench", "train")
@@ -242,7 +231,7 @@ def test_each_family_imports_only_the_dllm_core_and_shared():
             if not any(within(imported, p) for p in PROJECT) or within(imported, "shared"):
                 continue
             core = within(imported, "dllm") and family_folder(imported) is None
-            if within(imported, own) or (core and imported not in MOVED + ABOVE_FAMILIES[1:]):
+            if within(imported, own) or (core and imported not in ABOVE_FAMILIES[1:]):
                 continue
             violations.append(f"{name} imports {imported}")
     assert not violations, "\n".join(sorted(set(violations)))
@@ -250,13 +239,13 @@ def test_each_family_imports_only_the_dllm_core_and_shared():
 
 def test_the_dllm_core_never_names_a_family():
     """The generator finds a family through ``dllm.families``; only the package (which imports
-    each family to register it), the command line and the old module paths name one."""
+    each family to register it) and the command line name one."""
     violations = [
         f"{name} imports {imported}"
         for path in project_files()
         if within(name := module_name(path), "dllm")
         and family_folder(name) is None
-        and name not in ABOVE_FAMILIES + MOVED
+        and name not in ABOVE_FAMILIES
         for imported, _ in imports(path)
         if family_folder(imported) is not None
     ]

@@ -18,13 +18,12 @@ from shared.model import (
     GroupedQueryAttention,
     RMSNorm,
     Transformer,
-    apply_rope,
     attention_fp32_on_cpu,
     attention_mask,
     flops_per_token,
     rms_norm,
-    rope_cos_sin,
 )
+from shared.rope import apply_rope, rope_cos_sin
 from shared.training.presets import PRESETS, get_preset, resolve_config
 
 TINY = ModelConfig(
@@ -348,7 +347,7 @@ def test_flops_per_token_by_hand():
 @pytest.mark.parametrize("window", [0, 5])
 def test_cached_forward_equals_uncached(n_kv_heads, window):
     """Prefill, a chunked prefill against a non-empty cache, then one token at a time."""
-    from shared.model import KVCache
+    from shared.kv_cache import KVCache
 
     torch.manual_seed(0)
     cfg = ModelConfig(**{**TINY.to_dict(), "n_kv_heads": n_kv_heads, "sliding_window": window})
@@ -367,7 +366,7 @@ def test_cached_forward_equals_uncached(n_kv_heads, window):
 
 
 def test_left_padding_with_positions_matches_unpadded_rows():
-    from shared.model import KVCache
+    from shared.kv_cache import KVCache
 
     torch.manual_seed(0)
     model = Transformer(TINY).eval()
@@ -399,7 +398,7 @@ def test_left_padding_with_positions_matches_unpadded_rows():
 
 def test_bidirectional_block_recompute_in_cache_matches_full_forward():
     """Overwriting a block's slots in a filled cache reproduces the full forward there."""
-    from shared.model import KVCache
+    from shared.kv_cache import KVCache
 
     torch.manual_seed(0)
     model = Transformer(TINY).eval()

@@ -32,11 +32,6 @@ from shared.tokenizer import Tokenizer
 DOC_EXAMPLE = "xm,kq,qb,kx/km=kxm"
 
 
-@pytest.fixture(scope="module")
-def tok() -> Tokenizer:
-    return Tokenizer.byte()
-
-
 def test_format_and_determinism() -> None:
     language = PathStarLanguage(degree=3, arm=4)
     assert language.max_len == 44 and language.expected_length() == 44.0
@@ -140,7 +135,7 @@ def test_graph_counts_match_brute_force_and_chain_rule() -> None:
         default.next_log_probs("ab,ba")
 
 
-def test_spec_and_corpus(tok) -> None:
+def test_spec_and_corpus(byte_tok) -> None:
     spec = "synthetic:pathstar?degree=2&arm=3&symbols=30&n=50&n_val=7&seed=4"
     kind, kwargs, corpus = parse_spec(spec)
     assert kind == "pathstar" and kwargs == {"degree": 2, "arm": 3, "symbols": 30, "seed": 4}
@@ -151,7 +146,7 @@ def test_spec_and_corpus(tok) -> None:
     assert len(splits.train) == 50 and len(splits.validation) == 7
     assert all(language.is_valid(s) for s in splits.train + splits.validation)
     assert splits.train == load_corpus(spec).train
-    assert all(len(tok.encode(s)) == len(s) for s in splits.train)
+    assert all(len(byte_tok.encode(s)) == len(s) for s in splits.train)
     with pytest.raises(ValueError, match=r"degree=1 must be an integer in \[2"):
         build_language("synthetic:pathstar?degree=1")
     with pytest.raises(ValueError, match="symbols=10 is too few.*13 nodes"):
@@ -164,10 +159,10 @@ def test_spec_and_corpus(tok) -> None:
         parse_spec("synthetic:nope")
 
 
-def _tiny(tok: Tokenizer, objective: str, seq_len: int) -> Transformer:
+def _tiny(byte_tok: Tokenizer, objective: str, seq_len: int) -> Transformer:
     torch.manual_seed(0)
     cfg = ModelConfig(
-        vocab_size=tok.vocab_size + (objective == "mdm"),
+        vocab_size=byte_tok.vocab_size + (objective == "mdm"),
         dim=16,
         n_layers=1,
         n_heads=2,
@@ -178,13 +173,13 @@ def _tiny(tok: Tokenizer, objective: str, seq_len: int) -> Transformer:
     return Transformer(cfg)
 
 
-def test_probe_runs_on_tiny_models(tok) -> None:
+def test_probe_runs_on_tiny_models(byte_tok) -> None:
     language = PathStarLanguage(degree=2, arm=2)
     examples = language.sample(12, seed=9)
     seq_len = language.max_len + 2
     for objective in ("ar", "mdm"):
-        model = _tiny(tok, objective, seq_len)
-        out = pathstar_probe(model, tok, language, objective, seq_len, examples, batch_size=5)
+        model = _tiny(byte_tok, objective, seq_len)
+        out = pathstar_probe(model, byte_tok, language, objective, seq_len, examples, batch_size=5)
         assert out["n"] == 12 and out["chance_first_step"] == 0.5
         for key in ("exact_match", "first_step", "node_accuracy", "shortcut_first_step"):
             assert 0.0 <= out[key] <= 1.0
@@ -192,9 +187,11 @@ def test_probe_runs_on_tiny_models(tok) -> None:
         assert all(len(a) == 3 for a in out["answers"])
         assert out["exact_match"] <= out["first_step"]
     with pytest.raises(ValueError, match="objective"):
-        pathstar_probe(_tiny(tok, "ar", seq_len), tok, language, "bd", seq_len, examples)
+        pathstar_probe(_tiny(byte_tok, "ar", seq_len), byte_tok, language, "bd", seq_len, examples)
     with pytest.raises(ValueError, match="seq_len"):
-        pathstar_probe(_tiny(tok, "ar", seq_len), tok, language, "ar", seq_len - 1, examples)
+        pathstar_probe(
+            _tiny(byte_tok, "ar", seq_len), byte_tok, language, "ar", seq_len - 1, examples
+        )
 
 
 def test_path_scores_by_hand() -> None:
@@ -217,12 +214,12 @@ class SolverModel(nn.Module):
     solver (``shortcut=False``), or the Clever-Hans shortcut (the first-listed child of the
     start, then unique children). Bidirectional calls fill the masked answer (MDM)."""
 
-    def __init__(self, language, tok, shortcut: bool = False, mdm: bool = False) -> None:
+    def __init__(self, language, byte_tok, shortcut: bool = False, mdm: bool = False) -> None:
         super().__init__()
         self.anchor = nn.Parameter(torch.zeros(1))
-        vocab = tok.vocab_size + mdm
+        vocab = byte_tok.vocab_size + mdm
         self.config = type("Config", (), {"vocab_size": vocab, "max_seq_len": 64})()
-        self.ids = dict(zip(language.alphabet, symbol_ids(language, tok)))
+        self.ids = dict(zip(language.alphabet, symbol_ids(language, byte_tok)))
         self.symbol_of = {i: s for s, i in self.ids.items()}
         self.language, self.shortcut = language, shortcut
 
@@ -252,22 +249,22 @@ class _FirstChoice:
         return 0
 
 
-def test_probe_scores_oracles_and_the_shortcut(tok) -> None:
+def test_probe_scores_oracles_and_the_shortcut(byte_tok) -> None:
     language = PathStarLanguage(degree=2, arm=3)
     examples = language.sample(400, seed=11)
     seq_len = language.max_len + 2
     for objective in ("ar", "mdm"):
-        oracle = SolverModel(language, tok, mdm=objective == "mdm")
-        out = pathstar_probe(oracle, tok, language, objective, seq_len, examples[:40])
+        oracle = SolverModel(language, byte_tok, mdm=objective == "mdm")
+        out = pathstar_probe(oracle, byte_tok, language, objective, seq_len, examples[:40])
         assert out["exact_match"] == out["first_step"] == out["node_accuracy"] == 1.0
         assert out["lookup_accuracy"] == 1.0
-    shortcut = SolverModel(language, tok, shortcut=True)
-    out = pathstar_probe(shortcut, tok, language, "ar", seq_len, examples)
+    shortcut = SolverModel(language, byte_tok, shortcut=True)
+    out = pathstar_probe(shortcut, byte_tok, language, "ar", seq_len, examples)
     assert out["exact_match_per_example"] == out["first_step_per_example"]
     assert abs(out["first_step"] - 0.5) < 4 * math.sqrt(0.25 / len(examples))
 
 
-def test_reversed_answers_and_the_decoding_order(tok) -> None:
+def test_reversed_answers_and_the_decoding_order(byte_tok) -> None:
     forward = PathStarLanguage(degree=2, arm=3)
     backward = PathStarLanguage(degree=2, arm=3, reverse=1)
     # the same graphs and goals, the answer written from the goal back to the start
@@ -282,8 +279,8 @@ def test_reversed_answers_and_the_decoding_order(tok) -> None:
     examples = backward.sample(30, seed=2)
     seq_len = backward.max_len + 2
     for objective in ("ar", "mdm"):
-        oracle = SolverModel(backward, tok, mdm=objective == "mdm")
-        out = pathstar_probe(oracle, tok, backward, objective, seq_len, examples, batch_size=7)
+        oracle = SolverModel(backward, byte_tok, mdm=objective == "mdm")
+        out = pathstar_probe(oracle, byte_tok, backward, objective, seq_len, examples, batch_size=7)
         assert out["exact_match"] == 1.0 and out["position_accuracy"] == [1.0] * 4
         assert out["lookup_accuracy"] == 1.0
     # the oracle is equally sure everywhere: ties go leftmost, one position per step
@@ -292,12 +289,12 @@ def test_reversed_answers_and_the_decoding_order(tok) -> None:
     assert decoding_steps(reveals).tolist() == [[1, 0], [0, 1]]
 
 
-def test_synthetic_report_includes_the_probe(tok, tmp_path) -> None:
+def test_synthetic_report_includes_the_probe(byte_tok, tmp_path) -> None:
     spec = "synthetic:pathstar?degree=2&arm=2&seed=1"
     seq_len = build_language(spec).max_len + 2
     paths = {}
     for objective in ("ar", "mdm"):
-        model = _tiny(tok, objective, seq_len)
+        model = _tiny(byte_tok, objective, seq_len)
         state = {
             "objective": objective,
             "model_config": model.config.to_dict(),
@@ -310,7 +307,11 @@ def test_synthetic_report_includes_the_probe(tok, tmp_path) -> None:
             },
         }
         paths[objective] = save_checkpoint(
-            tmp_path / objective, 0, weights=full_model_state(model), tokenizer=tok, state=state
+            tmp_path / objective,
+            0,
+            weights=full_model_state(model),
+            tokenizer=byte_tok,
+            state=state,
         )
     report = synthetic_report(
         paths["ar"], paths["mdm"], spec, 8, n_heldout=20, nelbo_samples=2, infill_tasks_max=10

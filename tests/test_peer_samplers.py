@@ -1,6 +1,7 @@
-"""bench/peer_samplers.py and bench/peer_adapters.py: the pure helpers; given a Fast-dLLM folder
-(DUOLM_FAST_DLLM), token identity of our masked-diffusion samplers with Fast-dLLM's generate
-functions on the same weights; given a Duo clone (DUOLM_DUO), Duo's step against ours."""
+"""bench/peer_samplers.py, bench/peer_cases.py and bench/peer_adapters.py: the pure helpers;
+given a Fast-dLLM folder (DUOLM_FAST_DLLM), token identity of our masked-diffusion samplers with
+Fast-dLLM's generate functions on the same weights; given a Duo clone (DUOLM_DUO), Duo's step
+against ours."""
 
 import dataclasses
 import json
@@ -14,6 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 import peer_adapters  # noqa: E402
+import peer_cases  # noqa: E402
 import peer_checks  # noqa: E402
 import peer_samplers  # noqa: E402
 
@@ -67,9 +69,9 @@ def test_first_difference():
 
 
 def test_cases_map_onto_the_same_rule_and_cache_on_both_sides():
-    for case in peer_samplers.CASES:
-        ours = peer_samplers.our_sampler(case, steps=8, block_length=4, threshold=0.5)
-        theirs = peer_samplers.fast_dllm_kwargs(case, 8, 16, 4, 0.5, mask_id=99)
+    for case in peer_cases.CASES:
+        ours = peer_cases.our_sampler(case, steps=8, block_length=4, threshold=0.5)
+        theirs = peer_cases.fast_dllm_kwargs(case, 8, 16, 4, 0.5, mask_id=99)
         assert ours.cache == case.cache and ours.sampling.temperature == 0.0
         assert theirs["temperature"] == 0.0 and theirs["mask_id"] == 99
         if case.rule == "fixed":  # LLaDA's split, float64 confidence: Fast-dLLM's
@@ -77,15 +79,15 @@ def test_cases_map_onto_the_same_rule_and_cache_on_both_sides():
             assert theirs["threshold"] is None
         else:
             assert ours.strategy == Threshold(0.5) and theirs["threshold"] == 0.5
-    assert {c.cache for c in peer_samplers.CASES} == set(peer_samplers.FAST_DLLM_FUNCTIONS)
+    assert {c.cache for c in peer_cases.CASES} == set(peer_cases.FAST_DLLM_FUNCTIONS)
 
 
 def test_shapes_are_valid_and_export_to_llada():
-    for name, shape in peer_samplers.SHAPES.items():
+    for name, shape in peer_cases.SHAPES.items():
         config = ModelConfig(**shape).validate()
         fields = llada_config_fields(config, config.vocab_size, 0, 0)  # raises if not LLaDA's
         assert fields["n_layers"] == config.n_layers, name
-    small = ModelConfig(**peer_samplers.SHAPES["135m"])
+    small = ModelConfig(**peer_cases.SHAPES["135m"])
     assert (small.dim, small.n_layers, small.n_kv_heads, small.tie_embeddings) == (576, 30, 3, True)
 
 
@@ -152,18 +154,18 @@ SETTINGS = ["--gen-length", "18", "--block-length", "6", "--steps", "12", "--thr
 def fast_dllm_checks(argv: list[str]) -> list[dict]:
     fast_dllm = peer_adapters.load_fast_dllm(FAST_DLLM)
     args = peer_samplers.parse_args(["--fast-dllm", FAST_DLLM, "--prompt-length", "5", *argv])
-    pairs = peer_samplers.fast_dllm_pairs(args, confident_mdm(), fast_dllm)
+    pairs = peer_cases.fast_dllm_pairs(args, confident_mdm(), fast_dllm)
     return [{"case": pair.case, **pair.check()} for pair in pairs]
 
 
 def test_the_identity_settings_exercise_parallel_reveals_and_stale_caches():
     model = confident_mdm()
-    generator = peer_samplers.DiffusionGenerator(model, eos_id=0)
-    prompt = peer_samplers.random_prompt(5, 32)
+    generator = peer_cases.DiffusionGenerator(model, eos_id=0)
+    prompt = peer_cases.random_prompt(5, 32)
     canvas = generator.prompt_canvas([prompt], 18)
     results = {
-        case: generator.fill(canvas, peer_samplers.our_sampler(case, 12, 6, 0.5), eos="none").raw
-        for case in peer_samplers.CASES
+        case: generator.fill(canvas, peer_cases.our_sampler(case, 12, 6, 0.5), eos="none").raw
+        for case in peer_cases.CASES
     }
     exact = {c.rule: r.generated for c, r in results.items() if c.cache == "none"}
     assert any(r.revealed.max() >= 3 for c, r in results.items() if c.rule == "threshold")
@@ -184,7 +186,7 @@ def test_fast_dllm_gives_our_tokens_in_every_case():
 @pytest.mark.numerics
 def test_the_identity_check_sees_a_different_split(monkeypatch):
     """Our rounded split (2, 1, 2, 1) instead of LLaDA's: the fixed cases no longer match."""
-    build = peer_samplers.our_sampler
+    build = peer_cases.our_sampler
 
     def rounded(*args):
         config = build(*args)

@@ -9,10 +9,7 @@ from shared.model import Transformer
 from shared.training import cli, resolve_config
 from shared.training.plan import PlanRequest, make_plan
 
-
-@pytest.fixture(autouse=True)
-def private_home(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+pytestmark = pytest.mark.usefixtures("private_home")
 
 
 def test_plan_of_the_gpt2_small_preset():

@@ -231,7 +231,7 @@ def test_another_data_spec_makes_a_run_exploratory(judged):
 
 
 def test_an_untracked_file_makes_the_tree_dirty_an_ignored_one_does_not(tmp_path):
-    from eval.report import code_state
+    from eval.provenance import code_state
 
     def git(*args):
         subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)

@@ -28,11 +28,6 @@ from shared.training.config import TrainConfig
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("cache")
-
-
 @pytest.fixture
 def inject(monkeypatch):
     """Set DUOLM_FAULTS for an in-process run (the parsed spec is cached, so reset it)."""

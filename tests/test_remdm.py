@@ -27,7 +27,7 @@ def seeded(seed: int) -> torch.Generator:
 
 
 @pytest.fixture(scope="module")
-def model():
+def remdm_model():
     torch.manual_seed(0)
     config = ModelConfig(
         vocab_size=VOCAB + 1,
@@ -47,27 +47,29 @@ def canvas(batch: int = 4, gen: int = 16) -> Canvas:
 
 @pytest.mark.parametrize("block_length", [None, 4])
 @pytest.mark.parametrize("mode", ["constant", "cap", "rescale"])
-def test_sigma_zero_is_the_ancestral_sampler_token_for_token(model, mode, block_length):
+def test_sigma_zero_is_the_ancestral_sampler_token_for_token(remdm_model, mode, block_length):
     plain = SamplerConfig(Ancestral(16, "linear"), block_length=block_length)
     remdm = SamplerConfig(Remdm(16, mode=mode, schedule="linear"), block_length=block_length)
-    a = sample(model, plain, canvas(), seeded(3))
-    b = sample(model, remdm, canvas(), seeded(3))
+    a = sample(remdm_model, plain, canvas(), seeded(3))
+    b = sample(remdm_model, remdm, canvas(), seeded(3))
     assert torch.equal(a.tokens, b.tokens)
     assert a.nfe == b.nfe and torch.equal(a.revealed, b.revealed)
 
 
-def test_sigma_zero_is_the_ancestral_sampler_in_the_block_family(model):
-    plain = sample_blocks(model, SamplerConfig(Ancestral(20, "linear")), canvas(), 4, seeded(2))
+def test_sigma_zero_is_the_ancestral_sampler_in_the_block_family(remdm_model):
+    plain = sample_blocks(
+        remdm_model, SamplerConfig(Ancestral(20, "linear")), canvas(), 4, seeded(2)
+    )
     config = SamplerConfig(Remdm(20, mode="cap", eta=0.0, schedule="linear"))
-    remdm = sample_blocks(model, config, canvas(), 4, seeded(2))
+    remdm = sample_blocks(remdm_model, config, canvas(), 4, seeded(2))
     assert torch.equal(plain.tokens, remdm.tokens)
 
 
-def test_a_corrector_changes_the_samples_and_leaves_no_mask(model):
-    plain = sample(model, SamplerConfig(Ancestral(32, "linear")), canvas(), seeded(3))
+def test_a_corrector_changes_the_samples_and_leaves_no_mask(remdm_model):
+    plain = sample(remdm_model, SamplerConfig(Ancestral(32, "linear")), canvas(), seeded(3))
     loop = Remdm(32, mode="loop", eta=0.05, t_on=0.6, t_off=0.1, alpha_on=0.8)
     for rule in (loop, Remdm(32, mode="cap", eta=0.05), Remdm(32, mode="conf")):
-        result = sample(model, SamplerConfig(rule), canvas(), seeded(3))
+        result = sample(remdm_model, SamplerConfig(rule), canvas(), seeded(3))
         assert not (result.tokens == MASK).any()
         assert not torch.equal(result.tokens, plain.tokens), rule.mode
         assert result.tokens[:, 0].eq(0).all()  # BOS is never remasked

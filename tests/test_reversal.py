@@ -18,11 +18,6 @@ N = 12
 
 
 @pytest.fixture(scope="module")
-def tok() -> Tokenizer:
-    return Tokenizer.byte()
-
-
-@pytest.fixture(scope="module")
 def facts() -> FactsLanguage:
     return FactsLanguage(pairs=N, seed=3)
 
@@ -86,10 +81,10 @@ class StubMDM(nn.Module):
     """An MDM whose masked-position logits are the exact posterior of the facts language (given
     the other symbol), or uniform over the symbols with ``exact=False``."""
 
-    def __init__(self, language: FactsLanguage, tok: Tokenizer, exact: bool) -> None:
+    def __init__(self, language: FactsLanguage, byte_tok: Tokenizer, exact: bool) -> None:
         super().__init__()
-        self.config = type("Config", (), {"vocab_size": tok.vocab_size + 1})()
-        self.ids = dict(zip(language.alphabet, symbol_ids(language, tok)))
+        self.config = type("Config", (), {"vocab_size": byte_tok.vocab_size + 1})()
+        self.ids = dict(zip(language.alphabet, symbol_ids(language, byte_tok)))
         self.symbol_of = {i: s for s, i in self.ids.items()}
         self.language, self.exact = language, exact
 
@@ -112,31 +107,31 @@ class StubMDM(nn.Module):
 
 
 @pytest.mark.parametrize("both", [0, 5])
-def test_reversal_probe_oracles_and_uniform(tok, both) -> None:
+def test_reversal_probe_oracles_and_uniform(byte_tok, both) -> None:
     facts = FactsLanguage(pairs=N, both=both, seed=3)
     held = N - both
-    mdm = reversal_probe(StubMDM(facts, tok, exact=True), tok, facts, "mdm", 4)
+    mdm = reversal_probe(StubMDM(facts, byte_tok, exact=True), byte_tok, facts, "mdm", 4)
     assert mdm["forward_accuracy"] == mdm["reverse_held_out_accuracy"] == 1.0
     assert mdm["infill_reverse_accuracy"] == 1.0
     assert mdm["reverse_paired_accuracy"] == (1.0 if both else None)
     assert mdm["chance"] == pytest.approx(1 / held) and mdm["n_held_out"] == held
-    uniform = reversal_probe(StubMDM(facts, tok, exact=False), tok, facts, "mdm", 4)
+    uniform = reversal_probe(StubMDM(facts, byte_tok, exact=False), byte_tok, facts, "mdm", 4)
     # ties go to the first candidate, which is the right answer for exactly one fact
     assert uniform["forward_accuracy"] == pytest.approx(1 / N)
     assert uniform["reverse_held_out_accuracy"] == pytest.approx(1 / held)
     # the exact conditionals of the training strings: perfect forward, perfect reversed
     # paired facts and likelihood-scored reverse, but the reversed held-out query (a prefix no
     # training string starts with) is at chance: the reversal curse
-    ar = reversal_probe(ForwardOnlyAR(facts, tok), tok, facts, "ar", 4)
+    ar = reversal_probe(ForwardOnlyAR(facts, byte_tok), byte_tok, facts, "ar", 4)
     assert ar["forward_accuracy"] == ar["reverse_scored_accuracy"] == 1.0
     assert ar["reverse_paired_accuracy"] == (1.0 if both else None)
     assert ar["reverse_held_out_accuracy"] == pytest.approx(1 / held)
     assert "infill_reverse_accuracy" not in ar
     with pytest.raises(ValueError, match="objective"):
-        reversal_probe(ForwardOnlyAR(facts, tok), tok, facts, "gpt", 4)
+        reversal_probe(ForwardOnlyAR(facts, byte_tok), byte_tok, facts, "gpt", 4)
 
 
-def test_paired_facts_add_their_reversed_strings(tok) -> None:
+def test_paired_facts_add_their_reversed_strings(byte_tok) -> None:
     facts = FactsLanguage(pairs=N, both=4, seed=3)
     assert facts.paired == facts.facts[:4] and facts.held_out == facts.facts[4:]
     probs = dict(facts.enumerate())

@@ -28,16 +28,10 @@ from shared.training.run_folder import RunFolderLock
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMON = FSDP_RUN
-multiprocess = [pytest.mark.multiprocess, pytest.mark.serial, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("cache")
-
-
-def launch(out: Path, cache: Path, *extra) -> str:
-    return launch_fsdp(out, cache, *extra, port=free_port())
+def launch(out: Path, cache_dir: Path, *extra) -> str:
+    return launch_fsdp(out, cache_dir, *extra, port=free_port())
 
 
 def losses(out: Path) -> dict[int, float]:
@@ -64,17 +58,17 @@ def assert_close(run: Path, reference: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def one_process(tmp_path_factory, cache) -> Path:
+def one_process(tmp_path_factory, cache_dir) -> Path:
     out = tmp_path_factory.mktemp("one") / "run"
-    cli.train_from_argv([*COMMON, "--out", str(out), "--cache-dir", str(cache)])
+    cli.train_from_argv([*COMMON, "--out", str(out), "--cache-dir", str(cache_dir)])
     return out
 
 
 @pytest.fixture(scope="module")
-def two_halfway(tmp_path_factory, cache) -> Path:
+def two_halfway(tmp_path_factory, cache_dir) -> Path:
     """A 2-process FSDP run stopped at step 4 with a sharded checkpoint."""
     out = tmp_path_factory.mktemp("two") / "run"
-    launch(out, cache, *COMMON, "--checkpoint-format", "sharded", "--stop-after-steps", "4")
+    launch(out, cache_dir, *COMMON, "--checkpoint-format", "sharded", "--stop-after-steps", "4")
     return ckpt.list_checkpoints(out / "checkpoints")[-1]
 
 
@@ -82,7 +76,7 @@ def two_halfway(tmp_path_factory, cache) -> Path:
 @pytest.mark.serial
 @pytest.mark.slow
 def test_sharded_checkpoints_resume_on_one_process_and_on_two(
-    tmp_path, cache, one_process, two_halfway
+    tmp_path, cache_dir, one_process, two_halfway
 ):
     # each process wrote its own shards; nothing was gathered into one file
     names = {p.name for p in (two_halfway / "shards").iterdir()}
@@ -96,13 +90,13 @@ def test_sharded_checkpoints_resume_on_one_process_and_on_two(
 
     one_sharded = tmp_path / "one_sharded"  # 1 -> 2
     cli.train_from_argv(
-        [*COMMON, "--out", str(one_sharded), "--cache-dir", str(cache)]
+        [*COMMON, "--out", str(one_sharded), "--cache-dir", str(cache_dir)]
         + ["--checkpoint-format", "sharded", "--stop-after-steps", "4"]
     )
     halfway = ckpt.list_checkpoints(one_sharded / "checkpoints")[-1]
     assert (halfway / "shards" / ".metadata").is_file()
     one_then_two = tmp_path / "one_then_two"
-    output = launch(one_then_two, cache, "--resume", str(halfway), "--log-every", "1")
+    output = launch(one_then_two, cache_dir, "--resume", str(halfway), "--log-every", "1")
     assert "(FSDP2)" in output and "resumed from" in output
     assert_close(one_then_two, one_process)
 
@@ -112,7 +106,7 @@ def test_sharded_checkpoints_resume_on_one_process_and_on_two(
 @pytest.mark.slow
 @pytest.mark.parametrize("start", ["fresh", "resumed"])
 def test_two_nodes_of_two_processes_train_as_one_process_does(
-    tmp_path, cache, one_process, two_halfway, start
+    tmp_path, cache_dir, one_process, two_halfway, start
 ):
     """Two launchers (--num_machines 2, --machine_rank 0 and 1, rendezvous on 127.0.0.1) of two
     processes each: a fresh run from step 0, and (2 -> 4) the 2-process sharded checkpoint
@@ -125,7 +119,7 @@ def test_two_nodes_of_two_processes_train_as_one_process_does(
         extra = ("--resume", str(two_halfway), "--log-every", "1")
     nodes = [
         subprocess.Popen(
-            fsdp_command(out, cache, *extra, port=port, machines=2, rank=rank),
+            fsdp_command(out, cache_dir, *extra, port=port, machines=2, rank=rank),
             cwd=ROOT,
             env=cpu_launch_env(),
             stdout=subprocess.PIPE,
@@ -146,12 +140,14 @@ def test_two_nodes_of_two_processes_train_as_one_process_does(
 @pytest.mark.multiprocess
 @pytest.mark.serial
 @pytest.mark.slow
-def test_sigterm_mid_run_then_resume_auto_ends_at_the_uninterrupted_weights(tmp_path, cache):
+def test_sigterm_mid_run_then_resume_auto_ends_at_the_uninterrupted_weights(tmp_path, cache_dir):
     straight = tmp_path / "straight"
-    launch(straight, cache, *COMMON, "--checkpoint-format", "sharded")
+    launch(straight, cache_dir, *COMMON, "--checkpoint-format", "sharded")
 
     out = tmp_path / "preempted"
-    command = fsdp_command(out, cache, *COMMON, "--checkpoint-format", "sharded", port=free_port())
+    command = fsdp_command(
+        out, cache_dir, *COMMON, "--checkpoint-format", "sharded", port=free_port()
+    )
     launcher = subprocess.Popen(
         command,
         cwd=ROOT,
@@ -171,7 +167,7 @@ def test_sigterm_mid_run_then_resume_auto_ends_at_the_uninterrupted_weights(tmp_
     assert newest.name == ckpt.checkpoint_name(summary["step"])
     assert ckpt.is_sharded_checkpoint(newest)
 
-    output = launch(out, cache, "--resume", "auto")
+    output = launch(out, cache_dir, "--resume", "auto")
     assert f"--resume auto: continuing from {newest}" in output
     a, b = final_weights(out), final_weights(straight)
     for name in b:
@@ -186,17 +182,7 @@ def losses_so_far(out: Path) -> bool:
 # ------------------------------------------------------------------ one process: refusals
 
 
-@pytest.fixture(scope="module")
-def small_sharded(tmp_path_factory, cache) -> Path:
-    out = tmp_path_factory.mktemp("small") / "run"
-    cli.train_from_argv(
-        ["--preset", "tiny", "--max-steps", "2", "--eval-every", "2", "--out", str(out)]
-        + ["--cache-dir", str(cache), "--checkpoint-format", "sharded"]
-    )
-    return ckpt.list_checkpoints(out / "checkpoints")[-1]
-
-
-def copy_of(checkpoint: Path, tmp_path: Path) -> Path:
+def copy_checkpoint_into_a_run(checkpoint: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "run" / "checkpoints" / checkpoint.name
     shutil.copytree(checkpoint, copy)
     return copy
@@ -213,7 +199,7 @@ def test_the_single_file_reader_refuses_a_sharded_checkpoint_and_the_reverse(
 ):
     with pytest.raises(CheckpointError, match="--to single"):
         ckpt.load_model_from_checkpoint(small_sharded)
-    copy = copy_of(small_sharded, tmp_path)
+    copy = copy_checkpoint_into_a_run(small_sharded, tmp_path)
     assert convert.main([str(copy), "--to", "single"]) == 0
     model, _, _ = ckpt.load_model_from_checkpoint(copy)  # reads as one file now
     with pytest.raises(CheckpointError, match="not a sharded checkpoint"):
@@ -223,9 +209,9 @@ def test_the_single_file_reader_refuses_a_sharded_checkpoint_and_the_reverse(
 
 
 def test_a_missing_or_truncated_shard_is_refused_in_one_line(small_sharded, tmp_path, capsys):
-    missing = copy_of(small_sharded, tmp_path / "a")
+    missing = copy_checkpoint_into_a_run(small_sharded, tmp_path / "a")
     (missing / "shards" / "__0_0.distcp").unlink()
-    truncated = copy_of(small_sharded, tmp_path / "b")
+    truncated = copy_checkpoint_into_a_run(small_sharded, tmp_path / "b")
     shard = truncated / "shards" / "__0_0.distcp"
     shard.write_bytes(shard.read_bytes()[:100])
     for broken, why in ((missing, "missing file shards/__0_0.distcp"), (truncated, "checksum")):
@@ -235,7 +221,7 @@ def test_a_missing_or_truncated_shard_is_refused_in_one_line(small_sharded, tmp_
 
 
 def test_an_index_that_unpickles_anything_else_is_refused_and_runs_nothing(small_sharded, tmp_path):
-    crafted = copy_of(small_sharded, tmp_path)
+    crafted = copy_checkpoint_into_a_run(small_sharded, tmp_path)
     witness = tmp_path / "ran"
 
     class Payload:
@@ -255,10 +241,19 @@ def test_an_index_that_unpickles_anything_else_is_refused_and_runs_nothing(small
 
 
 def test_resume_auto_starts_fresh_then_continues_and_respects_a_live_lock(
-    small_sharded, tmp_path, cache, capsys
+    small_sharded, tmp_path, cache_dir, capsys
 ):
     out = tmp_path / "auto"
-    flags = ["--preset", "tiny", "--max-steps", "4", "--eval-every", "2", "--cache-dir", str(cache)]
+    flags = [
+        "--preset",
+        "tiny",
+        "--max-steps",
+        "4",
+        "--eval-every",
+        "2",
+        "--cache-dir",
+        str(cache_dir),
+    ]
     flags += ["--out", str(out), "--stop-after-steps", "2"]
     first = cli.train_from_argv([*flags, "--resume", "auto"])
     assert first["start_step"] == 0 and first["step"] == 2

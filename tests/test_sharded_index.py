@@ -20,8 +20,8 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 
 from shared import checkpoint as ckpt
 from shared import sharded_checkpoint as sharded
-from shared.door import check_inside
 from shared.errors import CheckpointError
+from shared.path_checks import check_inside
 from shared.training import cli, convert
 
 OPENED: list[str] | None = None
@@ -33,17 +33,6 @@ def _record_opens(event: str, args: tuple) -> None:
 
 
 sys.addaudithook(_record_opens)  # inert unless a test sets OPENED
-
-
-@pytest.fixture(scope="module")
-def small_sharded(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("small") / "run"
-    cache = tmp_path_factory.mktemp("cache")
-    cli.train_from_argv(
-        ["--preset", "tiny", "--max-steps", "2", "--eval-every", "2", "--out", str(out)]
-        + ["--cache-dir", str(cache), "--checkpoint-format", "sharded"]
-    )
-    return ckpt.list_checkpoints(out / "checkpoints")[-1]
 
 
 def crafted_copy(checkpoint: Path, tmp_path: Path, index_bytes: bytes) -> Path:

@@ -13,10 +13,13 @@ from shared.data import corpus as corpus_mod
 from shared.data import shard_command
 from shared.data.corpus import load_corpus, stream_hub_documents
 from shared.data.rows import EpochSampler, tokenize_corpus
-from shared.data.shards import MANIFEST, ShardRows, open_shards, rank_shards, write_shards
+from shared.data.shard_writer import write_shards
+from shared.data.shards import MANIFEST, ShardRows, open_shards, rank_shards
 from shared.errors import ConfigError, ResourceUnavailableError
 from shared.tokenizer import Tokenizer
 from shared.training import cli
+
+pytestmark = pytest.mark.usefixtures("private_home")
 
 SYNTHETIC = "synthetic:hmm?seed=1&n=2000"
 
@@ -24,11 +27,6 @@ SYNTHETIC = "synthetic:hmm?seed=1&n=2000"
 def corpus_pairs(corpus):
     yield from (("train", text) for text in corpus.train)
     yield from (("validation", text) for text in corpus.validation)
-
-
-@pytest.fixture(autouse=True)
-def private_home(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
 
 @pytest.mark.parametrize("protocol", ["packed", "padded"])

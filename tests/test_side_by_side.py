@@ -6,15 +6,15 @@ from eval.experiments import side_by_side
 
 
 @pytest.fixture
-def runs(tiny_runs):
+def tiny_runs_folder(tiny_runs):
     return tiny_runs["ar"].parent
 
 
-def test_prints_both_models_for_prompts_and_infilling(runs, capsys):
+def test_prints_both_models_for_prompts_and_infilling(tiny_runs_folder, capsys):
     code = side_by_side.main(
         [
-            str(runs / "ar"),
-            str(runs / "mdm"),
+            str(tiny_runs_folder / "ar"),
+            str(tiny_runs_folder / "mdm"),
             "--prompt",
             "And God",
             "--infill",
@@ -33,27 +33,22 @@ def test_prints_both_models_for_prompts_and_infilling(runs, capsys):
     assert "[8 NFE" in out  # AR: one forward per generated token
 
 
-def test_user_errors_exit_2(runs, capsys):
-    assert side_by_side.main([str(runs / "ar"), str(runs / "missing")]) == 2
+def test_user_errors_exit_2(tiny_runs_folder, capsys):
+    assert side_by_side.main([str(tiny_runs_folder / "ar"), str(tiny_runs_folder / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
-    assert side_by_side.main([str(runs / "mdm"), str(runs / "ar")]) == 2  # swapped objectives
-    assert side_by_side.main([str(runs / "ar"), str(runs / "mdm"), "--gen-length", "500"]) == 2
-
-
-@pytest.fixture(scope="module")
-def udm_run(tmp_path_factory):
-    from shared.training import cli
-
-    folder = tmp_path_factory.mktemp("udm")
-    cli.train_from_argv(
-        ["--preset", "tiny", "--objective", "udm", "--out", str(folder / "udm")]
-        + ["--max-steps", "3", "--eval-every", "100", "--cache-dir", str(folder / "cache")]
+    assert (
+        side_by_side.main([str(tiny_runs_folder / "mdm"), str(tiny_runs_folder / "ar")]) == 2
+    )  # swapped objectives
+    assert (
+        side_by_side.main(
+            [str(tiny_runs_folder / "ar"), str(tiny_runs_folder / "mdm"), "--gen-length", "500"]
+        )
+        == 2
     )
-    return folder / "udm"
 
 
-def test_a_udm_model_continues_and_infills_beside_the_ar(runs, udm_run, capsys):
-    argv = [str(runs / "ar"), str(udm_run), "--prompt", "And God", "--gen-length", "8"]
+def test_a_udm_model_continues_and_infills_beside_the_ar(tiny_runs_folder, udm_run, capsys):
+    argv = [str(tiny_runs_folder / "ar"), str(udm_run), "--prompt", "And God", "--gen-length", "8"]
     code = side_by_side.main([*argv, "--infill", "In the", " earth.", "--steps", "4"])
     out = capsys.readouterr().out
     assert code == 0
@@ -70,19 +65,28 @@ def test_a_udm_model_continues_and_infills_beside_the_ar(runs, udm_run, capsys):
         (["--sampler", "threshold"], "--sampler threshold ranks [MASK] positions"),
     ],
 )
-def test_masked_samplers_are_refused_for_udm_in_one_line(runs, udm_run, capsys, flags, message):
-    assert side_by_side.main([str(runs / "ar"), str(udm_run), *flags]) == 2
+def test_masked_samplers_are_refused_for_udm_in_one_line(
+    tiny_runs_folder, udm_run, capsys, flags, message
+):
+    assert side_by_side.main([str(tiny_runs_folder / "ar"), str(udm_run), *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
 
 
-def test_greedy_tail_is_refused_for_a_masked_model(runs, capsys):
-    assert side_by_side.main([str(runs / "ar"), str(runs / "mdm"), "--greedy-tail"]) == 2
+def test_greedy_tail_is_refused_for_a_masked_model(tiny_runs_folder, capsys):
+    assert (
+        side_by_side.main(
+            [str(tiny_runs_folder / "ar"), str(tiny_runs_folder / "mdm"), "--greedy-tail"]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "--greedy-tail is a udm sampler option; the checkpoint's objective is 'mdm'" in err
 
 
-def test_a_block_diffusion_model_continues_but_refuses_to_infill(runs, tmp_path, capsys):
+def test_a_block_diffusion_model_continues_but_refuses_to_infill(
+    tiny_runs_folder, tmp_path, capsys
+):
     from shared.training import cli
 
     cli.train_from_argv(
@@ -98,7 +102,7 @@ def test_a_block_diffusion_model_continues_but_refuses_to_infill(runs, tmp_path,
         ]
         + ["--max-steps", "2", "--eval-every", "100", "--cache-dir", str(tmp_path / "cache")]
     )
-    argv = [str(runs / "ar"), str(tmp_path / "bd"), "--gen-length", "8", "--steps", "8"]
+    argv = [str(tiny_runs_folder / "ar"), str(tmp_path / "bd"), "--gen-length", "8", "--steps", "8"]
     assert side_by_side.main([*argv, "--prompt", "And God"]) == 0
     assert "BD (ancestral, 8 steps)" in capsys.readouterr().out
     assert side_by_side.main([*argv, "--infill", "In the", " earth."]) == 2

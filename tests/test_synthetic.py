@@ -42,7 +42,6 @@ from shared.data.synthetic.pcfg import PCFGLanguage
 from shared.data.synthetic.specs import build_language, parse_spec
 from shared.data.synthetic.teacher import TeacherLanguage
 from shared.model import Transformer
-from shared.tokenizer import Tokenizer
 
 
 def tiny_languages():
@@ -51,11 +50,6 @@ def tiny_languages():
         PCFGLanguage(types=2, max_depth=2, children=(0.5, 0.3, 0.2), seed=3),
         TeacherLanguage(vocab=3, length=3, dim=8, layers=1, seed=2),
     ]
-
-
-@pytest.fixture(scope="module")
-def tok() -> Tokenizer:
-    return Tokenizer.byte()
 
 
 @pytest.mark.parametrize("language", tiny_languages(), ids=lambda lang: lang.name.split("(")[0])
@@ -125,29 +119,35 @@ def test_validity_checks() -> None:
     assert teacher.is_valid("abc") and not teacher.is_valid("ab") and not teacher.is_valid("abd")
 
 
-def test_true_model_has_zero_gap_and_uniform_the_expected_gap(tok) -> None:
+def test_true_model_has_zero_gap_and_uniform_the_expected_gap(byte_tok) -> None:
     language = HMMLanguage(states=3, vocab=3, max_len=6, seed=4)
     strings = language.sample(300, seed=11)
-    rows = language_rows(strings, tok, language.max_len + 2, language)
-    objective = AutoregressiveObjective(pad_id=tok.pad_id)
+    rows = language_rows(strings, byte_tok, language.max_len + 2, language)
+    objective = AutoregressiveObjective(pad_id=byte_tok.pad_id)
     entropy = language.entropy().as_dict()
 
     true = ar_nll(
-        TrueConditionalModel(language, tok), objective, rows, tok.token_bytes(), batch_size=64
+        TrueConditionalModel(language, byte_tok),
+        objective,
+        rows,
+        byte_tok.token_bytes(),
+        batch_size=64,
     )
     gap = likelihood_gap(true, language, strings, entropy)
     assert gap["tokens"] == sum(len(s) + 1 for s in strings)  # EOS counted
     assert gap["gap_to_true_nll"] == pytest.approx(0.0, abs=1e-5)
     assert abs(gap["gap_to_entropy"]) < 4 * gap["true_nll_stderr"]
 
-    uniform = ar_nll(UniformModel(language, tok), objective, rows, tok.token_bytes(), batch_size=64)
+    uniform = ar_nll(
+        UniformModel(language, byte_tok), objective, rows, byte_tok.token_bytes(), batch_size=64
+    )
     gap = likelihood_gap(uniform, language, strings, entropy)
     log_v = math.log(len(language.alphabet) + 1)  # symbols plus EOS
     assert gap["model_nats_per_token"] == pytest.approx(log_v, abs=1e-5)
     assert gap["gap_to_entropy"] == pytest.approx(log_v - entropy["nats_per_token"], abs=1e-5)
 
 
-def test_sample_metrics(tok) -> None:
+def test_sample_metrics(byte_tok) -> None:
     language = HMMLanguage(states=2, vocab=2, max_len=3, seed=5)
     samples = language.sample(20_000, seed=3)
     out = sample_metrics(language, samples, sample_log_q=language.log_probs(samples))
@@ -218,10 +218,10 @@ def test_load_corpus_hook_offline_and_deterministic() -> None:
         load_corpus("synthetic:hmm?states=abc")
 
 
-def test_ar_sampler_of_the_true_model_is_exact(tok) -> None:
+def test_ar_sampler_of_the_true_model_is_exact(byte_tok) -> None:
     language = HMMLanguage(states=2, vocab=2, max_len=3, seed=8)
-    model = TrueConditionalModel(language, tok)
-    texts, log_q = ar_sample(model, tok, 3000, language.max_len + 1, seed=0, batch_size=1000)
+    model = TrueConditionalModel(language, byte_tok)
+    texts, log_q = ar_sample(model, byte_tok, 3000, language.max_len + 1, seed=0, batch_size=1000)
     out = sample_metrics(language, texts, sample_log_q=log_q)
     assert out["valid_fraction"] == 1.0 and out["kl_mc"] == pytest.approx(0.0, abs=1e-9)
     probs = {s: math.exp(lp) for s, lp in language.enumerate()}
@@ -231,14 +231,16 @@ def test_ar_sampler_of_the_true_model_is_exact(tok) -> None:
     assert stats.chisquare([counts[k] for k in keys], expected).pvalue > 1e-3
     # the true model fills a span with its prefix-only greedy guess; the oracle with the mode
     tasks = infill_tasks(language, language.sample(100, seed=2), span=1)
-    prefix_only = score_infills(tasks, ar_prefix_infills(model, tok, language, tasks), language)
+    prefix_only = score_infills(
+        tasks, ar_prefix_infills(model, byte_tok, language, tasks), language
+    )
     oracle = score_infills(tasks, oracle_infills(tasks), language)
     assert prefix_only["expected_accuracy"] <= oracle["expected_accuracy"] + 1e-12
 
 
-def _tiny_checkpoint(root, objective: str, tok, seq_len: int):
+def _tiny_checkpoint(root, objective: str, byte_tok, seq_len: int):
     cfg = ModelConfig(
-        vocab_size=tok.vocab_size + (objective == "mdm"),
+        vocab_size=byte_tok.vocab_size + (objective == "mdm"),
         dim=16,
         n_layers=1,
         n_heads=2,
@@ -259,14 +261,14 @@ def _tiny_checkpoint(root, objective: str, tok, seq_len: int):
         },
     }
     return save_checkpoint(
-        root, 0, weights=full_model_state(Transformer(cfg)), tokenizer=tok, state=state
+        root, 0, weights=full_model_state(Transformer(cfg)), tokenizer=byte_tok, state=state
     )
 
 
-def test_synthetic_report_runs_on_both_objectives(tok, tmp_path) -> None:
+def test_synthetic_report_runs_on_both_objectives(byte_tok, tmp_path) -> None:
     spec = "synthetic:hmm?states=2&vocab=3&max_len=6&seed=1"
-    ar = _tiny_checkpoint(tmp_path / "ar", "ar", tok, 8)
-    mdm = _tiny_checkpoint(tmp_path / "mdm", "mdm", tok, 8)
+    ar = _tiny_checkpoint(tmp_path / "ar", "ar", byte_tok, 8)
+    mdm = _tiny_checkpoint(tmp_path / "mdm", "mdm", byte_tok, 8)
     report = synthetic_report(ar, mdm, spec, 16, n_heldout=40, nelbo_samples=2, infill_span=1)
     assert report["language"]["entropy"]["exact"]
     for label in ("ar", "mdm"):
@@ -281,11 +283,11 @@ def test_synthetic_report_runs_on_both_objectives(tok, tmp_path) -> None:
         synthetic_report(mdm, None, spec, 4, n_heldout=10, nelbo_samples=2)
 
 
-def test_pcfg_completion_probe_with_the_true_model(tok, tmp_path) -> None:
+def test_pcfg_completion_probe_with_the_true_model(byte_tok, tmp_path) -> None:
     language = PCFGLanguage(types=2, max_depth=2, children=(0.5, 0.3, 0.2), seed=1)
     prefixes = completion_prefixes(language.sample(400, seed=4), 60)
-    model = TrueConditionalModel(language, tok)
-    completions = ar_complete(model, tok, prefixes, language.max_len + 2, seed=0)
+    model = TrueConditionalModel(language, byte_tok)
+    completions = ar_complete(model, byte_tok, prefixes, language.max_len + 2, seed=0)
     out = completion_metrics(language, prefixes, completions)
     assert out["valid_fraction"] == 1.0 and out["balanced_fraction"] == 1.0
     bad = completion_metrics(language, ["(("], ["]]"])
@@ -295,17 +297,17 @@ def test_pcfg_completion_probe_with_the_true_model(tok, tmp_path) -> None:
         float(language.next_log_probs("")[0]), abs=1e-12
     )
     spec = "synthetic:pcfg?types=2&max_depth=2&children=0.5,0.3,0.2"
-    ar = _tiny_checkpoint(tmp_path / "ar", "ar", tok, 16)
-    mdm = _tiny_checkpoint(tmp_path / "mdm", "mdm", tok, 16)
+    ar = _tiny_checkpoint(tmp_path / "ar", "ar", byte_tok, 16)
+    mdm = _tiny_checkpoint(tmp_path / "mdm", "mdm", byte_tok, 16)
     report = synthetic_report(ar, mdm, spec, 8, n_heldout=40, nelbo_samples=2)
     assert report["ar"]["completion"]["n"] == report["mdm"]["completion"]["n"] > 0
 
 
-def test_a_sample_holding_a_non_symbol_token_is_no_string_of_the_language(tok) -> None:
+def test_a_sample_holding_a_non_symbol_token_is_no_string_of_the_language(byte_tok) -> None:
     language = HMMLanguage(states=2, vocab=2, max_len=3, seed=5)
-    a, b = tok.encode("a"), tok.encode("b")
-    assert language.is_valid(sample_text(a + b, tok))
+    a, b = byte_tok.encode("a"), byte_tok.encode("b")
+    assert language.is_valid(sample_text(a + b, byte_tok))
     # PAD between two symbols is not the string "ab": it scores p = 0, counted invalid
-    padded = sample_text(a + [tok.pad_id] + b, tok)
+    padded = sample_text(a + [byte_tok.pad_id] + b, byte_tok)
     assert not language.is_valid(padded) and padded.startswith("ab")
     assert sample_metrics(language, [padded, "ab"])["valid_fraction"] == 0.5

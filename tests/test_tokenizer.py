@@ -6,8 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shared.tokenizer import Tokenizer, build_tokenizer, texts_fingerprint
+from shared.tokenizer import Tokenizer
 from shared.tokenizer_backends import bytes_to_unicode
+from shared.tokenizer_cache import build_tokenizer, texts_fingerprint
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -20,11 +20,6 @@ from shared.training import cli, presets, resume, schedule
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("cache")
-
-
 def tiny_args(out: Path, cache: Path, *extra: str) -> list[str]:
     return ["--preset", "tiny", "--out", str(out), "--cache-dir", str(cache), *extra]
 

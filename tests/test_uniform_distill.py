@@ -54,7 +54,7 @@ def test_the_pair_is_coupled_and_each_side_has_its_times_marginal():
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def udm_and_mdm_runs(tmp_path_factory):
     from shared.training import cli
 
     root = tmp_path_factory.mktemp("distill")
@@ -66,8 +66,8 @@ def runs(tmp_path_factory):
     return root
 
 
-def test_the_loss_is_zero_when_the_student_is_the_teacher_at_zero_gap(runs):
-    model, tokenizer, _ = ckpt.load_model_from_checkpoint(runs / "udm")
+def test_the_loss_is_zero_when_the_student_is_the_teacher_at_zero_gap(udm_and_mdm_runs):
+    model, tokenizer, _ = ckpt.load_model_from_checkpoint(udm_and_mdm_runs / "udm")
     tokens = torch.randint(
         0, tokenizer.vocab_size, (3, 12), generator=torch.Generator().manual_seed(0)
     )
@@ -81,15 +81,23 @@ def test_the_loss_is_zero_when_the_student_is_the_teacher_at_zero_gap(runs):
     assert float(gap.detach()) > 1e-6
 
 
-def test_distill_writes_a_run_every_command_reads(runs, capsys):
+def test_distill_writes_a_run_every_command_reads(udm_and_mdm_runs, capsys):
     from dllm import sample
     from dllm.generator import DiffusionGenerator
     from dllm.uniform.sampler import UniformSamplerConfig
     from eval import cli
 
-    out = runs / "student"
-    argv = ["distill", str(runs / "udm"), str(out), "--rounds", "2", "--steps-per-round", "2"]
-    argv += ["--base-steps", "8", "--lr", "1e-2", "--cache-dir", str(runs / "cache")]
+    out = udm_and_mdm_runs / "student"
+    argv = [
+        "distill",
+        str(udm_and_mdm_runs / "udm"),
+        str(out),
+        "--rounds",
+        "2",
+        "--steps-per-round",
+        "2",
+    ]
+    argv += ["--base-steps", "8", "--lr", "1e-2", "--cache-dir", str(udm_and_mdm_runs / "cache")]
     assert cli.main(argv) == 0
     state = ckpt.read_state(ckpt.resolve_checkpoint(out))
     record = state["distilled"]
@@ -98,7 +106,7 @@ def test_distill_writes_a_run_every_command_reads(runs, capsys):
     assert json.loads((out / "config.json").read_text())["distilled"]["rounds"] == 2
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 4
     student = ckpt.load_model_from_checkpoint(out)[0].state_dict()
-    teacher = ckpt.load_model_from_checkpoint(runs / "udm")[0].state_dict()
+    teacher = ckpt.load_model_from_checkpoint(udm_and_mdm_runs / "udm")[0].state_dict()
     assert any(not torch.equal(student[k], teacher[k]) for k in teacher)
     result = DiffusionGenerator.from_checkpoint(out).generate(
         ["And"], 6, UniformSamplerConfig(steps=4), seed=0, eos="none"
@@ -113,7 +121,7 @@ def test_distill_writes_a_run_every_command_reads(runs, capsys):
         "note: this student was distilled for [8, 4] steps; sampling with 5 is allowed but was "
         "not trained for"
     ]
-    assert sample.main([str(runs / "udm"), "--gen-length", "4", "--steps", "5"]) == 0
+    assert sample.main([str(udm_and_mdm_runs / "udm"), "--gen-length", "4", "--steps", "5"]) == 0
     assert "note:" not in capsys.readouterr().err  # an undistilled run has nothing to say
 
 
@@ -129,13 +137,19 @@ def test_distill_writes_a_run_every_command_reads(runs, capsys):
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_nothing_written(
-    runs, capsys, source, target, flags, message
+    udm_and_mdm_runs, capsys, source, target, flags, message
 ):
-    before = sorted(p.name for p in runs.iterdir())
-    inside = sorted(p.name for p in (runs / "udm").iterdir())
-    argv = [str(runs / source), str(runs / target), "--cache-dir", str(runs / "cache"), *flags]
+    before = sorted(p.name for p in udm_and_mdm_runs.iterdir())
+    inside = sorted(p.name for p in (udm_and_mdm_runs / "udm").iterdir())
+    argv = [
+        str(udm_and_mdm_runs / source),
+        str(udm_and_mdm_runs / target),
+        "--cache-dir",
+        str(udm_and_mdm_runs / "cache"),
+        *flags,
+    ]
     assert distill.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
-    assert sorted(p.name for p in runs.iterdir()) == before
-    assert sorted(p.name for p in (runs / "udm").iterdir()) == inside
+    assert sorted(p.name for p in udm_and_mdm_runs.iterdir()) == before
+    assert sorted(p.name for p in (udm_and_mdm_runs / "udm").iterdir()) == inside

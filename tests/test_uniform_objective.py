@@ -311,18 +311,6 @@ def test_sampler_options_that_do_not_apply_are_refused():
 # ---- a trained udm run through the generator and the command line -------------------------------
 
 
-@pytest.fixture(scope="module")
-def udm_run(tmp_path_factory):
-    from shared.training import cli
-
-    out = tmp_path_factory.mktemp("udm") / "run"
-    cli.train_from_argv(
-        ["--preset", "tiny", "--objective", "udm", "--out", str(out), "--max-steps", "2"]
-        + ["--eval-every", "100", "--cache-dir", str(out.parent / "cache")]
-    )
-    return out
-
-
 def test_the_generator_keeps_the_prompt_and_fills_every_free_position(udm_run):
     from dllm.generator import DiffusionGenerator
     from dllm.sampler import SamplerConfig

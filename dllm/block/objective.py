@@ -33,8 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
-from dllm.noise import MaskRow, check_time_range, diffusion_options
-from dllm.schedules import get_schedule
+from dllm.noise import AbsorbingObjective, check_time_range, diffusion_options
 from shared.attention import flex_chosen
 from shared.errors import ConfigError
 from shared.objective import (
@@ -145,7 +144,7 @@ def check_block_size(block_size: int, seq_len: int | None = None) -> None:
 
 
 @register_objective
-class BlockDiffusionObjective(MaskRow):
+class BlockDiffusionObjective(AbsorbingObjective):
     name = "bd"
     # Descriptive only: the loss builds its own boolean mask (``two_stream_mask``) per length.
     attention = "block_causal"
@@ -166,15 +165,13 @@ class BlockDiffusionObjective(MaskRow):
     ):
         check_block_size(block_size)
         check_time_range(t_eps, t_max)
-        self.pad_id = pad_id
+        # as in the MDM, padding is data under the padded protocol: a noisy block that saw where
+        # its row ends would make the NELBO stop bounding -log p(x)
+        super().__init__(
+            pad_id=pad_id, mask_id=mask_id, schedule=schedule, t_eps=t_eps, pad_is_data=pad_is_data
+        )
         self.block_size = block_size
-        self.mask_id = mask_id  # set by model_vocab_size when not given
-        self.schedule = get_schedule(schedule)
-        self.t_eps = t_eps
         self.t_max = t_max
-        # As in the MDM: under the padded protocol padding is noised and predicted, or a noisy
-        # block would see where its row ends and the NELBO would not bound -log p(x).
-        self.pad_is_data = pad_is_data
         # The attention path of the two-stream forward: None picks flex attention on CUDA and
         # SDPA with a boolean mask elsewhere (shared.attention.flex_chosen); True/False force one.
         self.flex: bool | None = None

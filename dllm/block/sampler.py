@@ -38,7 +38,7 @@ from dllm.canvas import Canvas, mask_token_id
 from dllm.predictors import Block, CountingModel, Predictor, ReusePredictions, drop_mask_column
 from dllm.predictors import columns as block_columns
 from dllm.sampler import SamplerConfig, SampleResult, row_generators, run
-from shared.model import KVCache
+from shared.kv_cache import KVCache
 
 
 def grid_blocks(region: tuple[int, int], block_size: int, length: int) -> list[Block]:

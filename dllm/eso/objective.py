@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dllm.noise import MaskRow, check_time_range, diffusion_options, stratified_times
+from dllm.noise import AbsorbingObjective, check_time_range, diffusion_options, stratified_times
 from shared.errors import ConfigError
 from shared.objective import LossOutput, register_objective, sum_per_row
 
@@ -81,7 +81,7 @@ def gather_rows(values: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
 
 
 @register_objective
-class EsoObjective(MaskRow):
+class EsoObjective(AbsorbingObjective):
     name = "eso"
     # Descriptive: the loss builds its own permuted causal and two-stream forwards.
     attention = "causal"
@@ -104,11 +104,10 @@ class EsoObjective(MaskRow):
                 f"schedule={schedule!r}: objective='eso' defines alpha_t = alpha_0 (1 - t), "
                 "the linear schedule; use --schedule linear"
             )
-        self.pad_id = pad_id
+        super().__init__(
+            pad_id=pad_id, mask_id=mask_id, schedule=schedule, t_eps=t_eps, pad_is_data=pad_is_data
+        )
         self.alpha_0 = check_alpha_0(alpha_0)
-        self.mask_id = mask_id  # set by model_vocab_size when not given
-        self.t_eps = t_eps
-        self.pad_is_data = pad_is_data
 
     @property
     def streams(self) -> float:

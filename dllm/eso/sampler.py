@@ -27,7 +27,7 @@ from dllm.canvas import Canvas
 from dllm.eso.objective import check_alpha_0
 from dllm.predictors import CountingModel
 from dllm.sampler import SampleResult
-from shared.model import KVCache
+from shared.kv_cache import KVCache
 from shared.sampling import SamplingConfig, process_logits, sample_categorical
 
 

@@ -17,8 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dllm.noise import MaskRow, check_time_range, diffusion_options, stratified_times
-from dllm.schedules import get_schedule
+from dllm.noise import AbsorbingObjective, check_time_range, diffusion_options, stratified_times
 from shared.objective import (
     LossOutput,
     annealed_attention,
@@ -50,7 +49,7 @@ ESTIMATORS = ("time", "count")
 
 
 @register_objective
-class MaskedDiffusionObjective(MaskRow):
+class MaskedDiffusionObjective(AbsorbingObjective):
     name = "mdm"
     attention = "bidirectional"
     metric = "nelbo"
@@ -73,15 +72,10 @@ class MaskedDiffusionObjective(MaskRow):
             raise ValueError(
                 "estimator='count' estimates the linear-schedule NELBO; use schedule='linear'"
             )
-        self.pad_id = pad_id
-        self.mask_id = mask_id  # set by model_vocab_size when not given
-        self.schedule = get_schedule(schedule)
-        self.t_eps = t_eps
+        super().__init__(
+            pad_id=pad_id, mask_id=mask_id, schedule=schedule, t_eps=t_eps, pad_is_data=pad_is_data
+        )
         self.estimator = estimator
-        # Padded protocol: padding after EOS is part of the data. It must be noised and predicted
-        # like any token, or the visible padding tells the model each row's length for free and
-        # the NELBO bounds -log p(x | length) instead of -log p(x).
-        self.pad_is_data = pad_is_data
 
     @classmethod
     def options_from_config(cls, train_config: dict, *, full_noise_range: bool) -> dict:

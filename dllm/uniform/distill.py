@@ -60,9 +60,9 @@ from shared.training.run_folder import (
     mark_folder,
     move_aside,
     output_folder_is_used,
-    removed_if_unfinished,
     what_it_holds,
 )
+from shared.training.unfinished import removed_if_unfinished
 from shared.validation import noise_generator
 
 

@@ -35,7 +35,7 @@ from eval.findings.preregistered import result_label
 from eval.findings.registration import fresh_job_folder
 from eval.findings.registry import FINDINGS
 from eval.findings.table import findings_table
-from eval.report import PROJECT_ROOT
+from eval.provenance import PROJECT_ROOT
 from shared.cli_args import CommandParser
 from shared.door import read_json_file, write_atomic
 from shared.errors import ConfigError, report_user_errors

@@ -17,7 +17,8 @@ from eval.findings.registration import (
     registration_text,
 )
 from eval.findings.verdicts import RULES, LearnedCheck, learned_gate, one_seed_guard
-from eval.report import Report, Table, code_state
+from eval.provenance import code_state
+from eval.report import Report, Table
 from shared.door import read_json_file
 from shared.faults import StopRequest
 

@@ -16,9 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scipy import optimize
-
-from eval.budgets import flops_at
 from eval.curves import entropy_of_counts
 from eval.experiments.compare import token_frequencies
 from eval.experiments.compare_curves import eval_records
@@ -32,6 +29,7 @@ from eval.findings.common import (
     rule_text,
     start_report,
 )
+from eval.findings.reuse_half_life import best_point, effective_epochs, fit_half_life
 from eval.findings.verdicts import (
     INCONCLUSIVE,
     NOT_REPRODUCED,
@@ -218,10 +216,6 @@ def read_periodic(run_dir: Path, unique_rows: int) -> list[dict[str, Any]]:
     ]
 
 
-def best_point(curve: list[dict[str, Any]]) -> dict[str, Any]:
-    return min(curve, key=lambda r: r["val_nats_per_token"])
-
-
 def plateaued(curve: list[dict[str, Any]]) -> bool:
     """Whether the run stopped improving: its mean validation over the last RULE["plateau_window"]
     of its validations is less than RULE["plateau_drop"] nats below the mean over the window
@@ -233,42 +227,6 @@ def plateaued(curve: list[dict[str, Any]]) -> bool:
     last = sum(losses[-width:]) / width
     before = sum(losses[-2 * width : -width]) / width
     return last > before - RULE["plateau_drop"]
-
-
-def effective_epochs(
-    repeated: list[dict[str, Any]], fresh: list[dict[str, Any]]
-) -> list[tuple[float, float]]:
-    """(epochs trained, effective epochs) of each repeated-data validation up to its best: the
-    fresh-data epochs (tokens / unique tokens) that reach the same loss on the fresh run's curve
-    (log-log interpolation, no extrapolation)."""
-    fresh_points = [(r["epoch"], r["val_nats_per_token"]) for r in fresh]
-    best = best_point(repeated)["step"]
-    out = []
-    for r in repeated:
-        if r["step"] > best:
-            break
-        worth = flops_at(fresh_points, r["val_nats_per_token"])
-        if worth is not None:
-            out.append((r["epoch"], worth))
-    return out
-
-
-def fit_half_life(points: list[tuple[float, float]], bound: float = 1e4) -> dict[str, Any] | None:
-    """Muennighoff et al.'s data-reuse half-life R*: the effective epochs of E epochs of unique
-    data are 1 + R* (1 - exp(-(E - 1) / R*)) (each repetition worth less, decaying with scale
-    R*), fitted by least squares on the points with E > 1. ``at_bound``: the fit ran into
-    ``bound`` (no saturation seen: R* is at least the largest repetition count)."""
-    usable = [(e - 1, w - 1) for e, w in points if e > 1]
-    if len(usable) < 2:
-        return None
-
-    def loss(log_r: float) -> float:
-        r = math.exp(log_r)
-        return sum((y - r * (1 - math.exp(-x / r))) ** 2 for x, y in usable)
-
-    fit = optimize.minimize_scalar(loss, bounds=(math.log(0.05), math.log(bound)), method="bounded")
-    value = math.exp(fit.x)
-    return {"r_star": value, "at_bound": value > 0.99 * bound, "points": len(usable)}
 
 
 def data_verdict(difference: Interval, mdm_plateaued: bool) -> str:
@@ -476,5 +434,5 @@ FINDING = Finding(
     gpu_budget="GPT-2 small on 25M unique OpenWebText tokens, MDM 200 epochs, 3 seeds",
     cost="3 seeds x (3 AR runs of 16 epochs, a 150-epoch MDM run, a fresh-data AR run)",
     runs=runs,
-    judged_by=("eval.budgets",),
+    judged_by=("eval.budgets", "eval.findings.reuse_half_life"),
 )

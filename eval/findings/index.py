@@ -13,7 +13,7 @@ from typing import Any
 from eval.findings.common import FindingResult
 from eval.findings.preregistered import result_label
 from eval.findings.table import findings_table
-from eval.report import PROJECT_ROOT, provenance
+from eval.provenance import PROJECT_ROOT, provenance
 from shared.door import write_atomic
 
 

@@ -289,7 +289,7 @@ def rules() -> list[str]:
         "inconclusive otherwise; every setting must be reproduced. Learned checks, in every "
         "seed: the positive control (an AR trained on the same graphs with the path written "
         f"from the goal back) reaches exact match {RULE['control_exact']}, and each model's "
-        "one-hop lookup accuracy (`eval.pathstar_probe.one_hop_lookups`) is at least "
+        "one-hop lookup accuracy (`eval.synthetic.pathstar_probe.one_hop_lookups`) is at least "
         f"{RULE['lookup']}: "
         "a model that cannot read the edge list has not been trained enough to test planning; "
         "and the AR's first step is not wholly below the chance band (an AR below chance has "

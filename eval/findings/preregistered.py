@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from eval.report import git_output
+from eval.provenance import git_output
 
 PRE_REGISTERED = "pre-registered"
 AFTER_THE_RESULT = "registered after the result"

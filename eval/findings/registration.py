@@ -155,7 +155,7 @@ def load_registry(path: Path = REGISTRY) -> dict[str, Any]:
 
 def registration(finding: Any, scale: str, code: dict[str, Any], registry=None) -> dict[str, Any]:
     """The registration status of a run of ``finding`` at ``scale`` with ``code``
-    (``eval.report.code_state``) on this machine: status, hash, the registered entry and why."""
+    (``eval.provenance.code_state``) on this machine: status, hash, the registered entry and why."""
     entry = (load_registry() if registry is None else registry).get(finding.name, {}).get(scale)
     here = machine_resolution()
     current = registration_hash(finding, scale, here)

@@ -170,17 +170,14 @@ def pathstar_probe(
     strings = list(prompts)
     language_rows(strings, tokenizer, seq_len, language)  # checks lengths and one token per symbol
     truths, shortcut = solved_examples(language, strings, seed)
-    answers, order, decoding = model_answers(
-        model, tokenizer, language, objective, seq_len, strings, steps, strategy, batch_size, seed
-    )
+    probed = Probed(model, tokenizer, language, objective, seq_len, strings)
+    answers, order, decoding = model_answers(probed, steps, strategy, batch_size, seed)
     means, per_example = path_scores(answers, truths, language.arm + 1)
     return {
         "objective": objective,
         "n": len(strings),
         **means,
-        "lookup_accuracy": one_hop_lookups(
-            model, tokenizer, language, objective, seq_len, strings, batch_size
-        ),
+        "lookup_accuracy": one_hop_lookups(probed, batch_size),
         # the mean step (0 = first) at which each answer position was decoded (MDM only)
         "decoding_step": np.mean(order, axis=0).tolist() if order else None,
         "chance_first_step": 1.0 / language.degree,
@@ -207,20 +204,26 @@ def solved_examples(
     return truths, shortcut
 
 
+@dataclass(frozen=True)
+class Probed:
+    """A model under the probe and what it is probed on: its tokenizer, the language, its
+    objective ("ar" or "mdm"), its training row length and the examples."""
+
+    model: nn.Module
+    tokenizer: Tokenizer
+    language: PathStarLanguage
+    objective: str
+    seq_len: int
+    strings: Sequence[str]
+
+
 def model_answers(
-    model: nn.Module,
-    tokenizer: Tokenizer,
-    language: PathStarLanguage,
-    objective: str,
-    seq_len: int,
-    strings: Sequence[str],
-    steps: int | None,
-    strategy: str,
-    batch_size: int,
-    seed: int,
+    probed: Probed, steps: int | None, strategy: str, batch_size: int, seed: int
 ) -> tuple[list[str], list, str]:
     """The model's answer to each example, the step at which each answer position was decoded
     (MDM; empty for the AR), and how the answers were decoded."""
+    model, tokenizer, language = probed.model, probed.tokenizer, probed.language
+    objective, seq_len, strings = probed.objective, probed.seq_len, probed.strings
     if objective == "ar":
         questions = [prompt_and_answer(string)[0] for string in strings]
         answers = ar_answers(model, tokenizer, language, questions, batch_size=batch_size)
@@ -269,20 +272,14 @@ def path_scores(
 
 
 @torch.no_grad()
-def one_hop_lookups(
-    model: nn.Module,
-    tokenizer: Tokenizer,
-    language: PathStarLanguage,
-    objective: str,
-    seq_len: int,
-    strings: Sequence[str],
-    batch_size: int = 256,
-) -> float:
+def one_hop_lookups(probed: Probed, batch_size: int = 256) -> float:
     """The accuracy of the answer's one-edge lookups, with the true answer around them: the AR
     teacher-forced at the answer positions after the first step (each is the unique neighbour of
     the node before it: what the Clever-Hans shortcut learns), the MDM filling each answer
     position after the first alone with every other position visible. A model below ~0.9 has not
     learned to read the edge list, so its planning result says nothing."""
+    model, tokenizer, language = probed.model, probed.tokenizer, probed.language
+    objective, seq_len, strings = probed.objective, probed.seq_len, probed.strings
     length = language.arm + 1
     begin = 1 + language.max_len - length  # the first answer position of a row
     ids = torch.tensor(symbol_ids(language, tokenizer))

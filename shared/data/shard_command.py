@@ -20,17 +20,17 @@ from pathlib import Path
 
 from shared.cli_args import CommandParser, positive_argument
 from shared.data.corpus import load_corpus, stream_hub_documents
-from shared.data.shards import write_shards
+from shared.data.shard_writer import write_shards
 from shared.errors import ConfigError, report_user_errors
 from shared.files import cache_root
-from shared.tokenizer import build_tokenizer
+from shared.tokenizer_cache import build_tokenizer
 from shared.training.run_folder import (
     RunFolderLock,
     contents,
     mark_folder,
-    removed_if_unfinished,
     what_it_holds,
 )
+from shared.training.unfinished import removed_if_unfinished
 
 
 def build_parser() -> CommandParser:

@@ -51,8 +51,8 @@ from shared.training.run_folder import (
     claim_output_folder,
     mark_folder,
     output_folder_is_used,
-    removed_if_unfinished,
 )
+from shared.training.unfinished import removed_if_unfinished
 
 IMPORT_RECORD = "import.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -249,13 +249,7 @@ def import_checkpoint(
     source = open_source(spec)
     for note in source.notes:
         log(note)
-    try:
-        fmt = checkpoint_format(source.config)
-    except (KeyError, TypeError) as error:  # what check_fields does not foresee, still one line
-        raise ConfigError(
-            f"{source.description}: its config.json does not describe a model this format can "
-            f"read ({type(error).__name__}: {error})"
-        ) from None
+    fmt = source_format(source)
     cfg = fmt.model
     tokenizer = imported_tokenizer(source, fmt)
     plan = weight_plan(source, fmt)
@@ -269,28 +263,7 @@ def import_checkpoint(
     aside = claim_output_folder(out, overwrite, "import", local)
     if aside:
         log(f"moved what was in {out} aside to {aside}")
-    # the data protocol commands read (row length, tokenizer); its training fields are defaults
-    train_config = TrainConfig(
-        objective=fmt.objective, tokenizer=tokenizer.kind, seq_len=rows
-    ).validate()
-    origin = {
-        "source": source.description,
-        "format": fmt.name,
-        "architecture": source.config.get("architectures"),
-        "model_type": source.config.get("model_type"),
-        "notes": source.notes,
-        "eos_id": tokenizer.eos_id,
-        "pad_id": tokenizer.pad_id,
-        # the source's [MASK] id, whose row now is the last one (and the last row's is there)
-        "mask_row_moved_from": swap[0] if swap else None,
-    }
-    state = {
-        "objective": fmt.objective,
-        "model_config": cfg.to_dict(),
-        "train_config": dataclasses.asdict(train_config),
-        "imported_from": origin,
-        "total_steps": 0,
-    }
+    origin, state = imported_state(source, fmt, tokenizer, rows, swap)
     wanted = None if dtype == "keep" else DTYPES[dtype]
     try:
         # Everything this import adds to ``out`` goes when it stops half-way (a full disk,
@@ -313,6 +286,48 @@ def import_checkpoint(
             f"left{kept}; rerun the command to import"
         ) from None
     return checkpoint
+
+
+def source_format(source: Source) -> Format:
+    """The checkpoint format whose fields ``source``'s config.json has, or one line saying the
+    config describes no model the format can read."""
+    try:
+        return checkpoint_format(source.config)
+    except (KeyError, TypeError) as error:  # what check_fields does not foresee, still one line
+        raise ConfigError(
+            f"{source.description}: its config.json does not describe a model this format can "
+            f"read ({type(error).__name__}: {error})"
+        ) from None
+
+
+def imported_state(
+    source: Source, fmt: Format, tokenizer: Tokenizer, rows: int, swap: tuple[int, int] | None
+) -> tuple[dict, dict]:
+    """Where the import came from (its record) and the checkpoint state a run of this project
+    keeps: the objective, the model's shape and the data protocol commands read."""
+    # the data protocol commands read (row length, tokenizer); its training fields are defaults
+    train_config = TrainConfig(
+        objective=fmt.objective, tokenizer=tokenizer.kind, seq_len=rows
+    ).validate()
+    origin = {
+        "source": source.description,
+        "format": fmt.name,
+        "architecture": source.config.get("architectures"),
+        "model_type": source.config.get("model_type"),
+        "notes": source.notes,
+        "eos_id": tokenizer.eos_id,
+        "pad_id": tokenizer.pad_id,
+        # the source's [MASK] id, whose row now is the last one (and the last row's is there)
+        "mask_row_moved_from": swap[0] if swap else None,
+    }
+    state = {
+        "objective": fmt.objective,
+        "model_config": fmt.model.to_dict(),
+        "train_config": dataclasses.asdict(train_config),
+        "imported_from": origin,
+        "total_steps": 0,
+    }
+    return origin, state
 
 
 class ImportInterrupted(Exception):

@@ -22,10 +22,11 @@ from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer as HFTokenizer
 
 from shared import door
-from shared.door import check_inside, read_json_file
+from shared.door import read_json_file
 from shared.errors import ConfigError, ResourceUnavailableError
 from shared.formats.exported import EXPORT_INFO
 from shared.formats.gguf_cache import load_gguf
+from shared.path_checks import check_inside
 
 SAFETENSORS_DTYPES = {
     "F64": torch.float64,

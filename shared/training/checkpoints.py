@@ -12,6 +12,7 @@ from safetensors import SafetensorError
 from shared import checkpoint as ckpt
 from shared import sharded_checkpoint as sharded
 from shared.door import write_json_atomic
+from shared.resume_state import load_training_state
 from shared.tokenizer import Tokenizer
 
 
@@ -134,4 +135,4 @@ def load_state_after_wrapping(path: Path, model, optimizer, scheduler) -> None:
     if ckpt.is_sharded_checkpoint(path):
         sharded.load_sharded_training_state(path, model, optimizer, scheduler)
     else:
-        ckpt.load_training_state(path, model, optimizer, scheduler)
+        load_training_state(path, model, optimizer, scheduler)

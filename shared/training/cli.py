@@ -10,10 +10,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from shared.checkpoint import check_training_state, resolve_checkpoint
+from shared.checkpoint import resolve_checkpoint
 from shared.cli_args import CommandParser
 from shared.config import FIELD_TYPES, ModelConfig
 from shared.errors import CheckpointError, ConfigError, result_or_status
+from shared.resume_state import check_training_state
 from shared.training.config import TrainConfig, TrainingDiverged
 from shared.training.loop import release_process_group, train
 from shared.training.presets import get_preset

@@ -120,7 +120,17 @@ class TrainConfig:
     cache_dir: str = str(DEFAULT_CACHE)
 
     def validate(self) -> TrainConfig:
+        """This configuration, once every field is in its range (or ``ConfigError`` naming the
+        first field that is not): the checks run in the order of their steps below."""
         check_field_types(self)
+        self._check_choices()
+        self._check_signs()
+        self._check_schedule()
+        self._check_objective_options()
+        self._check_budget()
+        return self
+
+    def _check_choices(self) -> None:
         choices = {
             "objective": objective_names(),
             "protocol": ["packed", "padded"],
@@ -136,6 +146,9 @@ class TrainConfig:
         for name, valid in choices.items():
             if getattr(self, name) not in valid:
                 raise ConfigError(f"{name}={getattr(self, name)!r} is not one of {valid}")
+
+    def _check_signs(self) -> None:
+        """Counts at least 1, sizes and rates at least 0, seeds within 32 bits."""
         positive = (
             "seq_len",
             "batch_size",
@@ -178,6 +191,10 @@ class TrainConfig:
                     f"{name}={getattr(self, name)} (--{name.replace('_', '-')}) must be at most "
                     f"{MAX_SEED} = 2**32 - 1 (seeds are 32-bit words)"
                 )
+
+    def _check_schedule(self) -> None:
+        """The rows' protocol and length, the learning rate and its schedule, the optimizer's
+        betas."""
         if self.answer_after and self.protocol != "padded":
             raise ConfigError(
                 f"answer_after={self.answer_after!r} needs protocol='padded' (one prompt and "
@@ -211,6 +228,10 @@ class TrainConfig:
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be in [0, 1)")
+
+    def _check_objective_options(self) -> None:
+        """The noise range, then what the objective itself checks, then options that only
+        some objectives use (attention annealing, the curriculum)."""
         if not 0 <= self.t_eps < 1:
             raise ConfigError(f"t_eps={self.t_eps!r} must be in [0, 1)")
         if not self.t_eps < self.t_max <= 1:
@@ -233,6 +254,9 @@ class TrainConfig:
                 f"curriculum_steps={self.curriculum_steps} is uniform-state diffusion's Gaussian "
                 f"curriculum (objective udm); objective={self.objective!r} does not use it"
             )
+
+    def _check_budget(self) -> None:
+        """Exactly one budget, and a curriculum that ends inside a budget given in steps."""
         budgets = [name for name in ("max_tokens", "max_flops", "epochs") if getattr(self, name)]
         # Only a budget in steps is known here; one in tokens, FLOPs or epochs becomes steps once
         # the data is read, and -1 (half the run) always fits.
@@ -248,7 +272,6 @@ class TrainConfig:
             raise ConfigError(
                 "no budget: set max_steps, max_tokens, max_flops or epochs to a value > 0"
             )
-        return self
 
 
 # The largest training or validation seed: the generators of the data order and the noise are

@@ -22,8 +22,9 @@ from shared.training.guards import (
     forget_unstarted_run,
     is_out_of_memory,
 )
+from shared.training.resume import check_resume_point
 from shared.training.run import RunSpec
-from shared.training.run_folder import RunFolderLock, check_resume_point, claim_run_folder
+from shared.training.run_folder import RunFolderLock, claim_run_folder
 from shared.training.setup import (
     make_accelerator,
     micro_batch_size,

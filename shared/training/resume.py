@@ -1,14 +1,17 @@
 """Resume policy: a checkpoint's config with only the flags typed now applied on top, refusing
-changes to the fields that define the experiment."""
+changes to the fields that define the experiment; and a resume into the run's own folder only
+from its newest valid checkpoint."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from shared.checkpoint import list_checkpoints, verify_checkpoint
 from shared.config import ModelConfig
-from shared.errors import ConfigError
+from shared.errors import CheckpointError, ConfigError
 from shared.training.config import IDENTITY_FIELDS, TrainConfig
 from shared.training.presets import split_overrides
 
@@ -64,3 +67,25 @@ def resumed_config(
             "(pass --allow-config-change to accept):\n  " + "\n  ".join(changed)
         )
     return model_cfg, train_cfg
+
+
+def check_resume_point(folder: Path, checkpoint: Path) -> None:
+    """Resuming into the run's own folder from ``checkpoint`` continues the run; a valid later
+    checkpoint there means the run went on past it, and resuming would write over that branch:
+    refuse and name the safe ways (a new folder, or the newest checkpoint)."""
+    step = int(checkpoint.name.rsplit("_", 1)[-1])
+    later = []
+    for candidate in list_checkpoints(Path(folder) / "checkpoints"):
+        if int(candidate.name.rsplit("_", 1)[-1]) > step:
+            try:
+                verify_checkpoint(candidate)
+                later.append(candidate.name)
+            except CheckpointError:
+                pass  # an incomplete later checkpoint is what resuming from here recovers from
+    if later:
+        raise ConfigError(
+            f"{checkpoint} is not the newest checkpoint of the run in {folder} (it also has "
+            f"{', '.join(later)}); resuming there would overwrite them. Branch from it into a "
+            f"new folder with --out NEW_FOLDER, or continue the run from its newest checkpoint "
+            f"with --resume {folder}"
+        )

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shared.checkpoint import check_training_state, read_state, resolve_checkpoint
+from shared.checkpoint import read_state, resolve_checkpoint
 from shared.config import ModelConfig
 from shared.errors import CheckpointError, ConfigError
+from shared.resume_state import check_training_state
 from shared.training.config import TrainConfig
 from shared.training.presets import resolve_config
 from shared.training.resume import resumed_config

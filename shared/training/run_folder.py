@@ -20,7 +20,6 @@ line saying how to move it by hand. Files here are opened through ``shared.door`
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -31,11 +30,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from shared import door
-from shared.checkpoint import list_checkpoints, verify_checkpoint
+from shared.checkpoint import list_checkpoints
 from shared.door import current_umask
-from shared.errors import DISK_FULL, CheckpointError, ConfigError, free_space, with_path
+from shared.errors import DISK_FULL, ConfigError, free_space
 from shared.files import cache_root
 from shared.formats.exported import EXPORT_INFO
+from shared.path_checks import kind_of_mode
 from shared.strict_json import parse_json
 
 LOCK_FILE = ".lock"
@@ -110,42 +110,6 @@ def missing_folders(folder: Path) -> list[Path]:
             break
         missing.append(candidate)
     return missing
-
-
-@contextlib.contextmanager
-def removed_if_unfinished(out: Path):
-    """Run the block that writes the output folder ``out``; when it raises (a full disk, a
-    read-only one, Ctrl-C), remove what it added there (entries that were not there before it)
-    and the folders it created, so that no half-written output is left for a reader (or a
-    rerun's refusal) to find. What was there before stays, and so does a lock file."""
-    created = missing_folders(out)
-    found = set(contents(out))
-    try:
-        yield
-    except BaseException as error:
-        remove_added(out, found, created)
-        # a library's write (save_pretrained) may fail naming no file: name the folder
-        named = with_path(error, out)
-        if named is error:
-            raise
-        raise named from error
-
-
-def remove_added(out: Path, found: set[str], created: list[Path]) -> None:
-    """Remove the entries of ``out`` not named in ``found`` (never its lock file), then the
-    folders in ``created`` (deepest first) that are left empty."""
-    for name in set(contents(out)) - found:
-        entry = out / name
-        if entry.is_dir() and not entry.is_symlink():
-            door.remove_tree(entry)
-        else:
-            with contextlib.suppress(OSError):
-                door.remove_file(entry)
-    for folder in created:
-        try:
-            folder.rmdir()
-        except OSError:  # something else is in it (a lock file held by this command)
-            break
 
 
 def _describe(holder: dict) -> str:
@@ -394,7 +358,7 @@ def output_folder_is_used(
 
 def kind_of_path(path: Path) -> str:
     """What ``path`` is, in words, without following a final symbolic link."""
-    return door.kind_of_mode(path.lstat().st_mode, path)
+    return kind_of_mode(path.lstat().st_mode, path)
 
 
 def protected_places() -> dict[str, Path]:
@@ -474,25 +438,3 @@ def move_aside(folder: Path, sources: Sequence[Path] = ()) -> str:
         if entry.name != LOCK_FILE:
             door.rename(entry, aside / entry.name)
     return str(aside)
-
-
-def check_resume_point(folder: Path, checkpoint: Path) -> None:
-    """Resuming into the run's own folder from ``checkpoint`` continues the run; a valid later
-    checkpoint there means the run went on past it, and resuming would write over that branch:
-    refuse and name the safe ways (a new folder, or the newest checkpoint)."""
-    step = int(checkpoint.name.rsplit("_", 1)[-1])
-    later = []
-    for candidate in list_checkpoints(Path(folder) / "checkpoints"):
-        if int(candidate.name.rsplit("_", 1)[-1]) > step:
-            try:
-                verify_checkpoint(candidate)
-                later.append(candidate.name)
-            except CheckpointError:
-                pass  # an incomplete later checkpoint is what resuming from here recovers from
-    if later:
-        raise ConfigError(
-            f"{checkpoint} is not the newest checkpoint of the run in {folder} (it also has "
-            f"{', '.join(later)}); resuming there would overwrite them. Branch from it into a "
-            f"new folder with --out NEW_FOLDER, or continue the run from its newest checkpoint "
-            f"with --resume {folder}"
-        )

@@ -26,7 +26,8 @@ from shared.errors import ConfigError, ResourceUnavailableError
 from shared.hardware import bf16_is_fast
 from shared.model import flops_per_token
 from shared.objective import answer_positions
-from shared.tokenizer import Tokenizer, build_tokenizer
+from shared.tokenizer import Tokenizer
+from shared.tokenizer_cache import build_tokenizer
 from shared.training.config import TrainConfig
 from shared.training.processes import wait_timeout
 from shared.training.schedule import lr_multiplier

@@ -4,11 +4,8 @@ one optimizer step (``train_step``), validates, runs the step loop (``fit``) and
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import math
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,13 +15,14 @@ from tqdm.auto import tqdm
 
 from shared import checkpoint as ckpt
 from shared.door import write_json_atomic
-from shared.faults import StopRequest, fault_active, hold_step_if, run_out_of_memory_if
+from shared.faults import StopRequest
 from shared.hardware import peak_memory, total_memory
 from shared.model import Transformer
-from shared.objective import annealing_noise, loss_positions, objective_for_run, slice_noise
+from shared.objective import objective_for_run
 from shared.training import checkpoints as keeping
 from shared.training.config import TrainingDiverged
 from shared.training.data_order import DataOrder
+from shared.training.evaluation import Evaluation
 from shared.training.guards import (
     MfuMeter,
     check_budget_left,
@@ -39,12 +37,10 @@ from shared.training.metrics import Metrics
 from shared.training.run import RunSpec
 from shared.training.run_folder import mark_folder
 from shared.training.schedule import (
-    batch_generator,
     branch_points,
     check_cooldown,
     curve_steps,
     fit_to_run,
-    objective_step_noise,
     schedules_agree,
     total_steps_for,
 )
@@ -58,24 +54,15 @@ from shared.training.setup import (
     precision_name,
     training_flops_per_token,
 )
+from shared.training.step import StepResult, TrainingStep
 from shared.training.warm_start import InitSource, load_source_weights
-from shared.validation import evaluate_rows
 
 
-@dataclass
-class StepResult:
-    """One optimizer step's loss, gradient norm, whether it updated, and any stop request."""
-
-    loss: float
-    grad_norm: float
-    applied: bool
-    stop_requested: bool
-
-
-class Trainer:
-    """One training run in units: setup (``__init__``), ``train_step``, ``validate``, ``fit``
-    (the step loop) and ``finish``. The setup's order is part of the result: the seed is set
-    before the data and again before the weights."""
+class Trainer(TrainingStep, Evaluation):
+    """One training run in units: setup (``__init__``), ``train_step`` (its component
+    ``shared.training.step``), ``validate`` (``shared.training.evaluation``), ``fit`` (the step
+    loop and the checkpoint cadence) and ``finish``. The setup's order is part of the result:
+    the seed is set before the data and again before the weights."""
 
     def __init__(
         self,
@@ -233,94 +220,6 @@ class Trainer:
             checkpoint_format=keeping.format_for(self.cfg, self.layout, self.n_parameters),
         )
 
-    # ------------------------------------------------------------------------- one step
-    def train_step(self, step: int, stop: StopRequest) -> StepResult:
-        """Optimizer step ``step`` (0-based): its rows and noise (pure functions of the seed and
-        the step), the gradients over the micro-batches of this process, and the update, which
-        is skipped when the loss or the gradient is not finite."""
-        cfg = self.cfg
-        hold_step_if(step + 1)
-        run_out_of_memory_if("oom_in_step", step + 1)
-        rows = self.order.rows(step)
-        generator = batch_generator(cfg.seed, step)
-        noise = self.objective.sample_noise(len(rows), rows.shape[1], generator)
-        noise |= annealing_noise(
-            cfg.attention_anneal_steps, step, len(rows), generator, self.model_cfg.sliding_window
-        ) | objective_step_noise(self.objective, step, len(rows), generator)
-        scored = self.scored
-        step_scored = (
-            loss_positions(rows, self.tokenizer.pad_id) if scored is None else scored(rows)
-        )
-        global_tokens = max(int(step_scored.sum()), 1)  # the normaliser of every micro-batch
-        step_nats = self.accumulate_gradients(step, rows, noise, step_scored, global_tokens)
-        # One reduction per step carries the loss and any stop request, so every process takes
-        # the same decision (skip, stop, save) at the same step.
-        requested = torch.tensor(float(stop.requested), device=self.device).double()
-        shared_state = self.accelerator.reduce(torch.stack([step_nats, requested]), "sum")
-        loss = float(shared_state[0]) / global_tokens
-        clip = cfg.grad_clip or float("inf")
-        grad_norm = float(self.accelerator.clip_grad_norm_(self.model.parameters(), clip))
-        applied = math.isfinite(loss) and math.isfinite(grad_norm)
-        if applied:
-            self.optimizer.step()
-        # A skipped update still moves the schedule and the data order, so a later resume lines
-        # up step for step.
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(loss, grad_norm, applied, float(shared_state[1]) > 0)
-
-    def accumulate_gradients(
-        self, step, rows, noise, step_scored, global_tokens: int
-    ) -> torch.Tensor:
-        """Backpropagate this process's micro-batches of the step; returns their summed nats.
-        Each loss is scaled by world / global_tokens, so the gradient is the same for any split
-        of the batch over processes (DDP averages over them) and micro-steps."""
-        cfg, micro_batch = self.cfg, self.micro_batch
-        step_nats = torch.zeros((), dtype=torch.float64, device=self.device)
-        for micro in range(cfg.grad_accum):
-            start = (self.rank * cfg.grad_accum + micro) * micro_batch
-            batch = rows[start : start + micro_batch].to(self.device)
-            last_micro = micro == cfg.grad_accum - 1
-            no_sync = self.accelerator.no_sync(self.model)
-            with no_sync if not last_micro else contextlib.nullcontext():
-                micro_noise = slice_noise(noise, start, start + micro_batch)
-                micro_scored = None
-                if self.scored is not None:
-                    micro_scored = step_scored[start : start + micro_batch].to(self.device)
-                out_loss = self.objective.loss(self.model, batch, micro_noise, micro_scored)
-                if fault_active("nan_loss", step + 1):
-                    out_loss.nats = out_loss.nats * float("nan")
-                self.accelerator.backward(out_loss.nats * self.world / global_tokens)
-            step_nats += out_loss.nats.detach().double()
-        return step_nats
-
-    def validate(self, step: int, n_batches: int | None) -> dict[str, Any]:
-        """The validation loss of the current weights, over ``n_batches`` global batches (None:
-        the whole split), merged over processes."""
-        cfg = self.cfg
-        totals = evaluate_rows(
-            self.model,
-            self.eval_objective,
-            self.data.val_rows,
-            self.token_bytes,
-            batch_size=cfg.batch_size,
-            micro_batch=self.micro_batch,
-            seed=cfg.eval_seed,
-            device=self.device,
-            pad_id=self.tokenizer.pad_id,
-            n_batches=n_batches,
-            rank=self.rank,
-            world=self.world,
-            scored=self.scored,
-        )
-        merged = totals.merged(lambda t: self.accelerator.reduce(t.to(self.device), "sum"))
-        return {
-            "step": step,
-            "kind": "eval",
-            "metric": self.objective.metric,
-            **merged.as_dict("val"),
-        }
-
     # ------------------------------------------------------------------------- the loop
     def fit(self, stop: StopRequest) -> None:
         """Steps from the start step to the budget (or ``stop_after_steps`` sooner, or a stop
@@ -429,26 +328,6 @@ class Trainer:
         self.progress.set_postfix(
             loss=f"{result.loss:.3f}", tok_s=f"{tokens_per_s:,.0f}", mfu=f"{mfu:.1%}", refresh=False
         )
-
-    def validate_on_schedule(self, done: int) -> dict[str, Any] | None:
-        """The periodic validation (every ``eval_every`` steps, on ``eval_batches``) and the
-        learning-curve points; None at other steps. The budget's own step is validated on the
-        whole split by ``finish``."""
-        cfg = self.cfg
-        periodic = done % cfg.eval_every == 0 and done != self.total_steps
-        on_curve = done in self.curve_points_at
-        if not (periodic or on_curve):
-            return None
-        evaluated = self.validate(done, cfg.eval_batches or None)
-        evaluated["flops"] = done * self.flops_token * self.tokens_per_step
-        evaluated["on_curve"] = on_curve
-        self.metrics.log(evaluated)
-        self.say(
-            f"step {done}: val {self.objective.metric} "
-            f"{evaluated['val_nats_per_token']:.4f} nats/token, "
-            f"{evaluated['val_bpb']:.4f} bits/byte"
-        )
-        return evaluated
 
     def finish(self) -> dict[str, Any]:
         """The summary (with the final validation on the whole split when the budget is done),

@@ -25,7 +25,7 @@ json.dump(kept, open(sys.argv[2], "w"), indent=1)
 PY
 done
 for k in 2 3 4; do
-  python -m eval.throughput_runs "$dest/run-1.json" "$dest/run-$k.json" \
+  python -m eval.speed.throughput_runs "$dest/run-1.json" "$dest/run-$k.json" \
     --json "$dest/compare-1-$k.json" > "$dest/compare-1-$k.md"
 done
 cp "$dest"/* "$final"/

@@ -232,16 +232,9 @@ def sampler_distribution(
     return SamplerDistribution(q, language_distribution(language), dropped, impossible)
 
 
-def sampler_error(
-    family: str,
-    model: Any,
-    language: Language,
-    tokenizer: Tokenizer,
-    config: Any,
-    gen_length: int,
-    **options: Any,
-) -> dict[str, float]:
+def sampler_error(*setting: Any, **options: Any) -> dict[str, float]:
     """KL(q||p), KL(p||q), total variation, the pruned mass and the impossible mass (None where
-    not computed) of the sampler's q."""
-    dist = sampler_distribution(family, model, language, tokenizer, config, gen_length, **options)
+    not computed) of the sampler's q, for the setting ``sampler_distribution`` takes (the same
+    arguments, passed through)."""
+    dist = sampler_distribution(*setting, **options)
     return divergences(dist.q, dist.p) | {"dropped": dist.dropped, "impossible": dist.impossible}

@@ -23,7 +23,7 @@ def hf_folder(tmp_path_factory) -> Path:
     return save_hf(tiny_hf_model("llama"), tmp_path_factory.mktemp("source") / "hf")
 
 
-def copy_of(hf_folder: Path, tmp_path: Path) -> Path:
+def copy_of_hf_folder(hf_folder: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(hf_folder, tmp_path / "hf"))
 
 
@@ -44,7 +44,7 @@ def status_of(argv: list[str]) -> int:
 
 @pytest.mark.parametrize("text", ["", "garbage", "{}"])
 def test_an_unreadable_tokenizer_json_is_one_line(hf_folder, tmp_path, capsys, text):
-    folder = copy_of(hf_folder, tmp_path)
+    folder = copy_of_hf_folder(hf_folder, tmp_path)
     (folder / "tokenizer.json").write_text(text)
     assert status_of([str(folder), str(tmp_path / "run")]) == 2
     line = error_line(capsys)
@@ -63,7 +63,7 @@ def test_an_unreadable_tokenizer_json_is_one_line(hf_folder, tmp_path, capsys, t
 def test_a_config_missing_a_field_or_holding_a_wrong_type_is_one_line(
     hf_folder, tmp_path, capsys, field, value, said
 ):
-    folder = copy_of(hf_folder, tmp_path)
+    folder = copy_of_hf_folder(hf_folder, tmp_path)
     config = json.loads((folder / "config.json").read_text())
     if value is None:
         del config[field]
@@ -107,7 +107,7 @@ def test_a_duolm_run_folder_is_named_as_one_not_sent_to_convert_bin_files(tmp_pa
 
 
 def test_a_folder_is_never_imported_into_itself(hf_folder, tmp_path, capsys):
-    folder = copy_of(hf_folder, tmp_path)
+    folder = copy_of_hf_folder(hf_folder, tmp_path)
     before = sorted(p.name for p in folder.iterdir())
     assert status_of([str(folder), str(folder), "--overwrite"]) == 2
     assert "holds the source" in error_line(capsys)
@@ -116,7 +116,7 @@ def test_a_folder_is_never_imported_into_itself(hf_folder, tmp_path, capsys):
 
 
 def test_the_row_length_an_export_recorded_is_the_one_imported(hf_folder, tmp_path):
-    folder = copy_of(hf_folder, tmp_path)
+    folder = copy_of_hf_folder(hf_folder, tmp_path)
     (folder / "duolm_export.json").write_text(json.dumps({"seq_len": 16}))
     assert status_of([str(folder), str(tmp_path / "run")]) == 0
     state = read_state(resolve_checkpoint(tmp_path / "run"))

@@ -21,12 +21,7 @@ from shared.training.warm_start import source_record
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("cache")
-
-
-@pytest.fixture(scope="module")
-def ar_run(tmp_path_factory, cache_dir) -> Path:
+def two_step_ar_run(tmp_path_factory, cache_dir) -> Path:
     out = tmp_path_factory.mktemp("runs") / "ar"
     cli.train_from_argv(tiny(out, cache_dir, "--max-steps", "2"))
     return out
@@ -40,8 +35,10 @@ def names(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
 
 
-def test_out_dot_with_overwrite_refuses_and_moves_nothing(ar_run, tmp_path, cache_dir, monkeypatch):
-    run = Path(shutil.copytree(ar_run, tmp_path / "run"))
+def test_out_dot_with_overwrite_refuses_and_moves_nothing(
+    two_step_ar_run, tmp_path, cache_dir, monkeypatch
+):
+    run = Path(shutil.copytree(two_step_ar_run, tmp_path / "run"))
     before = names(run)
     monkeypatch.chdir(run)
     with pytest.raises(ConfigError, match="cannot be moved aside: .* is the current folder"):
@@ -77,11 +74,17 @@ def test_a_refused_run_leaves_no_folder_and_no_lock(tmp_path, cache_dir, flags, 
     assert names(tmp_path) == []
 
 
-def test_a_shape_flag_against_the_init_from_source_names_the_source(ar_run, tmp_path, cache_dir):
-    argv = tiny(tmp_path / "x", cache_dir, "--objective", "mdm", "--init-from", str(ar_run))
+def test_a_shape_flag_against_the_init_from_source_names_the_source(
+    two_step_ar_run, tmp_path, cache_dir
+):
+    argv = tiny(
+        tmp_path / "x", cache_dir, "--objective", "mdm", "--init-from", str(two_step_ar_run)
+    )
     with pytest.raises(ConfigError) as refused:
         cli.train_from_argv([*argv, "--dim", "30"])
-    assert str(refused.value) == f"--init-from {ar_run}: dim=32 in the source, 30 in this run"
+    assert (
+        str(refused.value) == f"--init-from {two_step_ar_run}: dim=32 in the source, 30 in this run"
+    )
     assert names(tmp_path) == []
 
 
@@ -117,8 +120,8 @@ def test_a_machine_peak_from_the_environment_is_used_unless_a_flag_gives_one(mon
             hardware.peak_flops(cpu, torch.float32, 0.0)
 
 
-def test_an_imported_source_has_unknown_compute_not_zero(ar_run):
-    checkpoint = ckpt.resolve_checkpoint(ar_run)
+def test_an_imported_source_has_unknown_compute_not_zero(two_step_ar_run):
+    checkpoint = ckpt.resolve_checkpoint(two_step_ar_run)
     imported = ckpt.read_state(checkpoint) | {"step": 0, "imported_from": {"source": "hub:x/y"}}
     record = source_record("runs/imported", checkpoint, imported)
     assert record["tokens_seen"] is None and record["total_flops"] is None
@@ -145,8 +148,8 @@ def test_a_stopped_run_names_resume_only_where_train_py_is_the_command(
     assert f"resume with --resume {tmp_path / 'cli'}" in capsys.readouterr().out
 
 
-def test_a_refused_branch_into_a_new_folder_leaves_nothing(ar_run, tmp_path):
-    argv = ["--resume", str(ar_run), "--out", str(tmp_path / "branch"), "--max-steps", "1"]
+def test_a_refused_branch_into_a_new_folder_leaves_nothing(two_step_ar_run, tmp_path):
+    argv = ["--resume", str(two_step_ar_run), "--out", str(tmp_path / "branch"), "--max-steps", "1"]
     with pytest.raises(ConfigError, match="past this run's budget"):
         cli.train_from_argv(argv)
     assert names(tmp_path) == []

@@ -34,7 +34,7 @@ time.sleep(300)
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
+def ar_and_bd_runs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("runs")
     made = {}
     for objective in ("ar", "bd"):
@@ -57,7 +57,7 @@ def names(folder: Path) -> list[str]:
 
 
 def test_overwrite_of_the_current_folder_or_one_above_it_refuses_and_moves_nothing(
-    runs, tmp_path, monkeypatch, capsys
+    ar_and_bd_runs, tmp_path, monkeypatch, capsys
 ):
     here = tmp_path / "e"
     (here / "sub").mkdir(parents=True)
@@ -66,16 +66,16 @@ def test_overwrite_of_the_current_folder_or_one_above_it_refuses_and_moves_nothi
     before = names(here)
     for cwd, target in ((here, "."), (here / "sub", ".."), (here / "sub", str(here))):
         monkeypatch.chdir(cwd)
-        assert duolm.main(["export", str(runs["ar"]), target, "--overwrite"]) == 2
+        assert duolm.main(["export", str(ar_and_bd_runs["ar"]), target, "--overwrite"]) == 2
         line = error_line(capsys)
         assert "cannot be moved aside" in line and "current folder" in line
     assert names(here) == before and names(here / "sub") == []
     assert not list(tmp_path.glob("*.replaced-*")) and not list(here.glob(".replaced-*"))
 
 
-def test_overwrite_of_a_folder_holding_the_source_refuses(runs, tmp_path, capsys):
+def test_overwrite_of_a_folder_holding_the_source_refuses(ar_and_bd_runs, tmp_path, capsys):
     parent = tmp_path / "runs"
-    shutil.copytree(runs["ar"], parent / "ar")
+    shutil.copytree(ar_and_bd_runs["ar"], parent / "ar")
     (parent / "notes.txt").write_text("mine")
     assert duolm.main(["export", str(parent / "ar"), str(parent), "--overwrite"]) == 2
     assert "holds the source" in error_line(capsys)
@@ -83,9 +83,9 @@ def test_overwrite_of_a_folder_holding_the_source_refuses(runs, tmp_path, capsys
     assert not list(tmp_path.glob("runs.replaced-*"))
 
 
-def test_a_folder_inside_a_live_run_is_never_written(runs, tmp_path, capsys):
+def test_a_folder_inside_a_live_run_is_never_written(ar_and_bd_runs, tmp_path, capsys):
     live = tmp_path / "live"
-    shutil.copytree(runs["ar"], live)
+    shutil.copytree(ar_and_bd_runs["ar"], live)
     checkpoints = names(live / "checkpoints")
     holder = subprocess.Popen(
         [sys.executable, "-c", LOCK_HOLDER, str(live)], stdout=subprocess.PIPE, text=True
@@ -93,7 +93,7 @@ def test_a_folder_inside_a_live_run_is_never_written(runs, tmp_path, capsys):
     try:
         assert holder.stdout.readline().strip() == "locked"
         for target in ([str(live / "checkpoints"), "--overwrite"], [str(live / "hf")]):
-            assert duolm.main(["export", str(runs["ar"]), *target]) == 2
+            assert duolm.main(["export", str(ar_and_bd_runs["ar"]), *target]) == 2
             assert f"inside {live.resolve()}, which is in use by a run" in error_line(capsys)
     finally:
         holder.kill()
@@ -102,10 +102,10 @@ def test_a_folder_inside_a_live_run_is_never_written(runs, tmp_path, capsys):
     assert not list(live.glob("checkpoints.replaced-*"))
 
 
-def test_exported_files_follow_the_umask_and_record_the_row_length(runs, tmp_path):
+def test_exported_files_follow_the_umask_and_record_the_row_length(ar_and_bd_runs, tmp_path):
     old = os.umask(0o022)
     try:
-        assert duolm.main(["export", str(runs["ar"]), str(tmp_path / "hf")]) == 0
+        assert duolm.main(["export", str(ar_and_bd_runs["ar"]), str(tmp_path / "hf")]) == 0
     finally:
         os.umask(old)
     for path in (tmp_path / "hf").rglob("*"):
@@ -115,15 +115,15 @@ def test_exported_files_follow_the_umask_and_record_the_row_length(runs, tmp_pat
 
 
 def test_refusals_say_what_each_objective_exports_to_and_what_a_folder_holds(
-    runs, tmp_path, capsys
+    ar_and_bd_runs, tmp_path, capsys
 ):
-    assert duolm.main(["export", str(runs["bd"]), str(tmp_path / "bd")]) == 2
+    assert duolm.main(["export", str(ar_and_bd_runs["bd"]), str(tmp_path / "bd")]) == 2
     line = error_line(capsys)
     assert "'bd' checkpoint" in line and "'mdm' one as LLaDA" in line
     assert "no public format" in line
-    assert duolm.main(["export", str(runs["ar"]), str(tmp_path / "hf")]) == 0
+    assert duolm.main(["export", str(ar_and_bd_runs["ar"]), str(tmp_path / "hf")]) == 0
     capsys.readouterr()
-    assert duolm.main(["export", str(runs["ar"]), str(tmp_path / "hf")]) == 2
+    assert duolm.main(["export", str(ar_and_bd_runs["ar"]), str(tmp_path / "hf")]) == 2
     line = error_line(capsys)
     assert "already holds an export" in line and "training run" not in line
 

@@ -26,7 +26,7 @@ from shared.training.run_folder import made_here, mark_folder, move_aside, why_n
 
 
 @pytest.fixture()
-def home(tmp_path, monkeypatch) -> Path:
+def home_of_user_files(tmp_path, monkeypatch) -> Path:
     """A fake home folder holding a user's files (and a stray run record, so that only its being
     the home folder can refuse it)."""
     folder = tmp_path / "home"
@@ -66,18 +66,20 @@ def tiny(out, cache, *extra: str) -> list[str]:
 
 
 def test_export_import_and_train_onto_the_home_folder_refuse_and_move_nothing(
-    tiny_runs, home, tmp_path, monkeypatch, capsys
+    tiny_runs, home_of_user_files, tmp_path, monkeypatch, capsys
 ):
     monkeypatch.chdir(tmp_path)  # a folder outside the home, as in the probe
-    before = tree(home)
-    assert duolm.main(["export", str(tiny_runs["ar"]), str(home), "--overwrite"]) == 2
+    before = tree(home_of_user_files)
+    assert duolm.main(["export", str(tiny_runs["ar"]), str(home_of_user_files), "--overwrite"]) == 2
     assert "is or holds the home folder" in error_line(capsys)
     # the output is checked before the source is read
-    assert duolm.main(["import", str(tiny_runs["ar"]), str(home), "--overwrite"]) == 2
+    assert duolm.main(["import", str(tiny_runs["ar"]), str(home_of_user_files), "--overwrite"]) == 2
     assert "is or holds the home folder" in error_line(capsys)
     with pytest.raises(ConfigError, match="home folder"):
-        train_cli.train_from_argv(tiny(home, tmp_path / "cache", "--max-steps", "1", "--overwrite"))
-    assert tree(home) == before
+        train_cli.train_from_argv(
+            tiny(home_of_user_files, tmp_path / "cache", "--max-steps", "1", "--overwrite")
+        )
+    assert tree(home_of_user_files) == before
     assert not list(tmp_path.glob("home.replaced-*"))
 
 

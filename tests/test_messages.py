@@ -15,13 +15,7 @@ from eval import cli as duolm
 from eval.findings import __main__ as findings
 from shared.training.run_folder import mark_folder
 
-
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch) -> Path:
-    folder = tmp_path / "home"
-    folder.mkdir()
-    monkeypatch.setenv("HOME", str(folder))
-    return folder
+pytestmark = pytest.mark.usefixtures("private_home")
 
 
 def error_line(capsys) -> str:
@@ -90,7 +84,7 @@ def checkpoint_of(root: Path, objective: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory) -> dict[str, Path]:
+def checkpoint_per_objective(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("checkpoints")
     return {name: checkpoint_of(root / name, name) for name in ("ar", "mdm", "bd", "udm")}
 
@@ -104,17 +98,29 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
      ["--llada-reference"], ["--sampler", "ancestral", "--schedule", "cosine"]],
 )  # fmt: skip
 def test_masked_sampler_flags_on_a_udm_run_name_udm_not_the_fixed_sampler(
-    checkpoints, capsys, flags
+    checkpoint_per_objective, capsys, flags
 ):
-    assert duolm.main(["sample", str(checkpoints["udm"]), "--gen-length", "4", *flags]) == 2
+    assert (
+        duolm.main(["sample", str(checkpoint_per_objective["udm"]), "--gen-length", "4", *flags])
+        == 2
+    )
     line = error_line(capsys)
     assert f"{flags[-2] if flags[-1] == 'cosine' else flags[0]} does not apply to" in line, line
     assert "a udm (uniform-state) model: it samples ancestrally through its posterior" in line
     assert "--sampler fixed" not in line
 
 
-def test_without_sampler_an_mdm_run_names_the_default_fixed_sampler(checkpoints, capsys):
-    argv = ["sample", str(checkpoints["mdm"]), "--gen-length", "4", "--threshold", "0.5"]
+def test_without_sampler_an_mdm_run_names_the_default_fixed_sampler(
+    checkpoint_per_objective, capsys
+):
+    argv = [
+        "sample",
+        str(checkpoint_per_objective["mdm"]),
+        "--gen-length",
+        "4",
+        "--threshold",
+        "0.5",
+    ]
     assert duolm.main(argv) == 2
     assert error_line(capsys) == (
         "error: --threshold only applies to --sampler threshold, not the default --sampler fixed"
@@ -201,18 +207,18 @@ def test_an_unknown_command_suggests_the_closest(capsys, typed, suggested):
 # ---- export: each refusal speaks of its own objective -------------------------------------------
 
 
-def test_export_refusals_are_per_objective(checkpoints, tmp_path, capsys):
+def test_export_refusals_are_per_objective(checkpoint_per_objective, tmp_path, capsys):
     from dllm import export as diffusion_export
 
-    assert duolm.main(["export", str(checkpoints["udm"]), str(tmp_path / "u")]) == 2
+    assert duolm.main(["export", str(checkpoint_per_objective["udm"]), str(tmp_path / "u")]) == 2
     line = error_line(capsys)
     assert "holds a 'udm' checkpoint (uniform-state diffusion), which has no public format" in line
     assert "bd" not in line and "block" not in line
-    assert duolm.main(["export", str(checkpoints["bd"]), str(tmp_path / "b")]) == 2
+    assert duolm.main(["export", str(checkpoint_per_objective["bd"]), str(tmp_path / "b")]) == 2
     line = error_line(capsys)
     assert "holds a 'bd' checkpoint (block diffusion), which has no public format" in line
     assert "udm" not in line
-    assert diffusion_export.main([str(checkpoints["ar"]), str(tmp_path / "a")]) == 2
+    assert diffusion_export.main([str(checkpoint_per_objective["ar"]), str(tmp_path / "a")]) == 2
     line = error_line(capsys)
     assert "holds an 'ar' checkpoint (autoregressive); this command writes a LLaDA folder" in line
     assert "duolm export writes an 'ar' checkpoint as a Hugging Face Llama folder" in line

@@ -32,13 +32,7 @@ from shared.model import Transformer
 from shared.tokenizer import Tokenizer
 from shared.training import cli as train_cli
 
-
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("DUOLM_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("DUOLM_DEBUG", raising=False)
-    return tmp_path / "home"
+pytestmark = pytest.mark.usefixtures("private_home")
 
 
 def full(path: Path | str | None = None, code: int = errno.ENOSPC) -> OSError:

@@ -23,11 +23,13 @@ from shared import checkpoint as ckpt
 from shared.training import run_folder
 from shared.training.run_folder import mark_folder
 
+pytestmark = pytest.mark.usefixtures("private_home")
+
 FAST = ["--rounds", "1", "--steps-per-round", "1", "--base-steps", "8"]
 
 
 @pytest.fixture(scope="module")
-def udm_run(tmp_path_factory) -> Path:
+def udm_run_from_another_machine(tmp_path_factory) -> Path:
     """A tiny udm run (2 steps) whose state names its own cache folder, as a run received from
     another machine names one of that machine's."""
     from shared.training import cli
@@ -42,13 +44,6 @@ def udm_run(tmp_path_factory) -> Path:
     return root / "udm"
 
 
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("DUOLM_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "home"
-
-
 @pytest.fixture()
 def no_teacher(monkeypatch):
     """Fail the test if the teacher is loaded: a refusal must come before it."""
@@ -59,8 +54,10 @@ def no_teacher(monkeypatch):
     monkeypatch.setattr(ckpt, "load_model_from_checkpoint", loaded)
 
 
-def run_distill(udm_run: Path, out: Path, *flags: str, cache: Path | None = None) -> int:
-    argv = [str(udm_run), str(out), *FAST, *flags]
+def run_distill(
+    udm_run_from_another_machine: Path, out: Path, *flags: str, cache: Path | None = None
+) -> int:
+    argv = [str(udm_run_from_another_machine), str(out), *FAST, *flags]
     if cache is not None:
         argv += ["--cache-dir", str(cache)]
     return distill.main(argv)
@@ -105,52 +102,56 @@ def locked_by_another():
 
 
 def test_a_live_runs_folder_is_refused_before_the_teacher_loads(
-    tmp_path, capsys, locked_by_another, no_teacher, udm_run
+    tmp_path, capsys, locked_by_another, no_teacher, udm_run_from_another_machine
 ):
     live = tmp_path / "live"
     locked_by_another(live)
     (live / "metrics.jsonl").write_text('{"step": 1}\n')
-    assert run_distill(udm_run, live) == 2
+    assert run_distill(udm_run_from_another_machine, live) == 2
     assert "is in use by a run (PID" in one_error_line(capsys)
     assert sorted(p.name for p in live.iterdir()) == [".lock", "metrics.jsonl"]
 
 
 def test_a_folder_inside_a_running_compare_is_refused(
-    tmp_path, capsys, locked_by_another, no_teacher, udm_run
+    tmp_path, capsys, locked_by_another, no_teacher, udm_run_from_another_machine
 ):
     job = tmp_path / "compare-job"
     locked_by_another(job)
     (job / "stages").mkdir()
     for out in (job, job / "student"):
-        assert run_distill(udm_run, out) == 2
+        assert run_distill(udm_run_from_another_machine, out) == 2
         line = one_error_line(capsys)
         assert "in use by a run" in line, line
     assert not (job / "student").exists()
 
 
-def test_a_runs_checkpoints_folder_is_refused(tmp_path, capsys, no_teacher, udm_run):
+def test_a_runs_checkpoints_folder_is_refused(
+    tmp_path, capsys, no_teacher, udm_run_from_another_machine
+):
     other = tmp_path / "other-run"
     (other / "checkpoints").mkdir(parents=True)
     (other / "metrics.jsonl").write_text('{"step": 1}\n')
     mark_folder(other, "run")
     for out in (other / "checkpoints", other / "checkpoints" / "student"):
-        assert run_distill(udm_run, out) == 2
+        assert run_distill(udm_run_from_another_machine, out) == 2
         assert "inside the checkpoints of the run" in one_error_line(capsys)
     assert sorted(p.name for p in (other / "checkpoints").iterdir()) == []
 
 
-def test_an_unwritable_output_is_refused_at_once(tmp_path, capsys, no_teacher, udm_run):
+def test_an_unwritable_output_is_refused_at_once(
+    tmp_path, capsys, no_teacher, udm_run_from_another_machine
+):
     # A regular file where a folder must go: mkdir fails as it does on /proc or a read-only mount.
     (tmp_path / "a-file").write_text("x")
-    assert run_distill(udm_run, tmp_path / "a-file" / "student") == 2
+    assert run_distill(udm_run_from_another_machine, tmp_path / "a-file" / "student") == 2
     assert "cannot write to the run folder" in one_error_line(capsys)
-    assert run_distill(udm_run, tmp_path / "a-file") == 2
+    assert run_distill(udm_run_from_another_machine, tmp_path / "a-file") == 2
     assert "is a file" in one_error_line(capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
 def test_the_output_is_locked_while_it_distils_and_the_cache_is_never_the_runs(
-    tmp_path, monkeypatch, udm_run
+    tmp_path, monkeypatch, udm_run_from_another_machine
 ):
     seen = {}
     tokenize = distill.tokenize_corpus
@@ -162,22 +163,25 @@ def test_the_output_is_locked_while_it_distils_and_the_cache_is_never_the_runs(
 
     monkeypatch.setattr(distill, "tokenize_corpus", watching)
     out = tmp_path / "student"
-    their_state = ckpt.read_state(ckpt.resolve_checkpoint(udm_run))
+    their_state = ckpt.read_state(ckpt.resolve_checkpoint(udm_run_from_another_machine))
     assert Path(their_state["train_config"]["cache_dir"]).name == "their-cache"
-    assert run_distill(udm_run, out) == 0
+    assert run_distill(udm_run_from_another_machine, out) == 0
     assert seen["cache_dir"] == tmp_path / "cache"  # $DUOLM_CACHE, not the run's
     assert seen["holder"]["pid"] == os.getpid()  # locked from before the data and teacher
     assert run_folder.lock_holder(out) is None
-    assert run_distill(udm_run, tmp_path / "student2", cache=tmp_path / "mine") == 0
+    assert (
+        run_distill(udm_run_from_another_machine, tmp_path / "student2", cache=tmp_path / "mine")
+        == 0
+    )
     assert seen["cache_dir"] == tmp_path / "mine"
     assert (tmp_path / "mine" / "tokenized").is_dir()
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o027])
-def test_folders_and_files_follow_the_umask(tmp_path, udm_run, umask):
+def test_folders_and_files_follow_the_umask(tmp_path, udm_run_from_another_machine, umask):
     previous = os.umask(umask)
     try:
-        assert run_distill(udm_run, tmp_path / "new" / "student") == 0
+        assert run_distill(udm_run_from_another_machine, tmp_path / "new" / "student") == 0
     finally:
         os.umask(previous)
     out = tmp_path / "new" / "student"
@@ -187,18 +191,22 @@ def test_folders_and_files_follow_the_umask(tmp_path, udm_run, umask):
     assert ckpt.read_state(ckpt.resolve_checkpoint(out))["distilled"]["rounds"] == 1
 
 
-def test_a_used_folder_needs_overwrite_which_moves_it_aside(tmp_path, capsys, udm_run):
+def test_a_used_folder_needs_overwrite_which_moves_it_aside(
+    tmp_path, capsys, udm_run_from_another_machine
+):
     out = tmp_path / "student"
-    assert run_distill(udm_run, out) == 0
+    assert run_distill(udm_run_from_another_machine, out) == 0
     capsys.readouterr()
-    assert run_distill(udm_run, out) == 2
+    assert run_distill(udm_run_from_another_machine, out) == 2
     assert "already holds a training run; distill into a new folder" in one_error_line(capsys)
-    assert run_distill(udm_run, out, "--overwrite") == 0
+    assert run_distill(udm_run_from_another_machine, out, "--overwrite") == 0
     assert "moved what was in" in capsys.readouterr().out
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("student.replaced-")]
     assert len(aside) == 1 and ckpt.list_checkpoints(aside[0] / "checkpoints")
     # the run it distils is never moved aside
-    assert run_distill(udm_run, udm_run, "--overwrite") == 2
+    assert (
+        run_distill(udm_run_from_another_machine, udm_run_from_another_machine, "--overwrite") == 2
+    )
     assert "or inside it" in one_error_line(capsys)
 
 
@@ -211,13 +219,13 @@ def disk_full(*args, **kwargs):
 
 @pytest.mark.parametrize("made_before", [False, True])
 def test_a_full_disk_leaves_no_student_and_says_where(
-    tmp_path, capsys, monkeypatch, udm_run, made_before
+    tmp_path, capsys, monkeypatch, udm_run_from_another_machine, made_before
 ):
     out = tmp_path / "student"
     if made_before:
         out.mkdir()
     monkeypatch.setattr(safetensors.torch, "save_file", disk_full)
-    assert run_distill(udm_run, out) == 2
+    assert run_distill(udm_run_from_another_machine, out) == 2
     line = one_error_line(capsys)
     assert "No space left on device writing" in line and "model.safetensors" in line, line
     assert " free of " in line and f"on {tmp_path}" in line, line
@@ -226,12 +234,16 @@ def test_a_full_disk_leaves_no_student_and_says_where(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"] + ["student"] * made_before
 
 
-def test_a_read_only_output_is_one_line(tmp_path, capsys, monkeypatch, udm_run):
+def test_a_read_only_output_is_one_line(
+    tmp_path, capsys, monkeypatch, udm_run_from_another_machine
+):
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(tmp_path / "student"))
 
     monkeypatch.setattr(distill, "write_atomic", read_only)
-    assert run_distill(udm_run, tmp_path / "student") == 2
+    assert run_distill(udm_run_from_another_machine, tmp_path / "student") == 2
     assert "Read-only file system writing" in one_error_line(capsys)
     assert not (tmp_path / "student").exists()
-    assert json.loads((udm_run / "config.json").read_text())  # the run it read is untouched
+    assert json.loads(
+        (udm_run_from_another_machine / "config.json").read_text()
+    )  # the run it read is untouched

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import copy_of, relist
 
 from shared import checkpoint as ckpt
 from shared.cli_args import seed_argument
@@ -35,31 +36,6 @@ def home_in_tmp(tmp_path, monkeypatch):
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
-
-
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("cache")
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory, cache_dir) -> Path:
-    """A tiny MDM run of two steps, with one checkpoint."""
-    out = tmp_path_factory.mktemp("tiny") / "run"
-    argv = ["--preset", "tiny", "--objective", "mdm", "--out", str(out)]
-    cli.train_from_argv([*argv, "--cache-dir", str(cache_dir), "--max-steps", "2"])
-    return out
-
-
-def copy_of(run: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(run, tmp_path / "run", ignore=shutil.ignore_patterns(".lock")))
-
-
-def relist(checkpoint: Path) -> None:
-    """Rewrite the manifest as whoever crafted the checkpoint would: every file, its checksum."""
-    files = sorted(p for p in checkpoint.rglob("*") if p.is_file() and p.name != ckpt.MANIFEST)
-    manifest = {str(p.relative_to(checkpoint)): ckpt.file_sha256(p) for p in files}
-    (checkpoint / ckpt.MANIFEST).write_text(json.dumps(manifest, indent=2))
 
 
 def edit_record(checkpoint: Path, name: str, change) -> None:

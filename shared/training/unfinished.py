@@ -1,0 +1,48 @@
+"""An output folder is written whole or not at all: when a writer (an export, an import) stops
+half-way, by a full disk, a read-only one or Ctrl-C, what it added to the folder is removed, with
+the folders it created, and what was there before stays."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+from shared import door
+from shared.errors import with_path
+from shared.training.run_folder import contents, missing_folders
+
+
+@contextlib.contextmanager
+def removed_if_unfinished(out: Path):
+    """Run the block that writes the output folder ``out``; when it raises (a full disk, a
+    read-only one, Ctrl-C), remove what it added there (entries that were not there before it)
+    and the folders it created, so that no half-written output is left for a reader (or a
+    rerun's refusal) to find. What was there before stays, and so does a lock file."""
+    created = missing_folders(out)
+    found = set(contents(out))
+    try:
+        yield
+    except BaseException as error:
+        remove_added(out, found, created)
+        # a library's write (save_pretrained) may fail naming no file: name the folder
+        named = with_path(error, out)
+        if named is error:
+            raise
+        raise named from error
+
+
+def remove_added(out: Path, found: set[str], created: list[Path]) -> None:
+    """Remove the entries of ``out`` not named in ``found`` (never its lock file), then the
+    folders in ``created`` (deepest first) that are left empty."""
+    for name in set(contents(out)) - found:
+        entry = out / name
+        if entry.is_dir() and not entry.is_symlink():
+            door.remove_tree(entry)
+        else:
+            with contextlib.suppress(OSError):
+                door.remove_file(entry)
+    for folder in created:
+        try:
+            folder.rmdir()
+        except OSError:  # something else is in it (a lock file held by this command)
+            break
