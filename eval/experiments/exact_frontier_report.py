@@ -107,7 +107,7 @@ def frontier_table(rows: list[dict[str, Any]], name: str) -> Table:
         "distances to p, not a part of either. KL(q||p) is infinite wherever q puts mass on a "
         f"string p does not hold. Pruned mass: the largest probability left out by pruning "
         f"draws <= {MIN_PROB:g}. Speed: tokens/s of real samples over the AR's in the same "
-        "rounds (median over rounds), measured on a machine shared with other work.",
+        "rounds (median over rounds).",
     )
 
 
@@ -274,7 +274,7 @@ def write_report(out, scale_name, scale: Scale, headline_name, results, machine)
     figure(report, rows[headline_name])
     report.text(
         f"Wall time {machine['wall_seconds'] / 60:.1f} min on {machine['cpu']} "
-        f"(training, exact distributions and timing), shared with other work."
+        f"(training, exact distributions and timing)."
     )
     report.results.update(
         {
