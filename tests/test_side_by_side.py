@@ -107,3 +107,30 @@ def test_a_block_diffusion_model_continues_but_refuses_to_infill(
     assert "BD (ancestral, 8 steps)" in capsys.readouterr().out
     assert side_by_side.main([*argv, "--infill", "In the", " earth."]) == 2
     assert "cannot infill" in capsys.readouterr().err
+
+
+def test_the_entropy_bounded_sampler_runs_beside_the_ar(tiny_runs_folder, capsys):
+    argv = [str(tiny_runs_folder / "ar"), str(tiny_runs_folder / "mdm"), "--prompt", "And God"]
+    assert side_by_side.main([*argv, "--gen-length", "8", "--sampler", "eb"]) == 0
+    assert "MDM (eb, 48 steps)" in capsys.readouterr().out
+
+
+def test_an_eso_model_runs_its_own_sampler_and_refuses_the_masked_ones(
+    tiny_runs_folder, tmp_path, capsys
+):
+    from shared.training import cli
+
+    eso = tmp_path / "eso"
+    cli.train_from_argv(
+        ["--preset", "tiny", "--objective", "eso", "--out", str(eso), "--max-steps", "2"]
+        + ["--eval-every", "100", "--cache-dir", str(tmp_path / "cache")]
+    )
+    capsys.readouterr()
+    argv = [str(tiny_runs_folder / "ar"), str(eso), "--prompt", "And God", "--gen-length", "8"]
+    assert side_by_side.main([*argv, "--steps", "2", "--infill", "In the", " earth."]) == 0
+    out = capsys.readouterr().out
+    # alpha_0 = 0.5 of 8 positions, the continuation's and the middle's: 4 in 2 diffusion
+    # steps, then 4 left to right
+    assert "ESO (ancestral, 2 steps)" in out and out.count("[6 NFE") == 2
+    assert side_by_side.main([*argv, "--sampler", "threshold"]) == 2
+    assert "does not apply to an eso (Eso-LM) model" in capsys.readouterr().err

@@ -1,5 +1,5 @@
-"""The same prompts through an AR and a diffusion checkpoint (mdm, bd or udm), printed in aligned
-columns.
+"""The same prompts through an AR and a diffusion checkpoint (mdm, bd, udm or eso), printed in
+aligned columns.
 
     python -m eval.experiments.side_by_side runs/demo/ar runs/demo/mdm --prompt "And God said" \\
         --prompt "In the beginning" --gen-length 48 --steps 48 --temperature 0.8
@@ -10,7 +10,9 @@ A prompt is continued by both models. An infilling request (prefix, suffix) show
 do: a masked (mdm) or uniform-state (udm) model fills the middle seeing both sides; the AR model
 can only continue the prefix (and a bd block never sees the blocks after it, so bd refuses it).
 A udm model samples ancestrally through its posterior (``--sampler ancestral``, optionally
-``--greedy-tail``); the fixed and threshold samplers rank [MASK] positions it does not have.
+``--greedy-tail``); the fixed, threshold and entropy-bounded (eb) samplers rank [MASK] positions
+it does not have. An eso model runs its own sampler (``--steps`` for its diffusion phase, then
+left to right), named ``--sampler ancestral`` here.
 Each cell reports its NFE (network evaluations) and seconds per sample.
 """
 
@@ -26,9 +28,11 @@ from pathlib import Path
 import torch
 
 from arlm.generate import ARGenerator, GenerationConfig
+from dllm.corrector_flags import DEFAULT_GAMMA
+from dllm.eso.sampler import EsoSamplerConfig
 from dllm.generator import DiffusionGenerator
 from dllm.sampler import SamplerConfig
-from dllm.strategies import Ancestral, FixedCount, Threshold
+from dllm.strategies import Ancestral, EntropyBounded, FixedCount, Threshold
 from dllm.uniform.sampler import UniformSamplerConfig
 from shared.cli_args import CommandParser, seed_argument, set_threads, utf8_argument
 from shared.errors import CheckpointError, result_or_status
@@ -61,14 +65,22 @@ SAMPLERS = {
     "ancestral": lambda steps: Ancestral(steps),
     "fixed": lambda steps: FixedCount(steps, "low_confidence"),
     "threshold": lambda steps: Threshold(0.9),
+    "eb": lambda steps: EntropyBounded(DEFAULT_GAMMA),
 }
 
 
 def diffusion_config(
     objective: str, sampler: str, steps: int, temperature: float, greedy_tail: bool
-) -> SamplerConfig | UniformSamplerConfig:
+) -> SamplerConfig | UniformSamplerConfig | EsoSamplerConfig:
     """The sampler ``--sampler`` names, in the form the checkpoint's family takes."""
     sampling = SamplingConfig(temperature=temperature)
+    if objective == "eso" and sampler != "ancestral":
+        raise ValueError(
+            f"--sampler {sampler} does not apply to an eso (Eso-LM) model: it runs its own "
+            "sampler (--steps for its diffusion phase, then left to right): use --sampler ancestral"
+        )
+    if objective == "eso" and not greedy_tail:
+        return EsoSamplerConfig(steps, sampling=sampling)
     if objective == "udm":
         if sampler != "ancestral":
             raise ValueError(
@@ -92,7 +104,7 @@ def diffusion_fill(
     """Every request through the diffusion checkpoint; its cells and its family."""
     generator = DiffusionGenerator.from_checkpoint(path)
     if generator.objective == "ar":
-        raise ValueError(f"{path} holds an 'ar' model, not a diffusion one (mdm, bd or udm)")
+        raise ValueError(f"{path} holds an 'ar' model, not a diffusion one (mdm, bd, udm or eso)")
     if generator.objective == "bd" and any(suffixes):
         raise ValueError(
             f"{path} is a block diffusion (bd) model: a block never sees the blocks after it, "
@@ -151,7 +163,7 @@ def build_parser() -> CommandParser:
     parser.add_argument("--gen-length", type=int, default=48)
     parser.add_argument("--steps", type=int, default=48, help="diffusion steps")
     parser.add_argument(
-        "--sampler", choices=["ancestral", "fixed", "threshold"], default="ancestral"
+        "--sampler", choices=["ancestral", "fixed", "threshold", "eb"], default="ancestral"
     )
     parser.add_argument(
         "--greedy-tail", action="store_true", help="udm: the last step takes the argmax"
