@@ -24,6 +24,12 @@ def stratified_times(n_rows: int, generator: torch.Generator, eps: float) -> tor
     return eps + (1.0 - eps) * (torch.arange(n_rows, dtype=torch.float64) + u) / n_rows
 
 
+def repeated_times(n_rows: int, samples: int, generator: torch.Generator, eps: float):
+    """t for ``samples`` copies of each of ``n_rows`` rows (copies of row 0 first), stratified
+    across the copies of each row (``stratified_times``), for Monte-Carlo evaluation."""
+    return torch.cat([stratified_times(samples, generator, eps) for _ in range(n_rows)])
+
+
 def check_time_range(t_eps: float, t_max: float = 1.0) -> None:
     """Diffusion times are drawn from [t_eps, t_max], a non-empty part of [0, 1]."""
     if not 0.0 <= t_eps < 1.0:

@@ -16,13 +16,17 @@ from eval.synthetic.exact.eso import (
     conditional_predict,
     eso_distribution,
     network_predict,
-    total_variation,
     walk_order,
 )
+from eval.synthetic.exact.outcomes import divergences
 from shared.model import ModelConfig, Transformer
 from shared.sampling import SamplingConfig
 
 BOS, MASK = 0, 4  # symbols 1..3
+
+
+def total_variation(p, q) -> float:
+    return divergences(q, p)["tv"]
 
 
 def language(seed: int = 0, length: int = 4) -> dict[tuple[int, ...], float]:

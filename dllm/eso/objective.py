@@ -29,7 +29,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dllm.noise import AbsorbingObjective, check_time_range, diffusion_options, stratified_times
+from dllm.noise import (
+    AbsorbingObjective,
+    check_time_range,
+    diffusion_options,
+    repeated_times,
+    stratified_times,
+)
 from shared.errors import ConfigError
 from shared.objective import LossOutput, register_objective, sum_per_row
 
@@ -141,7 +147,7 @@ class EsoObjective(AbsorbingObjective):
     ) -> dict[str, torch.Tensor]:
         """Noise for ``samples`` copies of each row (copies of row 0 first), t stratified
         across the copies of a row, for Monte-Carlo evaluation."""
-        t = torch.cat([stratified_times(samples, generator, self.t_eps) for _ in range(n_rows)])
+        t = repeated_times(n_rows, samples, generator, self.t_eps)
         return self._row_noise(t, n_rows * samples, seq_len, generator)
 
     def _row_noise(self, t, n_rows: int, seq_len: int, generator) -> dict[str, torch.Tensor]:

@@ -28,7 +28,7 @@ from dllm.eso.objective import check_alpha_0
 from dllm.predictors import CountingModel
 from dllm.sampler import SampleResult
 from shared.kv_cache import KVCache
-from shared.sampling import SamplingConfig, process_logits, sample_categorical
+from shared.sampling import SamplingConfig, sample_from_logits
 
 
 @dataclass(frozen=True)
@@ -86,11 +86,7 @@ def reveal_plan(
 
 def draw(logits: torch.Tensor, config: SamplingConfig, generators) -> torch.Tensor:
     """[B, q] tokens from logits [B, q, V] (float64 draws, one generator per row)."""
-    processed = process_logits(logits, config)
-    if config.greedy:
-        return processed.argmax(-1)
-    probs = torch.softmax(processed, dim=-1)
-    return torch.stack([sample_categorical(p, g) for p, g in zip(probs, generators)])
+    return torch.stack([sample_from_logits(row, config, g) for row, g in zip(logits, generators)])
 
 
 class EsoDecoder:

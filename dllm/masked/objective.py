@@ -17,7 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dllm.noise import AbsorbingObjective, check_time_range, diffusion_options, stratified_times
+from dllm.noise import (
+    AbsorbingObjective,
+    check_time_range,
+    diffusion_options,
+    repeated_times,
+    stratified_times,
+)
 from shared.objective import (
     LossOutput,
     annealed_attention,
@@ -99,7 +105,7 @@ class MaskedDiffusionObjective(AbsorbingObjective):
     ) -> dict[str, torch.Tensor]:
         """Noise for ``samples`` copies of each of ``n_rows`` rows (row-major: copies of row 0
         first), with t stratified across the copies of each row, for Monte-Carlo evaluation."""
-        t = torch.cat([stratified_times(samples, generator, self.t_eps) for _ in range(n_rows)])
+        t = repeated_times(n_rows, samples, generator, self.t_eps)
         uniforms = torch.rand((n_rows * samples, seq_len), generator=generator, dtype=torch.float64)
         return {"t": t, "uniforms": uniforms}
 

@@ -32,7 +32,7 @@ import math
 import torch
 from torch import nn
 
-from dllm.noise import check_time_range, stratified_times
+from dllm.noise import check_time_range, repeated_times, stratified_times
 from dllm.uniform.curriculum import (
     GAMMA_MAX,
     GAMMA_MIN,
@@ -249,7 +249,7 @@ class UniformDiffusionObjective:
     ) -> dict[str, torch.Tensor]:
         """Noise for ``samples`` copies of each of ``n_rows`` rows (copies of row 0 first), t
         stratified across the copies of each row, for Monte-Carlo evaluation."""
-        t = torch.cat([stratified_times(samples, generator, self.t_eps) for _ in range(n_rows)])
+        t = repeated_times(n_rows, samples, generator, self.t_eps)
         shape = (n_rows * samples, seq_len)
         keep = torch.rand(shape, generator=generator, dtype=torch.float64)
         draw = torch.rand(shape, generator=generator, dtype=torch.float64)

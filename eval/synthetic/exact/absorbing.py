@@ -57,7 +57,8 @@ JOINT_DRAW_LIMIT = 100_000
 
 
 def draw_probs(logits: torch.Tensor, config: SamplerConfig) -> torch.Tensor:
-    """[m, V] float64: the distribution each masked position's token is drawn from."""
+    """[m, V] float64: the distribution each masked position's token is drawn from (only
+    ``config.sampling`` is read, so any sampler settings that carry one will do)."""
     processed = process_logits(logits, config.sampling)
     if config.sampling.greedy:
         return torch.nn.functional.one_hot(processed.argmax(-1), processed.shape[-1]).double()

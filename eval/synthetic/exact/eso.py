@@ -28,20 +28,12 @@ import torch
 from torch import nn
 
 from dllm.eso.sampler import EsoSamplerConfig, chunk_sizes
-from shared.sampling import process_logits
+from eval.synthetic.exact.absorbing import draw_probs
 
 Row = tuple[int, ...]
 # (clean positions in the order they became clean, their tokens, the chunk's query positions)
 # -> logits [q, V] over the tokens (no [MASK] column)
 Predict = Callable[[Row, Row, Row], torch.Tensor]
-
-
-def draw_probs(logits: torch.Tensor, config: EsoSamplerConfig) -> torch.Tensor:
-    """[q, V] float64: what each query's token is drawn from (argmax one-hot when greedy)."""
-    processed = process_logits(logits, config.sampling)
-    if config.sampling.greedy:
-        return torch.nn.functional.one_hot(processed.argmax(-1), processed.shape[-1]).double()
-    return torch.softmax(processed, dim=-1)
 
 
 def chunk_moves(probs: torch.Tensor) -> dict[Row, float]:
@@ -130,7 +122,3 @@ def conditional_predict(language: Mapping[Row, float], canvas: Row, mask_id: int
         return torch.log(probs / probs.sum(-1, keepdim=True))
 
     return predict
-
-
-def total_variation(p: Mapping[Row, float], q: Mapping[Row, float]) -> float:
-    return 0.5 * sum(abs(p.get(row, 0.0) - q.get(row, 0.0)) for row in set(p) | set(q))
