@@ -213,7 +213,7 @@ def check_remdm_knobs(rule: Remdm) -> None:
         "rescale": 1.0,
         "loop": min(1.0, (1.0 - rule.alpha_on) / rule.alpha_on),
     }.get(rule.mode)
-    if bound is not None and rule.eta > bound:
+    if bound is not None and rule.eta > bound + 1e-12:  # (1 - 0.8) / 0.8 is 0.2499...94
         raise ValueError(
             f"eta={rule.eta} is above its bound for mode {rule.mode}: valid [0, {bound:.4g}]"
         )

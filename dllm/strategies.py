@@ -317,13 +317,15 @@ def entropy_bounded_counts(scores: torch.Tensor, entropy: torch.Tensor, masked, 
 
 @dataclass(frozen=True)
 class EntropyBounded:
-    """The EB sampler (Ben-Hamu et al. 2025): each step draws a token at every masked position
-    of the block, orders them by the drawn token's probability, and reveals the largest
-    most-confident set whose summed entropy minus its largest entropy stays within ``gamma``
-    (at least one). That sum bounds the dependence the independent draws ignore, so the set
-    shares one error budget where the threshold sampler judges each token alone. ``gamma = 0``
-    reveals one token per step (unless several predictions are certain); the step count is
-    open-ended (at most one per token)."""
+    """The EB sampler (Ben-Hamu et al. 2025): each step orders the masked positions of the block
+    by their prediction's confidence (its largest probability), draws a token at each, and
+    reveals the largest most-confident set whose summed entropy minus its largest entropy stays
+    within ``gamma`` (at least one). That sum bounds the dependence the independent draws
+    ignore, so the set shares one error budget where the threshold sampler judges each token
+    alone. The order is read from the predictions, not from the drawn tokens: which positions
+    are revealed never depends on what was drawn there, so ``gamma = 0`` (one token per step,
+    plus any certain ones) samples exactly from an exact denoiser, the positive control. The
+    step count is open-ended (at most one per token)."""
 
     gamma: float = 0.01
     name: ClassVar[str] = "eb"
@@ -339,7 +341,7 @@ class EntropyBounded:
 
     def step(self, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = ctx.draw_tokens(ctx.masked)
-        scores = token_probability(ctx.probs, tokens)
+        scores = ctx.probs.amax(-1)
         entropy = -negative_entropy(ctx.probs)
         counts = entropy_bounded_counts(scores, entropy, ctx.masked, self.gamma)
         return most_confident(scores, ctx.masked, counts), tokens

@@ -1,7 +1,7 @@
 """The entropy-bounded (EB) sampler (dllm/strategies.py): gamma = 0 reveals one token per step
-(the fixed low-confidence sampler at one token per step, token for token), the revealed set is
-the rule's by enumeration of the confidence-ordered sets, larger gamma reveals more per step, and
-a bad gamma is one line."""
+(greedy, the fixed low-confidence sampler at one token per step, token for token), the revealed
+set is the rule's by enumeration of the sets ordered by the predictions' confidence (not the
+drawn tokens'), larger gamma reveals more per step, and a bad gamma is one line."""
 
 import math
 from types import SimpleNamespace
@@ -40,8 +40,10 @@ def canvas(batch: int = 3) -> Canvas:
 
 
 def test_gamma_zero_reveals_one_token_per_step_as_the_fixed_sampler(eb_model):
-    eb = sample(eb_model, SamplerConfig(EntropyBounded(0.0)), canvas(), seeded(4))
-    fixed = sample(eb_model, SamplerConfig(FixedCount(GEN)), canvas(), seeded(4))
+    # greedy: the drawn token is the most likely one, so both rules rank alike
+    greedy = SamplingConfig(temperature=0.0)
+    eb = sample(eb_model, SamplerConfig(EntropyBounded(0.0), sampling=greedy), canvas(), seeded(4))
+    fixed = sample(eb_model, SamplerConfig(FixedCount(GEN), sampling=greedy), canvas(), seeded(4))
     assert eb.revealed.tolist() == [[1] * 3] * GEN
     assert torch.equal(eb.tokens, fixed.tokens)
 
@@ -73,10 +75,11 @@ class PerPosition(nn.Module):
 
 
 def rule_by_enumeration(probs, tokens, masked, gamma) -> set[int]:
-    """Every confidence-ordered set (the k most confident masked positions, k = 1..n), the
-    largest whose summed entropy minus its largest is <= gamma; the top one at least."""
+    """Every confidence-ordered set (the k masked positions whose predictions' largest
+    probability is highest, k = 1..n), the largest whose summed entropy minus its largest is
+    <= gamma; the top one at least. ``tokens`` (what was drawn) must not matter."""
     positions = [i for i in range(len(masked)) if masked[i]]
-    confidence = {i: float(probs[i, tokens[i]]) for i in positions}
+    confidence = {i: float(probs[i].max()) for i in positions}
     order = sorted(positions, key=lambda i: (-confidence[i], i))
     entropy = {i: -sum(float(p) * math.log(p) for p in probs[i] if p > 0) for i in positions}
     best = {order[0]}

@@ -11,7 +11,8 @@ mirrors the rule (``dllm.strategies``):
   ``FixedCount`` reveals the ``reveal_counts`` (or ``front_loaded_counts``) of that step: a
   uniformly random subset for "random", the ``most_confident`` positions (stable: ties to the
   left) for the others, scored on the unprocessed probabilities; ``Threshold`` reveals every
-  drawn token whose probability passes, else the most confident one (``confident_or_best``).
+  drawn token whose probability passes, else the most confident one (``confident_or_best``);
+  ``EntropyBounded`` reveals its entropy-budget set of the most confident predictions.
 
 Where the reveal depends on the drawn tokens (low_confidence, threshold), the DP enumerates the
 joint draws of the masked positions and runs the rule's own functions on them as a batch. A
@@ -48,6 +49,7 @@ from dllm.strategies import (
     top2_margin,
     unmask_probability,
 )
+from eval.synthetic.exact.remdm import remdm_block
 from shared.errors import ConfigError
 from shared.sampling import process_logits
 
@@ -147,18 +149,12 @@ def rule_moves(config: SamplerConfig, logits: torch.Tensor, step: Step) -> tuple
             return confident_or_best(scores, everywhere.expand_as(tokens), rule.threshold)
 
         return joint_moves(options, reveal_of), 1 - kept
-    if isinstance(rule, EntropyBounded):
-        entropy = -negative_entropy(probs)
-
-        def reveal_of(tokens: torch.Tensor) -> torch.Tensor:
-            scores = probs.gather(-1, tokens.T).T
-            where = everywhere.expand_as(tokens)
-            spent = entropy.expand_as(scores)
-            return most_confident(
-                scores, where, entropy_bounded_counts(scores, spent, where, rule.gamma)
-            )
-
-        return joint_moves(options, reveal_of), 1 - kept
+    if isinstance(rule, EntropyBounded):  # the set depends on the predictions only
+        scores, entropy = probs.amax(-1)[None], -negative_entropy(probs)[None]
+        counts = entropy_bounded_counts(scores, entropy, everywhere, rule.gamma)
+        picked = most_confident(scores, everywhere, counts)[0]
+        positions = tuple(i for i in range(m) if picked[i])
+        return independent_moves([(positions, 1.0)], options), 1 - kept
     count = reveal_count(rule, step.index, step.steps, step.at_start)
     return fixed_count_moves(rule, probs, options, count), 1 - kept
 
@@ -243,38 +239,68 @@ def step_canvases(
     return after, dropped
 
 
+@dataclass(frozen=True)
+class Absorbing:
+    """What the program gives: q over samples, the pruned probability, the impossible mass (None
+    without ``layout.possible``) and the expected number of model calls of one row."""
+
+    samples: dict[str | None, float]
+    dropped: float
+    impossible: float | None
+    calls: float
+
+
+def block_steps(
+    states: dict[Canvas, float],
+    predict: Predict,
+    config: SamplerConfig,
+    layout: Layout,
+    block: tuple[int, int],
+    min_prob: float,
+) -> tuple[dict[Canvas, float], float, float]:
+    """Every step of one block: (canvases, pruned mass, expected model calls)."""
+    start, end = block
+    steps = config.strategy.steps_per_block(len(layout.blocks))
+    if isinstance(config.strategy, Remdm):
+        model = (predict, lambda logits: draw_probs(logits, config), config.strategy)
+        return remdm_block(states, model, layout.canvas, layout.mask_id, block, steps, min_prob)
+    at_start = sum(t == layout.mask_id for t in layout.canvas[start:end])
+    index, dropped, calls = 0, 0.0, 0.0
+    while steps is None or index < steps:
+        active = [m for c, m in states.items() if layout.mask_id in c[start:end]]
+        if not active:
+            break
+        calls += sum(active)  # a canvas with nothing masked in the block calls no model
+        step = Step(index, steps, at_start, min_prob)
+        states, pruned = step_canvases(states, predict, config, layout, block, step)
+        dropped += pruned
+        index += 1
+    return states, dropped, calls
+
+
 def absorbing_distribution(
     predict: Predict, config: SamplerConfig, layout: Layout, min_prob: float = 0.0
-) -> tuple[dict[str | None, float], float, float | None]:
-    """(q over samples, pruned probability, impossible mass) of the sampler ``config`` from
-    ``layout.canvas``. The impossible mass is the probability of ending on a canvas no row holds
-    (None without ``layout.possible``): revealed tokens stay, so a path that reaches an
-    impossible canvas ends on one, and this is the mass that ever reaches one."""
-    if isinstance(config.strategy, Remdm):
-        # a remasking step leaves the order of partial rows by the number revealed
-        raise ConfigError("the exact program does not run ReMDM (it remasks revealed tokens)")
-    steps = config.strategy.steps_per_block(len(layout.blocks))
+) -> Absorbing:
+    """q of the sampler ``config`` from ``layout.canvas`` (``Absorbing``). The impossible mass
+    is the probability of ending on a canvas no row holds: without a corrector revealed tokens
+    stay, so a path that reaches an impossible canvas ends on one and this is the mass that ever
+    reaches one; ReMDM may remask its way out, and it is the mass that ends on one."""
     states: dict[Canvas, float] = {layout.canvas: 1.0}
     samples: dict[str | None, float] = defaultdict(float)
     finals: dict[Canvas, float] = {}  # canvases whose sample is fixed
-    dropped = 0.0
+    dropped = calls = 0.0
     for start, end in layout.blocks:
-        at_start = sum(t == layout.mask_id for t in layout.canvas[start:end])
-        index = 0
-        while steps is None or index < steps:
-            if not any(layout.mask_id in c[start:end] for c in states):
-                break
-            step = Step(index, steps, at_start, min_prob)
-            states, pruned = step_canvases(states, predict, config, layout, (start, end), step)
-            dropped += pruned
-            index += 1
+        states, pruned, called = block_steps(
+            states, predict, config, layout, (start, end), min_prob
+        )
+        dropped, calls = dropped + pruned, calls + called
         # a finished block holding an EOS fixes the sample: later blocks come after it
         for canvas in [c for c in states if layout.eos_id in c[layout.region_start : end]]:
             finals[canvas] = states.pop(canvas)
     finals.update(states)
     for canvas, mass in finals.items():
         samples[layout.decode(canvas)] += mass
-    if layout.possible is None:
-        return dict(samples), dropped, None
-    impossible = sum(mass for canvas, mass in finals.items() if not layout.possible(canvas))
-    return dict(samples), dropped, impossible
+    impossible = None
+    if layout.possible is not None:
+        impossible = sum(mass for canvas, mass in finals.items() if not layout.possible(canvas))
+    return Absorbing(dict(samples), dropped, impossible, calls)

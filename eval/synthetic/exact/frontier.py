@@ -16,7 +16,7 @@ pruned mass as ``dropped``; 0 (the default) is exact.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import torch
@@ -63,6 +63,7 @@ class SamplerDistribution:
     p: dict[str | None, float]
     dropped: float
     impossible: float | None = None
+    calls: float | None = None  # expected model calls of one row (the absorbing families)
 
 
 @dataclass(frozen=True)
@@ -216,7 +217,7 @@ def sampler_distribution(
     check_setting(family, config, language, gen_length)
     symbols = dict(zip(symbol_ids(language, tokenizer), language.alphabet))
     setting = Setting(model, tokenizer, gen_length, state or {}, min_prob, symbols)
-    impossible = None
+    impossible = calls = None
     with torch.no_grad():
         try:
             if family == "ar":
@@ -224,12 +225,13 @@ def sampler_distribution(
             elif family == "udm":
                 q, dropped = uniform(config, setting, language)
             else:
-                q, dropped, impossible = absorbing(family, config, setting)
+                result = absorbing(family, config, setting)
+                q, dropped, impossible, calls = astuple(result)
         except ConfigError:
             raise
         except ValueError as exc:  # the samplers' own checks of a setting
             raise ConfigError(str(exc)) from exc
-    return SamplerDistribution(q, language_distribution(language), dropped, impossible)
+    return SamplerDistribution(q, language_distribution(language), dropped, impossible, calls)
 
 
 def sampler_error(*setting: Any, **options: Any) -> dict[str, float]:
