@@ -58,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import peer_adapters
+import peer_correctors
 from peer_cases import (
     SHAPES,
     Pair,
@@ -144,6 +145,9 @@ def check_args(args: argparse.Namespace) -> None:
          f"--steps {args.steps} must be a positive multiple of the number of blocks ({blocks})"),
         (args.duo is not None and args.steps < 2,
          f"--steps {args.steps}: Duo's comparison needs at least 2 (its greedy step is one)"),
+        (args.remdm is not None and args.steps % 20 != 0,
+         f"--steps {args.steps}: ReMDM's loop (t_on 0.55, t_off 0.05) is compared step by step "
+         "only with both on the step grid; use a multiple of 20 (e.g. 80)"),
         (not 0 < args.threshold <= 1, f"--threshold {args.threshold} must be in (0, 1]"),
         (args.prompt_length < 0, f"--prompt-length {args.prompt_length} must be >= 0"),
         (length > max_len,
@@ -197,7 +201,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = CommandParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fast-dllm", default=None, help="folder with Fast-dLLM's llada/")
     parser.add_argument("--duo", default=None, help="a clone of s-sahoo/duo")
-    parser.add_argument("--bd3lms", default=None, help="a clone of bd3lms (not built yet)")
+    parser.add_argument("--bd3lms", default=None, help="a clone of kuleshov-group/bd3lms")
+    parser.add_argument("--remdm", default=None, help="a clone of kuleshov-group/remdm")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="demo")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5)
@@ -231,7 +236,8 @@ def peer_pairs(args: argparse.Namespace) -> tuple[list[Pair], dict[str, str], di
         skipped["duo"] = "no --duo PATH given (a clone of s-sahoo/duo)"
     else:
         fail_if(peer_adapters.duo_missing(args.duo))
-        pairs.append(duo_pair(args, peer_adapters.load_duo(args.duo)))
+        duo = peer_adapters.load_duo(args.duo)
+        pairs += [duo_pair(args, duo), peer_correctors.duo_psi_pair(args, duo)]
         sources["duo"] = peer_adapters.source_of(args.duo)
     if args.bd3lms is None:
         skipped["bd3lms"] = "no --bd3lms PATH given (a clone of kuleshov-group/bd3lms)"
@@ -239,6 +245,12 @@ def peer_pairs(args: argparse.Namespace) -> tuple[list[Pair], dict[str, str], di
         fail_if(peer_adapters.bd3lms_missing(args.bd3lms))
         pairs += bd3lms_pairs(args, peer_adapters.load_bd3lms(args.bd3lms))
         sources["bd3lms"] = peer_adapters.source_of(args.bd3lms)
+    if args.remdm is None:
+        skipped["remdm"] = "no --remdm PATH given (a clone of kuleshov-group/remdm)"
+    else:
+        fail_if(peer_correctors.remdm_missing(args.remdm))
+        pairs += peer_correctors.remdm_pairs(args, peer_correctors.load_remdm(args.remdm))
+        sources["remdm"] = peer_adapters.source_of(args.remdm)
     return pairs, sources, skipped
 
 
