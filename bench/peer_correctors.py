@@ -181,6 +181,8 @@ def step_distribution(module, name: str, update, x: torch.Tensor, fills: tuple[i
     for fill in fills:
         with captured_step(module, name, fill) as seen:
             outcomes.append(update()[1])
+        if "probs" not in seen:
+            raise RuntimeError(f"their update drew nothing through {name}: not the step expected")
         probs = seen["probs"]
     drawn = (outcomes[0] == fills[0]) & (outcomes[1] == fills[1])
     if not ((outcomes[0] == x) | drawn).all() or not ((outcomes[1] == x) | drawn).all():
