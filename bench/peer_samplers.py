@@ -3,6 +3,7 @@
     python bench/peer_samplers.py --fast-dllm PATH --duo PATH --bd3lms PATH --shape demo \
         --batch 1 --rounds 5 --json out.json
     python bench/peer_samplers.py --fast-dllm PATH --duo PATH --bd3lms PATH --check-only
+    python bench/peer_samplers.py --remdm PATH --duo PATH --steps 80 --rounds 5 --json out.json
 
 Each peer runs from a folder the user gives; nothing of it is copied into this project, the
 adapters in ``bench/peer_adapters.py`` import it from there (``transformers`` and ``einops``, the
@@ -30,6 +31,10 @@ randomly initialised at the chosen shape (speed does not depend on what the weig
   ``sample_uniform`` with the greedy tail, at the same NFE: Duo's ``--steps - 1`` ancestral
   steps (grid 1 to 1e-5) plus its greedy step, our ``--steps`` steps (grid 1 to 0, the last
   greedy). Duo has no prompt: it generates every position (BOS's slot too), ours keeps BOS.
+  A second case, Duo's Psi sampler (``predictor=psi``, kappas of mode max-capped-0.01 at every
+  step, ancestral noise removal) against our ``psi="cap"``, ``eta=0.01``, at the same NFE
+  (``bench/peer_correctors.py``); there only ``--gen-length`` tokens a row are counted on
+  both sides.
 - ``--bd3lms PATH``: a bd3lms clone (kuleshov-group/bd3lms). A block-diffusion model with
   ``--block-length`` blocks, and bd3lms's ``_semi_ar_sampler`` at its default settings (first
   hitting: one uniformly chosen masked position per step; no nucleus; ``kv_cache`` off, as its
@@ -37,9 +42,22 @@ randomly initialised at the chosen shape (speed does not depend on what the weig
   our model through bd3lms's own ``_subs_parameterization``, against our ``FixedCount(random)``
   at one token per step (the same rule), with our exact KV cache of finished blocks and
   without it. Both generate ``--gen-length - 1`` tokens (bd3lms puts BOS in the first block).
+- ``--remdm PATH``: a ReMDM clone (kuleshov-group/remdm). A masked model (not time-conditioned,
+  as ReMDM's released MDLM), and ReMDM's ``_sample`` (the ``ddpm_cache`` predictor with its
+  p(x0) cache, greedy noise removal, no nucleus) bound unchanged to a stand-in whose forward is
+  our model through ReMDM's own ``_subs_parameterization``, against our ``Remdm`` rule through
+  ``DiffusionGenerator.fill``. Two cases at ReMDM's released knobs: cap (eta 0.008) and loop
+  (eta 0.02, t_on 0.55, t_off 0.05, alpha_on 0.9); the same NFE: ReMDM's ``--steps - 1`` steps
+  (grid 1 to 1e-5) plus its noise removal, our ``--steps`` steps (grid 1 to 0). ReMDM
+  generates BOS's slot too; only ``--gen-length`` tokens a row are counted on both sides.
+  ``--steps`` must be a multiple of 20, so that the loop's t_on and t_off lie on the grid the
+  check walks.
 
-Duo's and bd3lms's tokens cannot equal ours (their draws come from the global RNG by
-Gumbel-max); what is checked instead is in ``bench/peer_checks.py``.
+Duo's, bd3lms's and ReMDM's tokens cannot equal ours (their draws come from the global RNG by
+Gumbel-max); what is checked instead is in ``bench/peer_checks.py`` and, for ReMDM and Duo's Psi
+sampler, ``bench/peer_correctors.py``: along one trajectory of ``--steps`` steps, their update's
+distribution of x_s (captured from the Gumbel-max draw it calls) against ours from the same
+p(x0), x_t and times, to 1e-12 (ReMDM) and 1e-6 (Psi: Duo's eta is a float32 tensor).
 """
 
 from __future__ import annotations
@@ -209,7 +227,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--gen-length", type=int, default=64)
     parser.add_argument("--block-length", type=int, default=16, help="Fast-dLLM cases")
-    parser.add_argument("--steps", type=int, default=64, help="steps (fixed rule) / NFE (Duo)")
+    parser.add_argument(
+        "--steps", type=int, default=64, help="steps (fixed rule) / NFE (Duo, ReMDM)"
+    )
     parser.add_argument("--threshold", type=float, default=0.9)
     parser.add_argument("--prompt-length", type=int, default=16, help="Fast-dLLM cases")
     parser.add_argument("--threads", type=int, default=1)
