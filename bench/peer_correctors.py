@@ -334,7 +334,8 @@ def remdm_pairs(args: argparse.Namespace, remdm) -> list[Pair]:
             gap = remdm_step_gap(remdm, sampler, model, rule, tokens, args.steps)
             return gap_result(gap, REMDM_TOLERANCE, "step distributions", {"step_gap": gap})
 
-        name = f"{case} {args.steps} NFE, " + ", ".join(f"{k} {v}" for k, v in knobs.items())
+        knob_text = ", ".join(f"{k} {v}" for k, v in knobs.items() if k != "mode")
+        name = f"{case} {args.steps} NFE, {knob_text}"
         pairs.append(Pair("remdm", name, counted(run_ours), counted(run_theirs), check))
     return pairs
 
