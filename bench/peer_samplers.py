@@ -3,6 +3,7 @@
     python bench/peer_samplers.py --fast-dllm PATH --duo PATH --bd3lms PATH --shape demo \
         --batch 1 --rounds 5 --json out.json
     python bench/peer_samplers.py --fast-dllm PATH --duo PATH --bd3lms PATH --check-only
+    python bench/peer_samplers.py --remdm PATH --duo PATH --steps 80 --rounds 5 --json out.json
 
 Each peer runs from a folder the user gives; nothing of it is copied into this project, the
 adapters in ``bench/peer_adapters.py`` import it from there (``transformers`` and ``einops``, the
@@ -30,6 +31,10 @@ randomly initialised at the chosen shape (speed does not depend on what the weig
   ``sample_uniform`` with the greedy tail, at the same NFE: Duo's ``--steps - 1`` ancestral
   steps (grid 1 to 1e-5) plus its greedy step, our ``--steps`` steps (grid 1 to 0, the last
   greedy). Duo has no prompt: it generates every position (BOS's slot too), ours keeps BOS.
+  A second case, Duo's Psi sampler (``predictor=psi``, kappas of mode max-capped-0.01 at every
+  step, ancestral noise removal) against our ``psi="cap"``, ``eta=0.01``, at the same NFE
+  (``bench/peer_correctors.py``); there only ``--gen-length`` tokens a row are counted on
+  both sides.
 - ``--bd3lms PATH``: a bd3lms clone (kuleshov-group/bd3lms). A block-diffusion model with
   ``--block-length`` blocks, and bd3lms's ``_semi_ar_sampler`` at its default settings (first
   hitting: one uniformly chosen masked position per step; no nucleus; ``kv_cache`` off, as its
@@ -37,9 +42,22 @@ randomly initialised at the chosen shape (speed does not depend on what the weig
   our model through bd3lms's own ``_subs_parameterization``, against our ``FixedCount(random)``
   at one token per step (the same rule), with our exact KV cache of finished blocks and
   without it. Both generate ``--gen-length - 1`` tokens (bd3lms puts BOS in the first block).
+- ``--remdm PATH``: a ReMDM clone (kuleshov-group/remdm). A masked model (not time-conditioned,
+  as ReMDM's released MDLM), and ReMDM's ``_sample`` (the ``ddpm_cache`` predictor with its
+  p(x0) cache, greedy noise removal, no nucleus) bound unchanged to a stand-in whose forward is
+  our model through ReMDM's own ``_subs_parameterization``, against our ``Remdm`` rule through
+  ``DiffusionGenerator.fill``. Two cases at ReMDM's released knobs: cap (eta 0.008) and loop
+  (eta 0.02, t_on 0.55, t_off 0.05, alpha_on 0.9); the same NFE: ReMDM's ``--steps - 1`` steps
+  (grid 1 to 1e-5) plus its noise removal, our ``--steps`` steps (grid 1 to 0). ReMDM
+  generates BOS's slot too; only ``--gen-length`` tokens a row are counted on both sides.
+  ``--steps`` must be a multiple of 20, so that the loop's t_on and t_off lie on the grid the
+  check walks.
 
-Duo's and bd3lms's tokens cannot equal ours (their draws come from the global RNG by
-Gumbel-max); what is checked instead is in ``bench/peer_checks.py``.
+Duo's, bd3lms's and ReMDM's tokens cannot equal ours (their draws come from the global RNG by
+Gumbel-max); what is checked instead is in ``bench/peer_checks.py`` and, for ReMDM and Duo's Psi
+sampler, ``bench/peer_correctors.py``: along one trajectory of ``--steps`` steps, their update's
+distribution of x_s (captured from the Gumbel-max draw it calls) against ours from the same
+p(x0), x_t and times, to 1e-12 (ReMDM) and 1e-6 (Psi: Duo's eta is a float32 tensor).
 """
 
 from __future__ import annotations
@@ -58,6 +76,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import peer_adapters
+import peer_correctors
 from peer_cases import (
     SHAPES,
     Pair,
@@ -144,6 +163,9 @@ def check_args(args: argparse.Namespace) -> None:
          f"--steps {args.steps} must be a positive multiple of the number of blocks ({blocks})"),
         (args.duo is not None and args.steps < 2,
          f"--steps {args.steps}: Duo's comparison needs at least 2 (its greedy step is one)"),
+        (args.remdm is not None and args.steps % 20 != 0,
+         f"--steps {args.steps}: ReMDM's loop (t_on 0.55, t_off 0.05) is compared step by step "
+         "only with both on the step grid; use a multiple of 20 (e.g. 80)"),
         (not 0 < args.threshold <= 1, f"--threshold {args.threshold} must be in (0, 1]"),
         (args.prompt_length < 0, f"--prompt-length {args.prompt_length} must be >= 0"),
         (length > max_len,
@@ -197,14 +219,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = CommandParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fast-dllm", default=None, help="folder with Fast-dLLM's llada/")
     parser.add_argument("--duo", default=None, help="a clone of s-sahoo/duo")
-    parser.add_argument("--bd3lms", default=None, help="a clone of bd3lms (not built yet)")
+    parser.add_argument("--bd3lms", default=None, help="a clone of kuleshov-group/bd3lms")
+    parser.add_argument("--remdm", default=None, help="a clone of kuleshov-group/remdm")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="demo")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--gen-length", type=int, default=64)
     parser.add_argument("--block-length", type=int, default=16, help="Fast-dLLM cases")
-    parser.add_argument("--steps", type=int, default=64, help="steps (fixed rule) / NFE (Duo)")
+    parser.add_argument(
+        "--steps", type=int, default=64, help="steps (fixed rule) / NFE (Duo, ReMDM)"
+    )
     parser.add_argument("--threshold", type=float, default=0.9)
     parser.add_argument("--prompt-length", type=int, default=16, help="Fast-dLLM cases")
     parser.add_argument("--threads", type=int, default=1)
@@ -231,7 +256,8 @@ def peer_pairs(args: argparse.Namespace) -> tuple[list[Pair], dict[str, str], di
         skipped["duo"] = "no --duo PATH given (a clone of s-sahoo/duo)"
     else:
         fail_if(peer_adapters.duo_missing(args.duo))
-        pairs.append(duo_pair(args, peer_adapters.load_duo(args.duo)))
+        duo = peer_adapters.load_duo(args.duo)
+        pairs += [duo_pair(args, duo), peer_correctors.duo_psi_pair(args, duo)]
         sources["duo"] = peer_adapters.source_of(args.duo)
     if args.bd3lms is None:
         skipped["bd3lms"] = "no --bd3lms PATH given (a clone of kuleshov-group/bd3lms)"
@@ -239,6 +265,12 @@ def peer_pairs(args: argparse.Namespace) -> tuple[list[Pair], dict[str, str], di
         fail_if(peer_adapters.bd3lms_missing(args.bd3lms))
         pairs += bd3lms_pairs(args, peer_adapters.load_bd3lms(args.bd3lms))
         sources["bd3lms"] = peer_adapters.source_of(args.bd3lms)
+    if args.remdm is None:
+        skipped["remdm"] = "no --remdm PATH given (a clone of kuleshov-group/remdm)"
+    else:
+        fail_if(peer_correctors.remdm_missing(args.remdm))
+        pairs += peer_correctors.remdm_pairs(args, peer_correctors.load_remdm(args.remdm))
+        sources["remdm"] = peer_adapters.source_of(args.remdm)
     return pairs, sources, skipped
 
 

@@ -117,7 +117,7 @@ def test_absent_peers_are_skipped_with_the_reason(tmp_path, capsys):
     out = tmp_path / "report.json"
     assert peer_samplers.main(["--json", str(out)]) == 0
     text = capsys.readouterr().out
-    for peer in ("fast-dllm", "duo", "bd3lms"):
+    for peer in ("fast-dllm", "duo", "bd3lms", "remdm"):
         assert f"- {peer}: skipped: no --{peer} PATH given" in text
     assert json.loads(out.read_text())["rows"] == []
 
@@ -194,7 +194,7 @@ def test_the_identity_check_sees_a_different_split(monkeypatch):
             return dataclasses.replace(config, strategy=FixedCount(config.strategy.steps))
         return config
 
-    monkeypatch.setattr(peer_samplers, "our_sampler", rounded)
+    monkeypatch.setattr(peer_cases, "our_sampler", rounded)
     rows = fast_dllm_checks(SETTINGS)
     assert not any(row["passed"] for row in rows if row["case"].startswith("fixed"))
 
@@ -253,10 +253,12 @@ def test_one_short_run_writes_every_peer_with_its_ratio(tmp_path, capsys, monkey
             "--warmup", "0", "--device", "cpu", "--json", str(out)]  # fmt: skip
     assert peer_samplers.main(argv) == 0
     report = json.loads(out.read_text())
-    assert [row["peer"] for row in report["rows"]] == ["fast-dllm"] * 6 + ["duo"] + ["bd3lms"] * 2
+    peers = ["fast-dllm"] * 6 + ["duo"] * 2 + ["bd3lms"] * 2  # Duo: ancestral, then Psi
+    assert [row["peer"] for row in report["rows"]] == peers
     assert all(row["passed"] and row["ratio"]["median"] > 0 for row in report["rows"])
     assert report["rows"][0]["ours"]["round_tokens"] == [8]
     assert report["rows"][6]["theirs"]["round_tokens"] == [9]  # Duo generates BOS's slot too
+    assert report["rows"][7]["theirs"]["round_tokens"] == [8]  # the Psi case counts only G
     assert report["rows"][-1]["ours"]["round_tokens"] == [7]  # bd3lms's BOS is in block 0
     assert report["rows"][-1]["theirs"]["round_tokens"] == [7]
     assert set(report["sources"]) == {"fast-dllm", "duo", "bd3lms"}
