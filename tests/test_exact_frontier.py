@@ -13,6 +13,7 @@ from eval.experiments.exact_frontier import (
     check_positive_controls,
     main,
 )
+from eval.experiments.exact_frontier_correctors import VERDICTS
 from eval.experiments.exact_frontier_setup import (
     HEADLINE_NFE,
     headline,
@@ -63,7 +64,7 @@ def test_headline_says_none_separated_when_intervals_overlap() -> None:
 
 def test_a_failed_positive_control_fails_loudly() -> None:
     controls = [s for s in sampler_settings() if is_positive_control(s)]
-    assert {s.family for s in controls} == {"ar", "mdm", "bd"}
+    assert {s.family for s in controls} == {"ar", "mdm", "bd", "eso"}
     zero = {"kl_qp": 0.0, "kl_pq": 0.0, "tv": 0.0}
     errors = {s.name: {"uniform": dict(zero), "prefix": dict(zero)} for s in controls}
     assert len(check_positive_controls(errors)) == 2 * len(controls)
@@ -101,6 +102,8 @@ def test_smoke_report_end_to_end(tmp_path, monkeypatch) -> None:
     fixed = report["languages"]["fixed"]["rows"]
     assert all(e["impossible"] in (0, None) for r in fixed for e in r["exact_denoiser"].values())
     assert report["headline"]["text"].startswith(f"At NFE per token <= {HEADLINE_NFE:g}")
+    assert {v["verdict"] for v in report["correctors"]["verdicts"]} <= set(VERDICTS)
+    assert {r["family"] for r in fixed} == {"ar", "mdm", "bd", "udm", "eso"}
 
 
 def refuse_constant(word: str) -> None:

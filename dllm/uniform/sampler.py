@@ -98,7 +98,7 @@ def check_psi_knobs(config: UniformSamplerConfig) -> None:
     if not 0.0 < config.alpha_on < 1.0:
         raise ValueError(f"alpha_on={config.alpha_on} is out of range: valid (0, 1)")
     bound = 1.0 - config.alpha_on if config.psi == "loop" else 1.0
-    if not 0.0 <= config.eta <= bound:
+    if not 0.0 <= config.eta <= bound + 1e-12:  # 1 - 0.9 is 0.0999...98
         raise ValueError(
             f"eta={config.eta} is out of range for psi {config.psi}: valid [0, {bound:.4g}]"
         )

@@ -33,6 +33,7 @@ from dllm.generator import DiffusionGenerator
 from eval.experiments.exact_frontier_report import write_report
 from eval.experiments.exact_frontier_setup import (
     BLOCK_SIZE,
+    ESO_TRAINED_ALPHA_0,
     FAMILIES,
     GEN_LENGTH,
     HEADLINE_LANGUAGE,
@@ -137,7 +138,13 @@ def as_pairs(q: dict[str | None, float]) -> list[list]:
 def sampler_errors(lang: HMMLanguage, tokenizer: Tokenizer, every: bool) -> dict[str, dict]:
     """Every setting's error with each exact denoiser of its family (no training involved):
     setting -> oracle -> divergences to p, the impossible mass and q itself."""
-    state = {"train_config": {"block_size": BLOCK_SIZE, "schedule": "linear"}}
+    state = {
+        "train_config": {
+            "block_size": BLOCK_SIZE,
+            "schedule": "linear",
+            "alpha_0": ESO_TRAINED_ALPHA_0,
+        }
+    }
     errors: dict[str, dict] = {}
     for setting in sampler_settings(every):
         errors[setting.name] = {}
@@ -146,6 +153,7 @@ def sampler_errors(lang: HMMLanguage, tokenizer: Tokenizer, every: bool) -> dict
             dist = distribution(setting.family, model, lang, tokenizer, setting, state, 0.0)
             errors[setting.name][name] = divergences(dist.q, dist.p) | {
                 "impossible": dist.impossible,
+                "calls": dist.calls,
                 "q": as_pairs(dist.q),
             }
     return errors
@@ -186,6 +194,7 @@ def total_errors(
         }
         errors[setting.name] = divergences(dist.q, dist.p) | {
             "dropped": dist.dropped,
+            "calls": dist.calls,
             "tv_to_exact": to_exact,
         }
     return errors

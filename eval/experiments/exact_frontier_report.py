@@ -2,8 +2,9 @@
 with each exact denoiser and with the trained networks, TV between those two outputs, the mass
 that reaches an impossible canvas, the speed ratio on the headline language), the positive
 controls, the likelihood gaps, the headline by ``exact_frontier_setup.headline`` (read on the
-full-support language) and the figure (distance to the truth against NFE per token and against
-the speed ratio)."""
+full-support language), the corrector verdicts and the EB table
+(``exact_frontier_correctors``) and the figure (distance to the truth against NFE per token and
+against the speed ratio)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from eval.experiments.exact_frontier_correctors import (
+    corrector_summary,
+    corrector_table,
+    corrector_text,
+    corrector_verdicts,
+    eb_rows,
+    eb_table,
+)
 from eval.experiments.exact_frontier_setup import (
     GEN_LENGTH,
     HEADLINE_METRIC,
@@ -38,12 +47,18 @@ def setting_row(setting, exact: dict, seeds: dict) -> dict[str, Any]:
         for oracle, error in exact[setting.name].items()
     }
     first = next(iter(by_oracle))
+    nfe = setting.nfe_per_token
+    exact_calls = by_oracle[first].get("calls")
+    if nfe is None:  # open-ended: the trained networks' expected calls, mean over seeds
+        nfe = statistics.fmean(s["total"][setting.name]["calls"] for s in seeds.values())
+        nfe /= GEN_LENGTH
     row: dict[str, Any] = {
         "family": setting.family,
         "sampler_rule": setting.sampler,
         "setting": setting.name,
         "steps": setting.steps,
-        "nfe_per_token": setting.nfe_per_token,
+        "nfe_per_token": nfe,
+        "exact_nfe_per_token": None if exact_calls is None else exact_calls / GEN_LENGTH,
         "exact_denoiser": by_oracle,
         "dropped": max(s["total"][setting.name]["dropped"] for s in seeds.values()),
     }
@@ -216,9 +231,10 @@ def figure(report: Report, rows: list[dict[str, Any]]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (by_nfe, by_speed) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (by_nfe, by_speed) = plt.subplots(1, 2, figsize=(13, 5))
+    palette = plt.get_cmap("tab20")
     for index, (label, points) in enumerate(curves(rows).items()):
-        colour = f"C{index}"
+        colour = palette(index % 20)
         nfe = [p["nfe_per_token"] for p in points]
         speed = [p["speed_ratio"]["mean"] for p in points]
         trained = [p["trained"]["mean"] for p in points]
@@ -261,13 +277,18 @@ def write_report(out, scale_name, scale: Scale, headline_name, results, machine)
         },
         seeds={"train": list(scale.seeds), "speed": 0},
     )
+    verdicts = corrector_verdicts(rows[headline_name])
+    summary = corrector_summary(verdicts)
     report.text(f"**Headline** (language `{headline_name}`). {head['text']}")
+    report.text(corrector_text(summary))
     report.text(INTRODUCTION)
     report.text(protocol_text(results))
     for name, result in results.items():
         report.table(controls_table(result["controls"], name))
         if name == headline_name:
             report.table(frontier_table(rows[name], name))
+            report.table(corrector_table(verdicts))
+            report.table(eb_table(rows[name]))
         else:
             report.table(variable_table(rows[name], name, result["boundary_share"]))
         report.table(likelihood_table(result["seeds"], name))
@@ -279,6 +300,8 @@ def write_report(out, scale_name, scale: Scale, headline_name, results, machine)
     report.results.update(
         {
             "headline": head,
+            "correctors": {"verdicts": verdicts, "summary": summary},
+            "eb": eb_rows(rows[headline_name]),
             "languages": {
                 name: {
                     "rows": rows[name],

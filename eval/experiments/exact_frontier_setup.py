@@ -29,8 +29,10 @@ from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import models
 
 from arlm.generation_types import GenerationConfig
+from dllm.eso.sampler import EsoSamplerConfig
+from dllm.remdm import Remdm
 from dllm.sampler import SamplerConfig
-from dllm.strategies import Ancestral, FixedCount
+from dllm.strategies import Ancestral, EntropyBounded, FixedCount, Threshold
 from dllm.uniform.sampler import UniformSamplerConfig
 from eval.budgets import seed_spread
 from shared import door
@@ -50,7 +52,7 @@ MAX_LEN = 4  # of both languages: one canvas, one row length, one set of setting
 GEN_LENGTH = MAX_LEN + 1  # the longest string and its EOS
 SEQ_LEN = MAX_LEN + 2  # BOS + longest string + EOS
 BLOCK_SIZE = 2  # bd: blocks [BOS, x1], [x2, x3], [x4, x5]
-FAMILIES = ("ar", "mdm", "bd", "udm")
+FAMILIES = ("ar", "mdm", "bd", "udm", "eso")
 # Decided before the run: TV is finite for every family (KL(q||p) is infinite for any sampler
 # that puts mass on an invalid string: the uniform-state one at finite steps, every trained net)
 HEADLINE_METRIC = "tv"
@@ -158,30 +160,92 @@ def oracles(lang: HMMLanguage, family: str) -> dict[str, dict[str, str]]:
     return {"uniform": {"completion": "uniform"}, "prefix": {"completion": "prefix"}}
 
 
+# the ReMDM loop's and the Psi loop's times (ReMDM's released loop settings); their eta at the
+# loop's bound, (1 - alpha_on) / alpha_on for ReMDM and 1 - alpha_on for Psi, so that the
+# corrector steps do as much as they may on a 5-position canvas
+LOOP_TIMES = dict(t_on=0.55, t_off=0.05, alpha_on=0.9)
+CORRECTOR_ETA = 0.1
+CORRECTED_STEPS = (3, 5, 10)  # the plain samplers and their correctors, step for step
+# the plain sampler each corrector is judged against, at the same steps (the same NFE)
+CORRECTOR_BASES = {
+    ("mdm", "remdm-cap"): "ancestral",
+    ("mdm", "remdm-loop"): "ancestral",
+    ("udm", "psi-cap"): "ancestral",
+    ("udm", "psi-loop"): "ancestral",
+}
+ESO_TRAINED_ALPHA_0 = 0.5  # the objective's default
+
+
 @dataclass(frozen=True)
 class SamplerSetting:
-    """One sampler of one family: ``steps`` model calls for the GEN_LENGTH positions."""
+    """One sampler of one family: ``steps`` model calls for the GEN_LENGTH positions (None:
+    open-ended, threshold and EB, whose expected calls the exact program gives); ``knob``: the
+    sampler's one number (eta of a corrector, gamma of EB, the threshold, Eso's alpha_0)."""
 
     family: str
     sampler: str  # the curve it belongs to
-    steps: int
+    steps: int | None
+    knob: float | None = None
 
     @property
     def name(self) -> str:
-        return f"{self.family} {self.sampler} {self.steps} steps"
+        knob = "" if self.knob is None else f" {self.knob:g}"
+        steps = "" if self.steps is None else f" {self.steps} steps"
+        return f"{self.family} {self.sampler}{knob}{steps}"
 
     @property
-    def nfe_per_token(self) -> float:
+    def nfe_per_token(self) -> float | None:
+        """Model calls per generated position; None where it depends on the model (the
+        report takes the exact expected calls instead)."""
+        if self.steps is None:
+            return None
+        if self.family == "eso":  # chunks of the diffusion phase, then one call per AR token
+            diffused = round(self.knob * GEN_LENGTH)
+            return (min(self.steps, diffused) + GEN_LENGTH - diffused) / GEN_LENGTH
         return self.steps / GEN_LENGTH
 
     def config(self) -> Any:
         if self.family == "ar":
             return GenerationConfig(max_new_tokens=GEN_LENGTH, use_cache=False)
+        if self.family == "eso":
+            return EsoSamplerConfig(self.steps, alpha_0=self.knob)
         if self.family == "udm":
-            return UniformSamplerConfig(steps=self.steps)
+            if self.sampler == "ancestral":
+                return UniformSamplerConfig(steps=self.steps)
+            mode = self.sampler.removeprefix("psi-")
+            times = LOOP_TIMES if mode == "loop" else {}
+            return UniformSamplerConfig(steps=self.steps, psi=mode, eta=self.knob, **times)
+        return SamplerConfig(self.absorbing_rule())
+
+    def absorbing_rule(self) -> Any:
         if self.sampler == "ancestral":
-            return SamplerConfig(Ancestral(self.steps))
-        return SamplerConfig(FixedCount(self.steps, remasking=self.sampler))
+            return Ancestral(self.steps)
+        if self.sampler == "remdm-cap":
+            return Remdm(self.steps, mode="cap", eta=self.knob)
+        if self.sampler == "remdm-loop":
+            return Remdm(self.steps, mode="loop", eta=self.knob, **LOOP_TIMES)
+        if self.sampler == "eb":
+            return EntropyBounded(self.knob)
+        if self.sampler == "threshold":
+            return Threshold(self.knob)
+        return FixedCount(self.steps, remasking=self.sampler)
+
+
+def loop_eta(family: str) -> float:
+    """The largest eta the loop allows at LOOP_TIMES (the smaller of it and CORRECTOR_ETA)."""
+    alpha_on = LOOP_TIMES["alpha_on"]
+    bound = (1 - alpha_on) / alpha_on if family == "mdm" else 1 - alpha_on
+    return min(CORRECTOR_ETA, round(bound, 12))
+
+
+def corrector_settings() -> list[SamplerSetting]:
+    """The plain ancestral samplers and their correctors at CORRECTED_STEPS."""
+    rows = []
+    for steps in CORRECTED_STEPS:
+        for family, sampler in CORRECTOR_BASES:
+            eta = loop_eta(family) if sampler.endswith("loop") else CORRECTOR_ETA
+            rows.append(SamplerSetting(family, sampler, steps, eta))
+    return rows
 
 
 def sampler_settings(every: bool = True) -> list[SamplerSetting]:
@@ -191,22 +255,40 @@ def sampler_settings(every: bool = True) -> list[SamplerSetting]:
     for steps in (5, 3, 2, 1):
         rows.append(SamplerSetting("mdm", "random", steps))
     rows += [SamplerSetting("mdm", "low_confidence", s) for s in (5, 3)]
-    rows += [SamplerSetting("mdm", "ancestral", s) for s in (3, 10)]
+    rows += [SamplerSetting("mdm", "ancestral", s) for s in CORRECTED_STEPS]
+    rows += [SamplerSetting("mdm", "eb", None, g) for g in (0.0, 0.1, 0.5, 2.0)]
+    rows += [SamplerSetting("mdm", "threshold", None, c) for c in (0.9, 0.7, 0.5)]
     rows += [SamplerSetting("bd", "random", s) for s in (6, 3)]
-    rows += [SamplerSetting("udm", "ancestral", s) for s in (2, 3, 5, 10, 20)]
+    rows += [SamplerSetting("udm", "ancestral", s) for s in (2, *CORRECTED_STEPS)]
+    rows += [s for s in corrector_settings() if s.sampler != "ancestral"]
+    # Eso: one per step (a positive control), all left to right, and the few-step ones
+    eso = [(1.0, 5), (0.0, 1), (ESO_TRAINED_ALPHA_0, 1), (ESO_TRAINED_ALPHA_0, 2), (1.0, 3)]
+    rows += [SamplerSetting("eso", "alpha_0", steps, a) for a, steps in eso]
     if every:
         return rows
     at_budget = [
-        r for r in rows if r.steps == 3 and (r.sampler != "ancestral" or r.family == "udm")
+        r
+        for r in rows
+        if (r.steps == 3 and r.sampler in ("random", "ancestral", "remdm-cap", "psi-cap"))
+        or (r.sampler == "eb" and r.knob == 0.5)
+        or (r.family == "eso" and r.knob == 1.0 and r.steps == 3)
     ]
     return [r for r in rows if is_positive_control(r) or r in at_budget]
 
 
 def is_positive_control(setting: SamplerSetting) -> bool:
-    """Settings exact with the exact denoiser: AR, and one token per step in random order."""
+    """Settings exact with the exact denoiser: AR, one token per step in random order, EB at
+    gamma = 0 (one per step in an order read from the predictions), Eso one position per step
+    and Eso all left to right."""
     one_per_step = {"mdm": GEN_LENGTH, "bd": 2 * (SEQ_LEN // BLOCK_SIZE)}
-    return setting.family == "ar" or (
-        setting.sampler == "random" and one_per_step.get(setting.family) == setting.steps
+    eso_exact = setting.family == "eso" and (
+        setting.knob == 0.0 or setting.steps == round(setting.knob * GEN_LENGTH)
+    )
+    return (
+        setting.family == "ar"
+        or (setting.sampler == "random" and one_per_step.get(setting.family) == setting.steps)
+        or (setting.sampler == "eb" and setting.knob == 0.0)
+        or eso_exact
     )
 
 

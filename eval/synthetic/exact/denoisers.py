@@ -243,13 +243,20 @@ def leave_own_token_out(posteriors: np.ndarray | None, likelihood: np.ndarray) -
     return left_out / left_out.sum(axis=1, keepdims=True)
 
 
-DENOISERS = {"ar": ExactAR, "mdm": ExactAbsorbing, "bd": ExactAbsorbing, "udm": ExactUniform}
+# Eso-LM's network approximates the same truth as the masked one: p(x_i | the clean tokens)
+DENOISERS = {
+    "ar": ExactAR,
+    "mdm": ExactAbsorbing,
+    "bd": ExactAbsorbing,
+    "udm": ExactUniform,
+    "eso": ExactAbsorbing,
+}
 
 
 def exact_denoiser(
     family: str, language: HMMLanguage, tokenizer: Tokenizer, max_seq_len: int, **options: str
 ) -> _ExactModel:
-    """The exact denoiser of ``family`` ("ar", "mdm", "bd" or "udm") on ``language``;
+    """The exact denoiser of ``family`` ("ar", "mdm", "bd", "udm" or "eso") on ``language``;
     ``options``: ``completion`` (mdm, bd) or ``row_start`` (udm)."""
     if family not in DENOISERS:
         raise ValueError(f"family={family!r} is unknown; valid: {sorted(DENOISERS)}")

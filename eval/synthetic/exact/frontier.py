@@ -6,7 +6,9 @@ divergences to the language's p (and, by ``outcomes.divergences``, to another sa
     sampler_error("mdm", model, language, tokenizer, config, 4)  # kl_qp, kl_pq, tv, dropped, ...
 
 Configs: "ar" takes ``arlm.generate.GenerationConfig`` (its ``sampling``; ``gen_length`` is the
-token limit), "mdm" and "bd" ``dllm.sampler.SamplerConfig``, "udm" ``UniformSamplerConfig``.
+token limit), "mdm" and "bd" ``dllm.sampler.SamplerConfig``, "udm" ``UniformSamplerConfig``,
+"eso" ``EsoSamplerConfig`` (its exact denoiser is the absorbing one; its alpha_0, where the
+config has none, is ``train_config.alpha_0``).
 ``state`` is the checkpoint's state where the sampler reads it (bd: ``train_config.block_size``;
 an ancestral rule without a schedule: ``train_config.schedule``). ``min_prob`` > 0 prunes draws
 of probability <= min_prob (a trained network puts a little mass on every id) and reports the
@@ -15,6 +17,7 @@ pruned mass as ``dropped``; 0 (the default) is exact.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import astuple, dataclass
 from typing import Any
@@ -23,6 +26,7 @@ import torch
 
 from arlm.generation_types import GenerationConfig
 from dllm.block.sampler import BlockCausalForward, grid_blocks
+from dllm.eso.sampler import EsoSamplerConfig
 from dllm.masked.sampler import block_bounds
 from dllm.predictors import CountingModel, FullForward
 from dllm.sampler import SamplerConfig, with_model_schedule
@@ -31,6 +35,7 @@ from dllm.uniform.sampler import UniformSamplerConfig
 from eval.synthetic.exact.absorbing import Layout, absorbing_distribution
 from eval.synthetic.exact.autoregressive import ar_distribution
 from eval.synthetic.exact.denoisers import ExactAbsorbing, ExactUniform
+from eval.synthetic.exact.eso import denoiser_predict, eso_distribution, network_predict
 from eval.synthetic.exact.outcomes import (
     check_exact_language,
     check_state_count,
@@ -49,6 +54,7 @@ CONFIG_TYPES = {
     "mdm": SamplerConfig,
     "bd": SamplerConfig,
     "udm": UniformSamplerConfig,
+    "eso": EsoSamplerConfig,
 }
 
 
@@ -182,6 +188,23 @@ def uniform(config: UniformSamplerConfig, setting: Setting, language: Language):
     return uniform_distribution(logits_of, classes, config, setting.gen_length, decode), 0.0
 
 
+def eso(config: EsoSamplerConfig, setting: Setting):
+    model = setting.model
+    mask_id = model.config.vocab_size - 1
+    canvas = (setting.tokenizer.eos_id,) + (mask_id,) * setting.gen_length
+    alpha_0 = float(setting.state.get("train_config", {}).get("alpha_0", 0.5))
+    exact = isinstance(model, ExactAbsorbing)
+    predict = (denoiser_predict if exact else network_predict)(model, canvas, mask_id)
+    rows = eso_distribution(predict, config, alpha_0, canvas, mask_id, setting.min_prob)
+    q: dict[str | None, float] = defaultdict(float)
+    for row, mass in rows.items():
+        q[setting.decode(row[1:])] += mass
+    impossible = None
+    if exact:
+        impossible = sum(mass for row, mass in rows.items() if not model.possible(row))
+    return dict(q), max(0.0, 1.0 - sum(rows.values())), impossible
+
+
 def autoregressive(config: GenerationConfig, setting: Setting):
     eos_id = setting.tokenizer.eos_id
 
@@ -224,6 +247,8 @@ def sampler_distribution(
                 q, dropped = autoregressive(config, setting)
             elif family == "udm":
                 q, dropped = uniform(config, setting, language)
+            elif family == "eso":
+                q, dropped, impossible = eso(config, setting)
             else:
                 result = absorbing(family, config, setting)
                 q, dropped, impossible, calls = astuple(result)
