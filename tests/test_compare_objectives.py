@@ -71,9 +71,13 @@ def test_udm_gets_ancestral_and_greedy_tail_only_and_masked_families_keep_theirs
     mdm = diffusion_sampler_configs(settings, "mdm")
     # the MDM alone adds Fast-dLLM's cached recipes (block diffusion has its own block cache)
     cached = [entry for entry in mdm if entry[1].cache != "none"]
+    # and ReMDM's loop at every step count, beside its ancestral
     assert [name for name, *_ in bd] == [
-        name.replace("mdm", "bd") for name, *_ in mdm if "cache" not in name
+        name.replace("mdm", "bd") for name, *_ in mdm if "cache" not in name and "remdm" not in name
     ]
+    loops = [(name, config.strategy) for name, config, *_ in mdm if "remdm" in name]
+    assert [name for name, _ in loops] == [f"mdm remdm loop {s} steps" for s in (4, 8, 16)]
+    assert all(r.mode == "loop" and r.eta == 0.02 and r.t_on == 0.55 for _, r in loops)
     assert [(config.cache, config.block_length) for _, config, *_ in cached] == [
         ("approx_prefix", settings.gen_length // 4),
         ("approx_dual", settings.gen_length // 4),

@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 from arlm.generate import ARGenerator, GenerationConfig
 from dllm.eso.sampler import EsoSamplerConfig
 from dllm.generator import DiffusionGenerator
+from dllm.remdm import Remdm
 from dllm.sampler import SamplerConfig
 from dllm.strategies import Ancestral, EntropyBounded, FixedCount, Threshold
 from dllm.uniform.sampler import UniformSamplerConfig
@@ -126,6 +127,11 @@ def ar_sample_sets(out: Path, settings: CompareSettings) -> dict[str, dict[str, 
 # largest setting at which the EB paper's code models kept their accuracy (Dream, MBPP).
 EB_GAMMA = 0.1
 
+# ReMDM's loop in the main job, fixed before any run: its released setting (arXiv 2503.00307):
+# alpha rises to 0.9 by t = 0.55, holds there to t = 0.05 remasking with sigma = min(0.02,
+# sigma_max), then rises to 1; at every step count of the masked family, beside its ancestral.
+REMDM_LOOP = dict(mode="loop", eta=0.02, t_on=0.55, t_off=0.05, alpha_on=0.9)
+
 # (set name, sampler, temperature, sampler label) of one diffusion sample set
 SamplerSetting = tuple[str, "SamplerConfig | UniformSamplerConfig", float, str]
 
@@ -135,7 +141,8 @@ def diffusion_sampler_configs(
 ) -> list[SamplerSetting]:
     """Every sample set of one diffusion family. Masked families (mdm, bd): ancestral and
     fixed-count low-confidence at each step count, a confidence threshold and the
-    entropy-bounded sampler at ``EB_GAMMA``. Uniform-state (udm):
+    entropy-bounded sampler at ``EB_GAMMA``; mdm also ReMDM's loop (``REMDM_LOOP``) at each
+    step count. Uniform-state (udm):
     ancestral at each step count and the same with a greedy last step (remasking and thresholds
     rank [MASK] positions, which a udm canvas does not have). Eso-LM (eso): its own sampler, the
     diffusion phase in each step count, the rest left to right. All: the temperature sweep of the
@@ -150,6 +157,9 @@ def diffusion_sampler_configs(
         elif family != "eso":
             fixed = SamplerConfig(FixedCount(steps, "low_confidence"))
             configs.append((f"{family} fixed low-conf {steps} steps", fixed, 1.0, ""))
+        if family == "mdm":
+            loop = SamplerConfig(Remdm(steps, **REMDM_LOOP))
+            configs.append((f"mdm remdm loop {steps} steps", loop, 1.0, "remdm loop"))
     if family not in ("udm", "eso"):
         threshold = SamplerConfig(Threshold(0.9))
         configs.append((f"{family} threshold 0.9", threshold, 1.0, ""))
