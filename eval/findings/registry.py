@@ -8,6 +8,7 @@ from eval.findings import (
     data_constrained,
     eso_alpha,
     pathstar,
+    remdm_steps,
     reversal,
     sample_quality,
     uniform_masked,
@@ -25,5 +26,6 @@ FINDINGS: dict[str, Finding] = {
         sample_quality.FINDING,
         uniform_masked.FINDING,
         eso_alpha.FINDING,
+        remdm_steps.FINDING,
     )
 }
