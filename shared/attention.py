@@ -48,6 +48,34 @@ def attention_mask(
     return (allowed & key_valid[:, None, None, :]) | (distance == 0)
 
 
+def positional_mask(
+    query_slots: torch.Tensor,
+    key_slots: torch.Tensor,
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    *,
+    window: int = 0,
+) -> torch.Tensor:
+    """[B, 1, T_q, T_k] boolean mask for rows whose tokens do not sit at their RoPE positions
+    (a permuted row): causal over the slots (the order the tokens are processed in), and a
+    sliding ``window`` (0 = none) over the positions [B, T_q] / [B, T_k], the tokens' places in
+    the text. A window over slots would keep a random subset of each token's neighbours there;
+    this one keeps the same neighbours as the slot window of an unpermuted row."""
+    allowed = (query_slots[:, None] >= key_slots[None, :])[None, None]
+    return allowed & within_window(query_positions, key_positions, window)
+
+
+def within_window(
+    query_positions: torch.Tensor, key_positions: torch.Tensor, window: int
+) -> torch.Tensor:
+    """[B, 1, T_q, T_k]: True where a key's position lies within ``window`` of the query's
+    (every key when ``window`` is 0), for masks of permuted rows that carry the model's window."""
+    distance = query_positions[:, :, None] - key_positions[:, None, :]
+    return (distance.abs() < window if window else torch.ones_like(distance, dtype=torch.bool))[
+        :, None
+    ]
+
+
 def attention_fp32_on_cpu(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -378,6 +378,14 @@ class Transformer(nn.Module):
         return total if include_embeddings else total - self.tok_embeddings.weight.numel()
 
 
+def backbone_config(model: nn.Module) -> ModelConfig:
+    """The config of the backbone under the wrappers training may add (DDP's ``.module``)."""
+    inner = model
+    while not hasattr(inner, "config") and hasattr(inner, "module"):
+        inner = inner.module
+    return inner.config
+
+
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     """Training FLOPs per token (forward + backward) by the usual count: 6 per matmul weight
     (every linear layer, the output head included; the embedding lookup is not a matmul) plus

@@ -1,6 +1,7 @@
 """Eso-LM ("eso"): its NELBO at both limits against the masked and autoregressive objectives,
-the two-stream attention against plain causal forwards, the sampler's KV cache against its
-recomputing reference, training, scoring and sampling from a run, and its refusals."""
+the two-stream attention against plain causal forwards, a sliding window kept over the
+positions of a permuted row, the sampler's KV cache against its recomputing reference, training,
+scoring and sampling from a run, and its refusals."""
 
 import math
 
@@ -9,7 +10,12 @@ import torch
 from torch import nn
 
 from dllm.canvas import Canvas
-from dllm.eso.objective import EsoObjective, permutation, sequential_attention
+from dllm.eso.objective import (
+    EsoObjective,
+    permutation,
+    permuted_attention,
+    sequential_attention,
+)
 from dllm.eso.sampler import EsoSamplerConfig, chunk_sizes, sample_eso
 from dllm.generator import DiffusionGenerator
 from dllm.masked.objective import MaskedDiffusionObjective
@@ -25,11 +31,11 @@ VOCAB = 12  # tokenizer ids 0..11; [MASK] = 12
 BOS, PAD = 0, 11
 
 
-def tiny_model(seed: int = 0, max_seq_len: int = 16) -> Transformer:
+def tiny_model(seed: int = 0, max_seq_len: int = 16, window: int = 0) -> Transformer:
     torch.manual_seed(seed)
     config = ModelConfig(
         vocab_size=VOCAB + 1, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=48,
-        max_seq_len=max_seq_len,
+        max_seq_len=max_seq_len, sliding_window=window,
     )  # fmt: skip
     return Transformer(config).double().eval()
 
@@ -55,6 +61,7 @@ class OwnTokenModel(nn.Module):
         super().__init__()
         torch.manual_seed(3)
         self.table = nn.Parameter(torch.randn(VOCAB + 1, VOCAB + 1, dtype=torch.float64))
+        self.config = tiny_model().config  # no sliding window
 
     def forward(self, tokens, attention, output_mask=None, **ignored):
         return self.table[tokens][output_mask]
@@ -82,8 +89,10 @@ def chain_rule_nats(model: Transformer, row: torch.Tensor) -> float:
     return total
 
 
-def test_alpha_0_of_zero_is_an_autoregressive_nll_by_plain_causal_forwards():
-    model, tokens = tiny_model(), rows(3, 8)
+@pytest.mark.parametrize("window", [0, 3])
+def test_alpha_0_of_zero_is_an_autoregressive_nll_by_plain_causal_forwards(window):
+    # with a sliding window the two-stream mask carries it: the AR NLL of the windowed model
+    model, tokens = tiny_model(window=window), rows(3, 8)
     eso = objective(0.0)
     out = eso.loss(model, tokens, eso.sample_noise(3, 8, torch.Generator().manual_seed(1)))
     expected = torch.tensor([chain_rule_nats(model, row) for row in tokens], dtype=torch.float64)
@@ -126,9 +135,9 @@ def canvas(batch: int, prompt: int, length: int) -> Canvas:
     return Canvas(tokens, VOCAB)
 
 
-@pytest.mark.parametrize("alpha_0", [0.0, 0.5, 1.0])
-def test_the_kv_cache_gives_the_tokens_of_the_recomputing_reference(alpha_0):
-    model, config = tiny_model(), EsoSamplerConfig(steps=3)
+@pytest.mark.parametrize(("alpha_0", "window"), [(0.0, 0), (0.5, 0), (1.0, 0), (0.5, 3)])
+def test_the_kv_cache_gives_the_tokens_of_the_recomputing_reference(alpha_0, window):
+    model, config = tiny_model(window=window), EsoSamplerConfig(steps=3)
 
     def run(kv_cache: bool):
         generators = [torch.Generator().manual_seed(s) for s in (1, 2)]
@@ -234,22 +243,38 @@ def test_the_main_job_takes_eso_as_a_family_with_its_own_sampler():
     assert sampling_flops_per_token("mdm", 30, 24, 1.0) == 30 * 25 / 24
 
 
-def test_a_sliding_window_is_refused_for_eso(tmp_path, monkeypatch):
+def test_a_windowed_permuted_row_sees_the_neighbours_of_its_positions():
+    # window 3 over positions: the query at slot k sees the slots up to it whose positions lie
+    # within 2 of its own (a key in its window may itself have seen others: depth widens it)
+    model, length, window = tiny_model(window=3), 9, 3
+    row = rows(1, length)[0]
+    order = torch.tensor([[0, 5, 2, 7, 4, 1, 8, 3, 6]])
+    attention = permuted_attention(window, order)
+    assert attention.shape == (1, 1, length, length)
+    for query in range(length):
+        for key in range(length):
+            near = abs(int(order[0, query]) - int(order[0, key])) < window
+            assert bool(attention[0, 0, query, key]) == (key <= query and near)
+    windowed = model(row[order], attention=attention, positions=order)
+    unwindowed = model(row[order], attention="causal", positions=order)
+    assert not torch.allclose(windowed, unwindowed)  # the window cuts what a query sees
+    # in natural order the positional window is the model's own window over slots
+    identity = torch.arange(length)[None]
+    natural = model(row[None], attention=permuted_attention(window, identity), positions=identity)
+    torch.testing.assert_close(natural, model(row[None], attention="causal"), rtol=1e-9, atol=0)
+    # and without a window it is plain causal attention, which keeps the fast kernels
+    assert permuted_attention(0, order) == "causal"
+
+
+def test_a_windowed_eso_model_trains_and_samples(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    out = tmp_path / "run"
-    argv = ["--preset", "tiny", "--objective", "eso", "--sliding-window", "8", "--out", str(out)]
-    with pytest.raises(ConfigError, match="sliding_window=8: objective='eso' runs causally"):
-        cli.train_from_argv(argv)
-    assert not out.exists()
-
-
-def test_the_main_job_refuses_eso_on_a_windowed_preset_before_claiming_its_folder(
-    tmp_path, monkeypatch, capsys
-):
-    from eval.experiments import compare
-
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    out = tmp_path / "job"
-    assert compare.main(["--preset", "demo", "--out", str(out), "--objectives", "ar,eso"]) == 2
-    assert "objective='eso' runs causally over a permuted row" in capsys.readouterr().err
-    assert not out.exists()
+    run = tmp_path / "eso"
+    summary = cli.train_from_argv(
+        ["--preset", "tiny", "--objective", "eso", "--sliding-window", "4", "--out", str(run)]
+        + ["--max-steps", "2", "--eval-every", "100", "--cache-dir", str(tmp_path / "cache")]
+    )
+    assert summary["finished"] and math.isfinite(summary["val_nats_per_token"])
+    generator = DiffusionGenerator.from_checkpoint(run)
+    assert generator.model.config.sliding_window == 4
+    output = generator.generate(["In the"], 8, EsoSamplerConfig(steps=2), eos="none")
+    assert [len(ids) for ids in output.tokens] == [8]

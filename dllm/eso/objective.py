@@ -36,7 +36,9 @@ from dllm.noise import (
     repeated_times,
     stratified_times,
 )
+from shared.attention import positional_mask, within_window
 from shared.errors import ConfigError
+from shared.model import backbone_config
 from shared.objective import LossOutput, register_objective, sum_per_row
 
 
@@ -80,6 +82,17 @@ def sequential_attention(length: int, device: torch.device | str = "cpu") -> tor
     top = torch.cat([causal, torch.zeros_like(causal)], 1)
     bottom = torch.cat([causal.tril(-1), torch.eye(length, dtype=torch.bool, device=device)], 1)
     return torch.cat([top, bottom], 0)
+
+
+def permuted_attention(window: int, positions: torch.Tensor, start: int = 0):
+    """The attention of a forward over a permuted row: its keys at RoPE positions ``positions``
+    [B, K] in slot order (a KV cache's and then the inputs'), its inputs the keys from slot
+    ``start`` on. Causal over the slots; a model with a sliding window keeps it over the
+    positions (``shared.attention.positional_mask``), as its other families see it."""
+    if not window:
+        return "causal"
+    slots = torch.arange(positions.shape[1], device=positions.device)
+    return positional_mask(slots[start:], slots, positions[:, start:], positions, window=window)
 
 
 def gather_rows(values: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
@@ -197,8 +210,9 @@ class EsoObjective(AbsorbingObjective):
         order = permutation(~masked, noise["order"], masks_ascending=False)
         noised = torch.where(masked, torch.full_like(tokens, self.mask_id), tokens)
         output = gather_rows(masked, order)
+        attention = permuted_attention(backbone_config(model).sliding_window, order)
         nats, row = self.masked_nats(
-            model, gather_rows(noised, order), gather_rows(tokens, order), order, output, "causal"
+            model, gather_rows(noised, order), gather_rows(tokens, order), order, output, attention
         )
         weighted = nats * diffusion_weight(self.alpha_0, t)[row]
         return sum_per_row(weighted, row, len(tokens))
@@ -211,12 +225,17 @@ class EsoObjective(AbsorbingObjective):
         clean = gather_rows(tokens, order)
         queries = torch.full_like(clean, self.mask_id)
         output = torch.cat([torch.zeros_like(masked), gather_rows(masked, order)], 1)
+        positions = torch.cat([order, order], 1)
+        attention = sequential_attention(tokens.shape[1], tokens.device)
+        window = backbone_config(model).sliding_window
+        if window:  # a mask tensor replaces the model's own window: it carries it
+            attention = attention & within_window(positions, positions, window)
         nats, row = self.masked_nats(
             model,
             torch.cat([clean, queries], 1),
             torch.cat([clean, clean], 1),
-            torch.cat([order, order], 1),
+            positions,
             output,
-            sequential_attention(tokens.shape[1], tokens.device),
+            attention,
         )
         return sum_per_row(nats, row, len(tokens))

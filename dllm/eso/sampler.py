@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from dllm.canvas import Canvas
-from dllm.eso.objective import check_alpha_0
+from dllm.eso.objective import check_alpha_0, permuted_attention
 from dllm.predictors import CountingModel
 from dllm.sampler import SampleResult
 from shared.kv_cache import KVCache
@@ -111,16 +111,20 @@ class EsoDecoder:
         inputs = torch.cat(
             [self.tokens[:, start:], torch.full_like(query_positions, self.mask_id)], 1
         )
-        positions = torch.cat([self.positions[:, start:], query_positions], 1)
+        keys = torch.cat([self.positions, query_positions], 1)
+        positions = keys[:, start:]
+        attention = permuted_attention(self.model.config.sliding_window, keys, start)
         output = torch.zeros_like(inputs, dtype=torch.bool)
         output[:, -query_positions.shape[1] :] = True
         if not self.kv_cache:
-            logits = self.model(inputs, attention="causal", output_mask=output, positions=positions)
+            logits = self.model(
+                inputs, attention=attention, output_mask=output, positions=positions
+            )
         else:
             self.cache.crop(self.cached)  # forget the previous step's [MASK] queries
             logits = self.model(
                 inputs,
-                attention="causal",
+                attention=attention,
                 output_mask=output,
                 positions=positions,
                 cache=self.cache,

@@ -170,12 +170,6 @@ def resolve_config(preset_name: str, overrides: dict[str, Any]) -> tuple[ModelCo
             f"shift_logits is a masked-diffusion layout (objective mdm); objective="
             f"{train_cfg.objective!r} reads each position's own output"
         )
-    if model_cfg.sliding_window and train_cfg.objective == "eso":
-        raise ConfigError(
-            f"sliding_window={model_cfg.sliding_window}: objective='eso' runs causally over a "
-            "permuted row, where a window over slots would cut what a token sees at random; "
-            "use --sliding-window 0"
-        )
     if model_cfg.time_conditioning and train_cfg.objective != "udm":
         raise ConfigError(
             f"time_conditioning feeds uniform-state diffusion its noise level (objective udm); "

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
+from dllm.eso.objective import permuted_attention
 from dllm.eso.sampler import EsoSamplerConfig, chunk_sizes
 from eval.synthetic.exact.absorbing import candidates, draw_probs
 
@@ -111,7 +112,8 @@ def network_predict(model: nn.Module, canvas: Row, mask_id: int) -> Predict:
         if key not in memo:
             positions = torch.tensor([[*fixed, *clean, *queries]] * len(batch))
             inputs = [[*head, *tokens, *[mask_id] * len(queries)] for tokens in batch]
-            logits = model(torch.tensor(inputs), attention="causal", positions=positions)
+            attention = permuted_attention(model.config.sliding_window, positions)
+            logits = model(torch.tensor(inputs), attention=attention, positions=positions)
             memo[key] = logits[:, -len(queries) :, :mask_id].double()
         return memo[key]
 
