@@ -78,12 +78,28 @@ def project_file(module: Any, root: Path) -> str | None:
     return None
 
 
+# Each project file's hash as this process first read it. A module's code is fixed once it is
+# imported, so a job whose file is edited on disk between two of its stages still runs the old
+# code: keying the later stage by the edited file would name code that never ran (and a rerun
+# would reuse a result the edited code did not make). The first reading is the closest to the
+# import this module can see.
+_FIRST_READ: dict[Path, str | None] = {}
+
+
+def loaded_hash(path: Path) -> str | None:
+    """``file_hash(path)`` the first time this process asks, the same value after that."""
+    if path not in _FIRST_READ:
+        _FIRST_READ[path] = file_hash(path)
+    return _FIRST_READ[path]
+
+
 def stage_code(before: dict[str, str] | None = None, root: Path = PROJECT_ROOT) -> dict[str, str]:
-    """Every project module loaded in this process, as its file's path -> hash. ``before``: the
-    same taken before the stage ran, whose hashes win, so that a file edited while a long stage
-    ran keys the stage by the code it started with (a rerun then sees the edit)."""
+    """Every project module loaded in this process, as its file's path -> hash as first read
+    (``loaded_hash``). ``before``: the same taken before the stage ran, whose hashes win, so a
+    module first imported during a long stage and edited during it keys the stage by the code
+    it started with (a rerun then sees the edit)."""
     files = {
-        path: file_hash(root / path)
+        path: loaded_hash(root / path)
         for path in sorted({project_file(m, root) for m in list(sys.modules.values())} - {None})
     }
     return {path: digest for path, digest in (files | (before or {})).items() if digest}

@@ -152,3 +152,28 @@ def test_a_stored_result_of_the_wrong_shape_or_an_overlong_number_is_recomputed(
     assert Stages(tmp_path, False).run("n", key, lambda: 2.5) == 2.5
     assert Stages(tmp_path, False).run("n", key, lambda: 0.0) == 2.5
     assert len(calls) == 5
+
+
+def test_a_file_edited_between_two_stages_of_one_process_keys_both_by_the_code_it_loaded(
+    tmp_path, monkeypatch
+):
+    # the process imported the module before the edit, so both stages ran the first version:
+    # the second stage must not be keyed by the edited file (and a new process sees the edit)
+    from eval import stage_key
+
+    module_file = tmp_path / "dllm" / "edited_module.py"
+    module_file.parent.mkdir()
+    module_file.write_text("VALUE = 1\n")
+    monkeypatch.setitem(sys.modules, "edited_module_for_test", type(sys)("edited_module_for_test"))
+    sys.modules["edited_module_for_test"].__file__ = str(module_file)
+    monkeypatch.setattr(stage_key, "_FIRST_READ", {})
+    first = stage_key.stage_code(root=tmp_path)
+    module_file.write_text("VALUE = 2\n")
+    second = stage_key.stage_code(root=tmp_path)
+    assert first["dllm/edited_module.py"] == second["dllm/edited_module.py"]
+    assert stage_key.file_hash(module_file) != first["dllm/edited_module.py"]
+    monkeypatch.setattr(stage_key, "_FIRST_READ", {})  # a new process reads the edit
+    assert (
+        stage_key.stage_code(root=tmp_path)["dllm/edited_module.py"]
+        != first["dllm/edited_module.py"]
+    )
