@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from dllm.remdm import REMDM_MODES, Remdm
+from dllm.remdm import RELEASED_ETA, RELEASED_LOOP_TIMES, REMDM_MODES, Remdm
 from dllm.uniform.sampler import PSI_MODES, UniformSamplerConfig
 
 # The knobs as the library names them and as the command line spells them.
@@ -21,8 +21,8 @@ KNOBS |= {"alpha_on": "--alpha-on", "gamma": "--gamma", "psi": "--psi"}
 DEFAULT_GAMMA = 0.01
 # ReMDM's released settings where a flag is left out (its OWT scripts: eta 0.02, and the loop
 # between t = 0.55 and 0.05 at alpha 0.9); the library's own default eta is 0, no correction.
-DEFAULT_ETA = 0.02
-LOOP_TIMES = {"t_on": 0.55, "t_off": 0.05}
+DEFAULT_ETA = RELEASED_ETA
+LOOP_TIMES = {key: RELEASED_LOOP_TIMES[key] for key in ("t_on", "t_off")}
 
 
 def add_corrector_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -44,6 +44,11 @@ from dllm.schedules import get_schedule
 from dllm.strategies import StepContext, _check_steps, _steps_per_block, step_times
 
 REMDM_MODES = ("constant", "cap", "rescale", "conf", "loop")
+# ReMDM's released loop (its OWT scripts): alpha rises to alpha_on by t_on, is held there until
+# t_off remasking with sigma = min(eta, sigma_max), then rises to 1. The one place the sampling
+# command's defaults, the main job and the exact frontier take these numbers from.
+RELEASED_LOOP_TIMES = {"t_on": 0.55, "t_off": 0.05, "alpha_on": 0.9}
+RELEASED_ETA = 0.02
 
 
 def sigma_max(alpha_t: float, alpha_s: float) -> float:

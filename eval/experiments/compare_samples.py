@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from arlm.generate import ARGenerator, GenerationConfig
 from dllm.eso.sampler import EsoSamplerConfig
 from dllm.generator import DiffusionGenerator
-from dllm.remdm import Remdm
+from dllm.remdm import RELEASED_ETA, RELEASED_LOOP_TIMES, Remdm
 from dllm.sampler import SamplerConfig
 from dllm.strategies import Ancestral, EntropyBounded, FixedCount, Threshold
 from dllm.uniform.sampler import UniformSamplerConfig
@@ -130,7 +130,7 @@ EB_GAMMA = 0.1
 # ReMDM's loop in the main job, fixed before any run: its released setting (arXiv 2503.00307):
 # alpha rises to 0.9 by t = 0.55, holds there to t = 0.05 remasking with sigma = min(0.02,
 # sigma_max), then rises to 1; at every step count of the masked family, beside its ancestral.
-REMDM_LOOP = dict(mode="loop", eta=0.02, t_on=0.55, t_off=0.05, alpha_on=0.9)
+REMDM_LOOP = dict(mode="loop", eta=RELEASED_ETA, **RELEASED_LOOP_TIMES)
 
 # (set name, sampler, temperature, sampler label) of one diffusion sample set
 SamplerSetting = tuple[str, "SamplerConfig | UniformSamplerConfig", float, str]

@@ -30,7 +30,7 @@ from tokenizers import models
 
 from arlm.generation_types import GenerationConfig
 from dllm.eso.sampler import EsoSamplerConfig
-from dllm.remdm import Remdm
+from dllm.remdm import RELEASED_LOOP_TIMES, Remdm
 from dllm.sampler import SamplerConfig
 from dllm.strategies import Ancestral, EntropyBounded, FixedCount, Threshold
 from dllm.uniform.sampler import UniformSamplerConfig
@@ -163,7 +163,7 @@ def oracles(lang: HMMLanguage, family: str) -> dict[str, dict[str, str]]:
 # the ReMDM loop's and the Psi loop's times (ReMDM's released loop settings); their eta at the
 # loop's bound, (1 - alpha_on) / alpha_on for ReMDM and 1 - alpha_on for Psi, so that the
 # corrector steps do as much as they may on a 5-position canvas
-LOOP_TIMES = dict(t_on=0.55, t_off=0.05, alpha_on=0.9)
+LOOP_TIMES = RELEASED_LOOP_TIMES
 CORRECTOR_ETA = 0.1
 CORRECTED_STEPS = (3, 5, 10)  # the plain samplers and their correctors, step for step
 # the plain sampler each corrector is judged against, at the same steps (the same NFE)
