@@ -29,12 +29,12 @@ from typing import Any
 
 import torch
 
+from shared import door, door_staging
 from shared.checkpoint import load_model_from_checkpoint
 from shared.cli_args import export_parser
 from shared.config import ModelConfig
 from shared.door import read_json_file, write_atomic
 from shared.errors import ConfigError, report_user_errors
-from shared.files import follow_umask
 from shared.formats.exported import EXPORT_INFO, export_record, export_refusal
 from shared.formats.hf_tokenizer import hf_tokenizer, require_transformers
 from shared.formats.llama import hf_weight_name, model_config_from_hf, our_weight_name
@@ -111,14 +111,17 @@ def export_model(
     # The record that makes the folder an export is written last, whole; a write that fails (a
     # full disk) removes what the export had written, and the folders it made.
     with removed_if_unfinished(out):
-        out.mkdir(parents=True, exist_ok=True)
-        hf.to(dtype).save_pretrained(out)
+        door.make_folders(out)
         tokenizer.save(out / TOKENIZER_DIR)
-        hf_tokenizer(tokenizer, out / TOKENIZER_DIR, cfg.max_seq_len).save_pretrained(out)
+        # transformers writes by name: into a private folder, whose files the door brings over
+        with door_staging.library_folder() as staging:
+            hf.to(dtype).save_pretrained(staging)
+            hf_tokenizer(tokenizer, out / TOKENIZER_DIR, cfg.max_seq_len).save_pretrained(staging)
+            door_staging.copy_folder_into(staging, out)
         record = {"format": "duolm-llama", "tokenizer_kind": tokenizer.kind, **(info or {})}
         write_atomic(out / EXPORT_INFO, json.dumps(record, indent=2))
         mark_folder(out, "export")
-        follow_umask(out)  # save_pretrained writes its weights 0600; the rest is 0644
+        door.follow_umask(out)  # save_pretrained writes its weights 0600; the rest is 0644
     return out
 
 

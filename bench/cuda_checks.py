@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown checks {unknown}; valid: {list(CHECKS)}", file=sys.stderr)
         return 2
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    door.make_folders(out)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     report = {"machine": machine(), "device": device, "quick": args.quick, "checks": {}}
     print(f"device {device}; {report['machine']}")

@@ -67,6 +67,7 @@ from peer_models import (
 )
 from train_throughput import preset_batch
 
+from shared import door
 from shared.cli_args import CommandParser
 from shared.config import ModelConfig
 from shared.door import write_atomic
@@ -303,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         }
     print_report(results)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
+        door.make_folders(args.json.parent)
         write_atomic(args.json, json.dumps(results, indent=2))
         print(f"\nwrote {args.json}")
     return 0

@@ -18,11 +18,11 @@ import sys
 from pathlib import Path
 
 from dllm.canvas import mask_token_id
+from shared import door, door_staging
 from shared.checkpoint import full_model_state, load_model_from_checkpoint
 from shared.cli_args import export_parser
 from shared.door import write_atomic
 from shared.errors import ConfigError, report_user_errors
-from shared.files import follow_umask
 from shared.formats.diffusion import llada_config_fields, llada_weight_name
 from shared.formats.exported import EXPORT_INFO, export_record, export_refusal
 from shared.formats.hf_tokenizer import hf_tokenizer, require_transformers
@@ -68,15 +68,18 @@ def export_llada_model(
     # The record that makes the folder an export is written last, whole; a write that fails (a
     # full disk) removes what the export had written, and the folders it made.
     with removed_if_unfinished(out):
-        out.mkdir(parents=True, exist_ok=True)
+        door.make_folders(out)
         save_tensors(weights, out / "model.safetensors")
         write_atomic(out / "config.json", json.dumps(config, indent=2))
         tokenizer.save(out / TOKENIZER_DIR)
-        hf_tokenizer(tokenizer, out / TOKENIZER_DIR, cfg.max_seq_len).save_pretrained(out)
+        # transformers writes by name: into a private folder, whose files the door brings over
+        with door_staging.library_folder() as staging:
+            hf_tokenizer(tokenizer, out / TOKENIZER_DIR, cfg.max_seq_len).save_pretrained(staging)
+            door_staging.copy_folder_into(staging, out)
         record = {"format": "duolm-llada", "tokenizer_kind": tokenizer.kind, **(info or {})}
         write_atomic(out / EXPORT_INFO, json.dumps(record, indent=2))
         mark_folder(out, "export")
-        follow_umask(out)  # save_file and save_pretrained write some files 0600
+        door.follow_umask(out)  # save_file and save_pretrained write some files 0600
     return out
 
 

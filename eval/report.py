@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from eval.provenance import provenance
+from shared import door
 from shared.door import write_atomic
 
 # Protocol fields that must agree before two likelihoods may share a table.
@@ -135,7 +136,7 @@ class Report:
 
     def plot(self, name: str, figure, caption: str) -> Path:
         """Save a matplotlib figure as ``<out>/<name>.png`` and embed it."""
-        self.out.mkdir(parents=True, exist_ok=True)
+        door.make_folders(self.out)
         path = self.out / f"{name}.png"
         # whole or not at all, as the report's other files (savefig takes an open file)
         write_atomic(
@@ -188,7 +189,7 @@ class Report:
         return "\n".join(parts)
 
     def write(self) -> dict[str, Path]:
-        self.out.mkdir(parents=True, exist_ok=True)
+        door.make_folders(self.out)
         data = self.to_json()
         paths = {"json": self.out / "report.json", "markdown": self.out / "report.md"}
         strict, non_finite = finite_or_null(data)

@@ -44,7 +44,6 @@ from shared.config import ModelConfig
 from shared.door import fsync_dir, fsync_tree, read_json_file
 from shared.errors import CheckpointError
 from shared.faults import kill_now_if
-from shared.files import follow_umask
 from shared.model import Transformer
 from shared.objective import added_vocab_rows
 from shared.path_checks import refuse_link, refuse_links_within
@@ -210,7 +209,7 @@ def save_checkpoint(
     but the newest ``keep_last`` checkpoints, except those in ``protect`` (the best checkpoint so
     far).
     """
-    root.mkdir(parents=True, exist_ok=True)
+    door.make_folders(root)
     # Staging directories left by a process that died mid-save are garbage: only one process
     # writes checkpoints, so anything staged before this call is dead.
     for stale in root.glob(".step_*"):
@@ -257,7 +256,7 @@ def seal(staging: Path) -> None:
     files = sorted(p for p in staging.rglob("*") if p.is_file())
     manifest = {str(p.relative_to(staging)): file_sha256(p) for p in files}
     door.write_atomic(staging / MANIFEST, json.dumps(manifest, indent=2))
-    follow_umask(staging)
+    door.follow_umask(staging)
     fsync_tree(staging)
 
 
@@ -322,6 +321,7 @@ def resolve_checkpoint(path: Path, log=print) -> Path:
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint path {path} does not exist")
+    door.declare_root(path)  # the folder the user named: every path below it is walked from it
     if (path / MANIFEST).exists() or CHECKPOINT_PATTERN.match(path.name):
         verify_checkpoint(path)
         return path
@@ -343,7 +343,7 @@ def read_state(path: Path) -> dict[str, Any]:
     """A checkpoint's state.json (its step, configs, objective), which must be a JSON object."""
     refuse_checkpoint_links(path)
     file = Path(path) / "state.json"
-    state = read_json_file(file, CheckpointError)
+    state = read_json_file(file, CheckpointError, allow_nan=True)
     if not isinstance(state, dict):
         raise CheckpointError(f"{file}: holds a JSON {type(state).__name__}, not an object")
     return state
@@ -426,6 +426,6 @@ def load_model_from_checkpoint(path: Path, device: str | torch.device = "cpu"):
 def read_best(root: Path) -> dict[str, Any] | None:
     path = Path(root) / BEST_FILE
     try:
-        return door.read_json_object(path, root=root, limit=1 << 16)
+        return door.read_json_object(path, root=root, limit=1 << 16, allow_nan=True)
     except (OSError, ValueError):  # missing, not a regular file, a link, or not a JSON object
         return None

@@ -1,12 +1,10 @@
-"""Where duolm keeps what it can rebuild, and the modes of what it writes. Opening, reading,
+"""Where duolm keeps what it can rebuild (its cache root and folders). Opening, reading,
 writing and moving files happens in ``shared.door``."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-
-from shared.door import current_umask
 
 
 def cache_root() -> Path:
@@ -30,13 +28,3 @@ def use_cache_root(typed: str | os.PathLike[str] | None) -> None:
     the setting. Nothing typed: nothing changes."""
     if typed:
         os.environ["DUOLM_CACHE"] = str(Path(typed).expanduser().resolve())
-
-
-def follow_umask(root: Path) -> None:
-    """Give ``root`` and everything under it the modes a plain ``open``/``mkdir`` would have had
-    (``tempfile`` creates private 0600 files and 0700 folders, which is wrong for results the
-    user shares). Links are left alone (chmod would follow them out of ``root``)."""
-    mask = current_umask()
-    for path in [root, *root.rglob("*")]:
-        if not path.is_symlink():
-            os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)

@@ -92,7 +92,7 @@ def measured_peak(
     best = max(measured, known.get(key, 0.0))
     if path is not None and best > known.get(key, 0.0):
         with contextlib.suppress(OSError):  # a read-only cache costs only the memory of it
-            path.parent.mkdir(parents=True, exist_ok=True)
+            door.make_folders(path.parent)
             write_atomic(path, json.dumps(known | {key: best}, indent=2))
     if best > measured:
         return best, f"best matmul rate measured on this {key} (now {measured / 1e12:.3g})"

@@ -48,7 +48,6 @@ from shared import door
 from shared.door import fsync_dir, fsync_tree
 from shared.errors import CheckpointError
 from shared.faults import kill_now_if
-from shared.files import follow_umask
 from shared.resume_state import check_training_state
 from shared.sharded_index import _SAFETENSORS_DTYPES, METADATA, read_index
 from shared.training_state import (
@@ -211,10 +210,10 @@ def save_sharded_checkpoint(
     final = root / ckpt.checkpoint_name(step)
     staging = root / f".{final.name}.sharded"
     if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
+        door.make_folders(root)
         for stale in root.glob(".step_*"):  # left by a save that died
             door.remove_tree(stale)
-        (staging / SHARDS).mkdir(parents=True)
+        door.make_folders(staging / SHARDS)
     _barrier()
     failed = None
     try:
@@ -256,7 +255,7 @@ def _finish(staging, final, digests, step, tokenizer, state, optim_state, schedu
     # each process hashed the shards it wrote; rank 0 hashes only the records and the index
     manifest = {n: digests[n] if n in shards else ckpt.file_sha256(staging / n) for n in files}
     door.write_atomic(staging / ckpt.MANIFEST, json.dumps(manifest, indent=2))
-    follow_umask(staging)
+    door.follow_umask(staging)
     fsync_tree(staging)
     retired = staging.with_name(f"{staging.name}.retired")
     if final.exists():

@@ -237,7 +237,7 @@ class Tokenizer:
     def save(self, directory: str | os.PathLike[str]) -> None:
         """Write tokenizer_meta.json (and tokenizer.json for all but "byte") into directory."""
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        door.make_folders(directory)
         if self._backend is not None:
             write_atomic(directory / BACKEND_FILE, self._backend.to_str().encode("utf-8"))
         meta = {

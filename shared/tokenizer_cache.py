@@ -65,7 +65,7 @@ def build_tokenizer(
         raise ValueError(f"no cached bpe tokenizer at {target} and no train_texts to train one")
 
     tok = Tokenizer.train_bpe(train_texts, vocab_size)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    door.make_folders(target.parent)
     # save into a private folder and rename it in, so readers never see half a tokenizer
     staging = door.make_temp_folder(target.parent, f".{target.name}.")
     try:

@@ -379,7 +379,7 @@ def write_training_state(
 
 def _read_json(file: Path) -> Any:
     try:
-        return read_json_file(file, CheckpointError)
+        return read_json_file(file, CheckpointError, allow_nan=True)  # checked field by field
     except FileNotFoundError:
         raise CheckpointError(f"{file}: missing") from None
 

@@ -150,7 +150,7 @@ def test_a_failed_atomic_write_names_its_file_and_leaves_the_old_one(tmp_path):
 def test_a_stage_cut_short_is_not_stored(tmp_path, monkeypatch):
     stages = Stages(tmp_path / "job", force=False)
 
-    def no_room(src, dst):
+    def no_room(src, dst, **_):
         raise full(dst)
 
     monkeypatch.setattr(os, "replace", no_room)
@@ -198,11 +198,11 @@ def test_resaving_a_step_keeps_the_old_one_until_the_new_one_is_in_place(tmp_pat
     manifest = (first / ckpt.MANIFEST).read_text()
     real_rename = os.rename
 
-    def no_room_for_the_new_one(src, dst):
+    def no_room_for_the_new_one(src, dst, **folders):
         staged = Path(src).name.startswith(".step_000003.") and not str(src).endswith("retired")
-        if staged and Path(dst) == first:
+        if staged and Path(dst).name == first.name:
             raise full(dst)
-        return real_rename(src, dst)
+        return real_rename(src, dst, **folders)
 
     monkeypatch.setattr(os, "rename", no_room_for_the_new_one)
     with pytest.raises(OSError):
@@ -324,14 +324,14 @@ def test_an_import_cut_short_mid_tensor_names_its_file(tmp_path, capsys, monkeyp
 def test_a_run_folder_that_cannot_be_made_for_lack_of_room_says_how_much_is_free(
     tmp_path, capsys, monkeypatch
 ):
-    real_mkdir = Path.mkdir
+    real_mkdir = os.mkdir
 
-    def no_room(self, *args, **kwargs):
-        if self.name == "run":
-            raise full(self)
-        return real_mkdir(self, *args, **kwargs)
+    def no_room(path, *args, **kwargs):
+        if Path(path).name == "run":
+            raise full(path)
+        return real_mkdir(path, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "mkdir", no_room)
+    monkeypatch.setattr(os, "mkdir", no_room)
     flags = ["--preset", "tiny", "--objective", "ar", "--out", str(tmp_path / "run")]
     assert train_cli.main(flags + ["--max-steps", "1", "--cache-dir", str(tmp_path / "c")]) == 2
     line = one_error_line(capsys)

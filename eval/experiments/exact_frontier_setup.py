@@ -125,7 +125,7 @@ def symbol_tokenizer(out: Path, alphabet: str) -> str:
     """Write a tokenizer.json of one id per symbol plus EOS and PAD; its ``hf:`` spec."""
     backend = BackendTokenizer(models.BPE(vocab={s: i for i, s in enumerate(alphabet)}, merges=[]))
     backend.add_special_tokens([EOS_TOKEN, PAD_TOKEN])
-    out.mkdir(parents=True, exist_ok=True)
+    door.make_folders(out)
     path = out / "symbols-tokenizer.json"
     text = backend.to_str()
     if not path.exists() or door.read_json_file(path, root=out) != json.loads(text):

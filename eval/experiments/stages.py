@@ -83,7 +83,7 @@ class Stages:
 
     def __init__(self, root: Path, force: bool, stop: StopRequest | None = None):
         self.root, self.force, self.stop = root / "stages", force, stop
-        self.root.mkdir(parents=True, exist_ok=True)
+        door.make_folders(self.root)
         self.reused: list[str] = []
 
     def run(self, name: str, inputs: dict[str, Any], compute: Callable[[], Any]) -> Any:
@@ -130,7 +130,7 @@ def read_stage(path: Path) -> dict[str, Any]:
     """A stored stage, or an empty record when it cannot be read as one (a damaged or foreign
     file is recomputed, not trusted)."""
     try:
-        stored = door.read_json_file(path, root=path.parent)
+        stored = door.read_json_file(path, root=path.parent, allow_nan=True)
     except (OSError, ValueError):
         return {}
     return stored if isinstance(stored, dict) else {}
@@ -217,7 +217,7 @@ def train_or_reuse(
     the run) plus ``overrides``."""
     final = run_dir / "final.json"
     if final.exists() and not force:
-        summary = read_json_file(final)
+        summary = read_json_file(final, allow_nan=True)
         if summary.get("finished") and same_settings(run_dir, overrides):
             print(f"[train {label}] reusing the finished run in {run_dir}")
             summary["reused"] = True

@@ -112,7 +112,7 @@ def print_table(index_path: str, reports: str) -> None:
     if not path.is_file():
         raise FileNotFoundError(f"--table {path}: no such file (give a findings index.json)")
     try:
-        index = read_json_file(path)
+        index = read_json_file(path, allow_nan=True)
     except ConfigError as error:
         raise ConfigError(f"--table {error}; give a findings index.json") from None
     try:
@@ -164,12 +164,12 @@ def stored(out: Path, name: str) -> FindingResult:
     """A finding's last result as its folder holds it (so the index covers every finding run
     into ``out``, not only this invocation's), its report where the folder now is and its
     provenance from that report (a result written before rows carried their own)."""
-    row = read_json_file(out / name / "result.json")
+    row = read_json_file(out / name / "result.json", allow_nan=True)
     result = FindingResult(claim=FINDINGS[name].claim, **row)
     report = out / name / "report.json"
     if report.is_file():
         result.report = str(out / name / "report.md")
-        result.provenance = row_provenance(read_json_file(report))
+        result.provenance = row_provenance(read_json_file(report, allow_nan=True))
     return result
 
 
@@ -181,7 +181,7 @@ def reindex(out: Path) -> None:
         raise ConfigError(
             f"--reindex {out}: no finding's result.json there (give the --out of a findings run)"
         )
-    scales = {read_json_file(out / n / "result.json")["scale"] for n in names}
+    scales = {read_json_file(out / n / "result.json", allow_nan=True)["scale"] for n in names}
     if len(scales) != 1:
         raise ConfigError(f"--reindex {out}: findings of several scales {sorted(scales)}")
     results = [stored(out, name) for name in names]

@@ -271,6 +271,6 @@ def fresh_job_folder(out: Path, stamp: dict[str, Any], force: bool) -> None:
             return  # reused: its stamp keeps the commit that trained its runs
         why = "--force" if force else f"it was made by other code or settings ({earlier})"
         print(f"[{out.name}] moved the earlier job aside to {move_aside(out)}: {why}")
-    out.mkdir(parents=True, exist_ok=True)
+    door.make_folders(out)
     write_atomic(path, json.dumps(stamp, indent=2, sort_keys=True))
     mark_folder(out, "findings job")

@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from shared import door
+from shared import door, door_staging
 from shared.data import hub
 from shared.data.synthetic.specs import corpus_splits
 from shared.errors import ResourceUnavailableError
@@ -257,13 +257,15 @@ def _load_local(path: Path, field: str, text_field: str, hf_cache: str | None) -
             names = ", ".join(str(f) for f in group_files)
             kwargs: dict[str, Any] = {"sample_by": "paragraph"} if builder == "text" else {}
             try:
-                ds = datasets.load_dataset(
-                    builder,
-                    data_files=[str(f) for f in group_files],
-                    split="train",
-                    cache_dir=hf_cache,
-                    **kwargs,
-                )
+                # datasets opens files by name: it is handed the door's opened files only
+                with door_staging.staged_for_library(group_files) as staged:
+                    ds = datasets.load_dataset(
+                        builder,
+                        data_files=[str(f) for f in staged],
+                        split="train",
+                        cache_dir=hf_cache,
+                        **kwargs,
+                    )
             except Exception as exc:
                 cause = exc.__cause__ or exc
                 raise ValueError(f"{field}: could not read {names}: {cause}") from exc

@@ -132,7 +132,7 @@ def _cache_key(corpus: CorpusSplits, tokenizer: Tokenizer, protocol: str, seq_le
 
 
 def _save_cache(folder: Path, splits: Mapping[str, TokenizedSplit], key_info: dict) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
+    door.make_folders(folder)
     meta: dict[str, Any] = {**key_info, "splits": {}}
     for name, split in splits.items():
         write_atomic(folder / f"{name}.npy", lambda fh, a=split.tokens: np.save(fh, a))

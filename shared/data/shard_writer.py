@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from shared import door
 from shared.data.rows import PROTOCOLS
 from shared.data.shards import FORMAT, MANIFEST, SPLITS, token_dtype
 from shared.door import write_atomic
@@ -137,7 +138,7 @@ def write_shards(
         )
     if (folder / MANIFEST).exists():
         raise ConfigError(f"{folder} already holds shards ({MANIFEST}); choose a new --out folder")
-    folder.mkdir(parents=True, exist_ok=True)
+    door.make_folders(folder)
     dtype = token_dtype(tokenizer.vocab_size)
     writers = {
         split: SplitWriter(folder, split, dtype, shard_tokens // width, tokenizer)

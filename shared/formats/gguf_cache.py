@@ -66,7 +66,7 @@ def _converting(folder: Path):
     """Hold the lock file beside ``folder`` while it is read or made (none where the cache
     cannot be written: then every process converts for itself)."""
     try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
+        door.make_folders(folder.parent)
         handle = door.open_lock_file(folder.parent / f".{folder.name}.lock")
     except OSError:
         yield
@@ -81,7 +81,7 @@ def keep_converted(folder: Path, tokenizer, model) -> None:
     of two processes converting at once, the first rename wins). The folder only saves time, so
     a cache that cannot be written (read-only, full) is skipped."""
     try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
+        door.make_folders(folder.parent)
         staging = door.make_temp_folder(folder.parent, f".{folder.name}.")
     except OSError:
         return

@@ -46,7 +46,6 @@ from shared.checkpoint import (
 from shared.cli_args import CommandParser
 from shared.door import fsync_dir, fsync_tree, write_atomic
 from shared.errors import CheckpointError, ConfigError, report_user_errors
-from shared.files import follow_umask
 from shared.sharded_checkpoint import to_single_file
 from shared.training.run_folder import holder_if_locked
 from shared.training_state import (
@@ -127,7 +126,7 @@ def convert_checkpoint(path: Path) -> bool:
                 f"{path}: its pickles hold no training state of this project ({error!r})"
             ) from None
         read_back(staging, with_optimizer=state["optimizer_state"] is not None)
-        follow_umask(staging)
+        door.follow_umask(staging)
         fsync_tree(staging)
         for name in written:
             door.replace(staging / name, path / name)
@@ -175,7 +174,7 @@ def sharded_to_single(path: Path) -> bool:
     retired = staging.with_name(f"{staging.name}.retired")
     try:
         to_single_file(path, staging)
-        follow_umask(staging)
+        door.follow_umask(staging)
         fsync_tree(staging)
         door.rename(path, retired)
         door.rename(staging, path)

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from shared import checkpoint as ckpt
+from shared import door
 from shared.door import read_json_file, remove_file
 from shared.errors import ConfigError
 from shared.hardware import peak_flops
@@ -39,7 +40,7 @@ def forget_unstarted_run(out: Path) -> None:
     for name in ("config.json", "metrics.jsonl", "final.json", MARKER):
         remove_file(out / name)
     with contextlib.suppress(OSError):
-        (out / "checkpoints").rmdir()
+        door.remove_empty_folder(out / "checkpoints")
 
 
 def check_step_memory(
@@ -118,7 +119,7 @@ def check_budget_left(step: int, total_steps: int, spec: RunSpec) -> None:
         )
     final = spec.out / "final.json"
     if step == total_steps and final.is_file():
-        summary = read_json_file(final)
+        summary = read_json_file(final, allow_nan=True)
         if isinstance(summary, dict) and summary.get("finished") and summary.get("step") == step:
             raise ConfigError(
                 f"{where}, and the run in {spec.out} already finished its budget of "

@@ -32,7 +32,7 @@ def metric_records(path: Path) -> list[tuple[str, dict[str, Any]]]:
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        record = parse_json(line, f"{path} line {number}")
+        record = parse_json(line, f"{path} line {number}", allow_nan=True)
         step = record.get("step", 0) if isinstance(record, dict) else None
         if isinstance(step, bool) or not isinstance(step, int):
             raise ConfigError(

@@ -31,7 +31,6 @@ from pathlib import Path
 
 from shared import door
 from shared.checkpoint import list_checkpoints
-from shared.door import current_umask
 from shared.errors import DISK_FULL, ConfigError, free_space
 from shared.files import cache_root
 from shared.formats.exported import EXPORT_INFO
@@ -137,11 +136,12 @@ class RunFolderLock:
                 f"--out {self.folder} is {kind_of_path(self.folder)}, not a folder; name a folder"
             )
         refuse_inside_a_run(self.folder)
+        door.declare_root(self.folder)  # every path below it is walked from it
         self._created = missing_folders(self.folder)
         self._made_lock_file = not self.path.exists()
         self._found = contents(self.folder)
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            door.make_folders(self.folder)
             handle = self._locked_handle()
         except (OSError, ConfigError) as error:
             self._remove_created_folders()
@@ -155,15 +155,12 @@ class RunFolderLock:
         if previous and previous.get("pid") is not None:
             # The kernel released the flock when its holder died; its record stayed behind.
             self.stale = _describe(previous)
-        handle.seek(0)
-        handle.truncate()
         record = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "since": time.strftime("%Y-%m-%d %H:%M:%S"),
         }
-        handle.write(json.dumps(record))
-        handle.flush()
+        door.rewrite_lock_record(handle, json.dumps(record))
         self._handle = handle
         return self
 
@@ -193,8 +190,7 @@ class RunFolderLock:
     def release(self) -> None:
         if self._handle is None:
             return
-        self._handle.seek(0)
-        self._handle.truncate()  # an empty lock file is a released one, not a stale one
+        door.rewrite_lock_record(self._handle, "")  # empty: released, not stale
         # A command that wrote nothing (refused, or failed before its first file) leaves the
         # folder as it found it: the lock file it made goes while still held, then the folders
         # it made.
@@ -210,7 +206,7 @@ class RunFolderLock:
     def _remove_created_folders(self) -> None:
         for folder in self._created:  # deepest first; a folder something was written to stays
             try:
-                folder.rmdir()
+                door.remove_empty_folder(folder)
             except OSError:
                 break
         self._created = []
@@ -430,10 +426,11 @@ def move_aside(folder: Path, sources: Sequence[Path] = ()) -> str:
     if why_not:
         raise ConfigError(f"{folder} {why_not}; choose another folder")
     resolved = folder.resolve()
-    # mkdtemp picks a name no other folder has, atomically; then give it the usual mode.
+    # a name no other folder has, made atomically, with the usual mode
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    aside = door.make_temp_folder(resolved.parent, f"{resolved.name}.replaced-{stamp}-")
-    os.chmod(aside, 0o777 & ~current_umask())
+    aside = door.make_temp_folder(
+        resolved.parent, f"{resolved.name}.replaced-{stamp}-", private=False
+    )
     for entry in resolved.iterdir():
         if entry.name != LOCK_FILE:
             door.rename(entry, aside / entry.name)

@@ -43,6 +43,6 @@ def remove_added(out: Path, found: set[str], created: list[Path]) -> None:
                 door.remove_file(entry)
     for folder in created:
         try:
-            folder.rmdir()
+            door.remove_empty_folder(folder)
         except OSError:  # something else is in it (a lock file held by this command)
             break
