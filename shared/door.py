@@ -168,7 +168,9 @@ def memmap(path: Path, dtype, root: Path | None = None, *, what="duolm", error=C
     """A read-only NumPy memory map of the regular file ``path``, made on the file the door
     opened (the map keeps its own duplicate of the descriptor; the name is not opened again)."""
     with open_read(path, root, what=what, error=error) as handle:
-        return np.memmap(handle, dtype=dtype, mode="r")
+        mapped = np.memmap(handle, dtype=dtype, mode="r")
+    mapped.filename = os.path.abspath(path)  # what it maps, for messages (not opened again)
+    return mapped
 
 
 # ------------------------------------------------------------------------------ folders
