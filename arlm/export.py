@@ -110,6 +110,7 @@ def export_model(
     out = Path(out_dir)
     # The record that makes the folder an export is written last, whole; a write that fails (a
     # full disk) removes what the export had written, and the folders it made.
+    door.declare_root(out)  # every path below the export is walked from it
     with removed_if_unfinished(out):
         door.make_folders(out)
         tokenizer.save(out / TOKENIZER_DIR)

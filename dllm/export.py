@@ -67,6 +67,7 @@ def export_llada_model(
     config["auto_map"] = LLADA_AUTO_MAP
     # The record that makes the folder an export is written last, whole; a write that fails (a
     # full disk) removes what the export had written, and the folders it made.
+    door.declare_root(out)  # every path below the export is walked from it
     with removed_if_unfinished(out):
         door.make_folders(out)
         save_tensors(weights, out / "model.safetensors")

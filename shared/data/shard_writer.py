@@ -138,6 +138,7 @@ def write_shards(
         )
     if (folder / MANIFEST).exists():
         raise ConfigError(f"{folder} already holds shards ({MANIFEST}); choose a new --out folder")
+    door.declare_root(folder)  # every path below the shard folder is walked from it
     door.make_folders(folder)
     dtype = token_dtype(tokenizer.vocab_size)
     writers = {
