@@ -332,9 +332,10 @@ def convert(path: Path, log=print, to_single: bool = False) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = CommandParser(
         description="Convert checkpoints written by earlier releases (training state in Python "
-        "pickles: optimizer.pt, rng.pt) to the current format (safetensors and JSON), so "
-        "that they resume. Reading a pickle can run code: only convert what you trust. With "
-        "--to single: turn sharded checkpoints into single-file ones."
+        "pickles: optimizer.pt, rng.pt; a sharded checkpoint's index in shards/.metadata) to "
+        "the current format (safetensors and JSON), so that they resume. Reading a pickle can "
+        "run code: only convert what you trust. With --to single: turn sharded checkpoints "
+        "into single-file ones."
     )
     parser.add_argument("path", help="a checkpoint folder, or a run folder (all its checkpoints)")
     parser.add_argument(
