@@ -135,12 +135,10 @@ def _index_writer(folder: Path):
             door.write_atomic(
                 Path(self.path) / ".metadata", pickle.dumps(metadata, protocol=2), durable=True
             )
-            try:
+            try:  # refused here rather than written as a checkpoint no reader accepts
                 record = index_record(metadata)
             except ValueError as error:
-                raise CheckpointError(
-                    f"{self.path}: not a checkpoint of tensors ({error})"
-                ) from None
+                raise CheckpointError(f"{self.path}: its index has no JSON form: {error}") from None
             door.write_atomic(Path(self.path) / Path(INDEX).name, index_text(record), durable=True)
 
     return IndexWriter(str(folder), thread_count=1, sync_files=True)

@@ -193,6 +193,16 @@ def test_a_save_and_resume_read_the_json_and_never_unpickle(
     assert not witness.exists()
 
 
+def test_an_index_altered_after_the_save_fails_its_checksum(small_sharded, tmp_path, capsys):
+    copy = copy_of(small_sharded, tmp_path)
+    record = json.loads((copy / sharded_index.INDEX).read_text())
+    embedding(record)["chunks"][0]["offset"] = 1
+    (copy / sharded_index.INDEX).write_text(json.dumps(record))  # the manifest left as it was
+    assert cli.main(["--resume", str(copy), "--max-steps", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "checksum mismatch in shards/index.json" in err and err.count("\n") == 1, err
+
+
 def mem_format_attack() -> bytes:
     """A pickle that BUILDs onto a member of DCP's _MEM_FORMAT_ENCODING (an allowed class):
     the member is one object for the whole process, so its value would stay 99 after."""
@@ -243,13 +253,13 @@ def test_a_checkpoint_with_only_the_pickled_index_is_refused_with_the_convert_hi
     hint = f"duolm convert-checkpoint {old} --trust"
     with pytest.raises(CheckpointError, match="--trust"):
         sharded.read_index(old)
-    for argv in (["--resume", str(old), "--max-steps", "4"],):
-        assert cli.main(argv) == 2
+    for command, argv in (
+        (cli.main, ["--resume", str(old), "--max-steps", "4"]),
+        (convert.main, [str(old), "--to", "single"]),
+    ):
+        status = command(argv)
         err = capsys.readouterr().err
-        assert hint in err and err.count("\n") == 1, err
-    assert convert.main([str(old), "--to", "single"]) == 2
-    err = capsys.readouterr().err
-    assert hint in err and err.count("\n") == 1, err
+        assert status == 2 and hint in err and err.count("\n") == 1, err
     assert convert.main([str(old)]) == 2  # without --trust nothing is unpickled
     assert not (old / sharded_index.INDEX).exists()
 
