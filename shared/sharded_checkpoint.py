@@ -6,7 +6,10 @@ with ``shards/`` in place of ``model.safetensors`` and ``optimizer.safetensors``
 
 - ``shards/__<rank>_0.distcp``  the tensors each process held: weights under ``model/<name>``,
   AdamW's moments and step counts under ``optimizer/<name>/<entry>``;
-- ``shards/.metadata``          DCP's index of them (which slice of which tensor is where);
+- ``shards/index.json``         the index of them (which slice of which tensor is where), as
+  strict JSON of names and numbers (``shared.sharded_index``);
+- ``shards/.metadata``          DCP's own pickle of the same index, kept for DCP's tools and
+  never read by this project except by ``convert-checkpoint --trust``;
 - ``optimizer.json``, ``rng.json``, ``state.json``, ``tokenizer/``, ``manifest.json`` as in a
   single-file checkpoint (``state.json`` says ``"checkpoint_format": "sharded"``).
 
@@ -20,14 +23,10 @@ every file fsynced (DCP's writer fsyncs its shards), the manifest (sha256 of eve
 process hashing the shards it wrote) last, then one ``rename``. The processes must share the
 file system the run folder is on, as DCP itself requires.
 
-Checkpoints never run code. DCP pickles its ``.metadata``; it is read here through torch's own
-weights-only unpickler (``torch.load(weights_only=True)``'s, which reads pickle protocol 2, the
-protocol the index is written at), allowing DCP's index classes and nothing else, then checked
-whole
-(``checked_index``): exact types; file names that are plain names the manifest lists; integer
-byte ranges inside each file; chunks that tile every tensor exactly; no more tensor bytes than
-the files hold; no transforms. DCP is handed an index rebuilt from the checked values; the
-tensors themselves it reads with torch's restricted loader (``weights_only=True``).
+Checkpoints never run code, and nothing received is unpickled: the index is read from
+``shards/index.json``, every field checked (``shared.sharded_index.checked_index``), and DCP is
+handed a ``Metadata`` built in code from the checked values in place of its pickle; the tensors
+themselves it reads with torch's restricted loader (``weights_only=True``).
 """
 
 from __future__ import annotations
@@ -49,7 +48,14 @@ from shared.door import fsync_dir, fsync_tree
 from shared.errors import CheckpointError
 from shared.faults import kill_now_if
 from shared.resume_state import check_training_state
-from shared.sharded_index import _SAFETENSORS_DTYPES, METADATA, read_index
+from shared.sharded_index import (
+    _SAFETENSORS_DTYPES,
+    INDEX,
+    METADATA,
+    index_record,
+    index_text,
+    read_index,
+)
 from shared.training_state import (
     FORMAT,
     OPTIMIZER_RECORD,
@@ -116,8 +122,9 @@ def _barrier() -> None:
 
 
 def _index_writer(folder: Path):
-    """DCP's file writer, with its index pickled at protocol 2 (the protocol torch's
-    weights-only unpickler reads) and recording no path."""
+    """DCP's file writer, which also writes the index as ``shards/index.json`` (the file this
+    project reads), and pickles DCP's own copy at protocol 2 with no path in it (the form
+    ``convert-checkpoint --trust`` reads in checkpoints of earlier versions)."""
     from torch.distributed.checkpoint import metadata as index_classes
 
     class IndexWriter(_dcp().FileSystemWriter):
@@ -127,17 +134,22 @@ def _index_writer(folder: Path):
             door.write_atomic(
                 Path(self.path) / ".metadata", pickle.dumps(metadata, protocol=2), durable=True
             )
+            try:  # refused here rather than written as a checkpoint no reader accepts
+                record = index_record(metadata)
+            except ValueError as error:
+                raise CheckpointError(f"{self.path}: its index has no JSON form: {error}") from None
+            door.write_atomic(Path(self.path) / Path(INDEX).name, index_text(record), durable=True)
 
     return IndexWriter(str(folder), thread_count=1, sync_files=True)
 
 
-def _checked_reader(path: Path):
-    """DCP's file reader, reading the index through ``read_index``."""
+def _checked_reader(path: Path, index: Any):
+    """DCP's file reader, given the index ``read_index`` built from ``shards/index.json`` in
+    place of the pickled one it would read."""
     base = _dcp().FileSystemReader
 
     class CheckedReader(base):
         def read_metadata(self, *args, **kwargs):
-            index = read_index(path)
             index.storage_meta = index.storage_meta or _dcp().metadata.StorageMeta()
             index.storage_meta.load_id = self.load_id
             return index
@@ -248,11 +260,11 @@ def _finish(staging, final, digests, step, tokenizer, state, optim_state, schedu
     door.write_atomic(staging / "state.json", json.dumps(record, indent=2))
     tokenizer.save(staging / "tokenizer")
     files = sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file())
-    shards = {n for n in files if n.startswith(f"{SHARDS}/") and n != METADATA}
+    shards = {n for n in files if n.startswith(f"{SHARDS}/") and n not in (METADATA, INDEX)}
     missing = shards - set(digests)
     if missing:
         raise CheckpointError(f"{final}: shards no process hashed: {sorted(missing)}")
-    # each process hashed the shards it wrote; rank 0 hashes only the records and the index
+    # each process hashed the shards it wrote; rank 0 hashes only the records and the indexes
     manifest = {n: digests[n] if n in shards else ckpt.file_sha256(staging / n) for n in files}
     door.write_atomic(staging / ckpt.MANIFEST, json.dumps(manifest, indent=2))
     door.follow_umask(staging)
@@ -283,7 +295,7 @@ def load_sharded_training_state(
     refuse_uncovered(path, index, tensors)
     try:
         with _quiet():
-            _dcp().load(tensors, storage_reader=_checked_reader(path))
+            _dcp().load(tensors, storage_reader=_checked_reader(path, index))
     except (RuntimeError, ValueError, KeyError) as error:
         if isinstance(error, CheckpointError):
             raise
@@ -362,7 +374,7 @@ def to_single_file(path: Path, staging: Path) -> None:
         dtype, shape = shapes[key]
         tensor = {key: torch.empty(shape, dtype=dtype)}
         with _quiet():
-            _dcp().load(tensor, storage_reader=_checked_reader(path), no_dist=True)
+            _dcp().load(tensor, storage_reader=_checked_reader(path, index), no_dist=True)
         return tensor[key]
 
     weights = {k[len("model/") :]: v for k, v in shapes.items() if k.startswith("model/")}

@@ -82,7 +82,7 @@ ALLOWED = {
     "folder this command made (checkpoint, export, conversion)",
     ("shared/checkpoint.py", "load_checked_weights"): "reads the /proc/self/fd name the door "
     "opened (door.opened_path)",
-    ("shared/sharded_index.py", "unpickle_index"): "torch's weights-only unpickler over "
+    ("shared/training/convert.py", "unpickle_index"): "torch's weights-only unpickler over "
     "bytes the door read",
     ("shared/training/convert.py", "read_pickled"): "torch.load(weights_only=True) over a handle "
     "the door opened, once the user passed --trust",

@@ -80,7 +80,7 @@ def test_sharded_checkpoints_resume_on_one_process_and_on_two(
 ):
     # each process wrote its own shards; nothing was gathered into one file
     names = {p.name for p in (two_halfway / "shards").iterdir()}
-    assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= names
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "index.json"} <= names
     assert not (two_halfway / "model.safetensors").exists()
     ckpt.verify_checkpoint(two_halfway)
 
@@ -94,7 +94,7 @@ def test_sharded_checkpoints_resume_on_one_process_and_on_two(
         + ["--checkpoint-format", "sharded", "--stop-after-steps", "4"]
     )
     halfway = ckpt.list_checkpoints(one_sharded / "checkpoints")[-1]
-    assert (halfway / "shards" / ".metadata").is_file()
+    assert (halfway / "shards" / "index.json").is_file()
     one_then_two = tmp_path / "one_then_two"
     output = launch(one_then_two, cache_dir, "--resume", str(halfway), "--log-every", "1")
     assert "(FSDP2)" in output and "resumed from" in output
@@ -220,23 +220,28 @@ def test_a_missing_or_truncated_shard_is_refused_in_one_line(small_sharded, tmp_
         assert why in err and err.count("\n") == 1 and "Traceback" not in err
 
 
-def test_an_index_that_unpickles_anything_else_is_refused_and_runs_nothing(small_sharded, tmp_path):
+def test_an_index_that_unpickles_anything_else_is_refused_and_runs_nothing(
+    small_sharded, tmp_path, capsys
+):
+    """A checkpoint of an earlier version (a pickled index only) is unpickled by
+    ``convert-checkpoint --trust`` alone, and even then makes nothing but DCP's index classes."""
     crafted = copy_checkpoint_into_a_run(small_sharded, tmp_path)
+    (crafted / "shards" / "index.json").unlink()
     witness = tmp_path / "ran"
 
     class Payload:
         def __reduce__(self):
             return (os.system, (f"touch {witness}",))
 
-    (crafted / "shards" / ".metadata").write_bytes(pickle.dumps(Payload(), protocol=2))
-    rewrite_manifest(crafted)
-    with pytest.raises(CheckpointError, match="refused to unpickle: it asks for posix.system"):
-        sharded.read_index(crafted)
-    (crafted / "shards" / ".metadata").write_bytes(pickle.dumps(Payload(), protocol=4))
-    rewrite_manifest(crafted)
-    with pytest.raises(CheckpointError, match="pickled at protocol 4"):
-        sharded.read_index(crafted)
-    assert convert.main([str(crafted), "--to", "single"]) == 2
+    for protocol, why in ((2, "refused to unpickle: it asks for posix.system"), (4, "protocol 4")):
+        (crafted / "shards" / ".metadata").write_bytes(pickle.dumps(Payload(), protocol=protocol))
+        rewrite_manifest(crafted)
+        with pytest.raises(CheckpointError, match="convert-checkpoint .* --trust"):
+            sharded.read_index(crafted)
+        assert convert.main([str(crafted), "--to", "single"]) == 2
+        assert convert.main([str(crafted), "--trust"]) == 2
+        err = capsys.readouterr().err
+        assert why in err and err.count("\n") == 2, err
     assert not witness.exists()
 
 

@@ -11,6 +11,11 @@ checkpoint (``--trust``), and even then through torch's restricted unpickler
 files held: NumPy's generator state. A file that needs anything else is refused, naming it and
 what it asked for, and nothing of it runs.
 
+A sharded checkpoint of an earlier version holds its index only as DCP's pickle
+(``shards/.metadata``); ``--trust`` also reads that, through torch's own weights-only unpickler
+allowing DCP's index classes only, and writes the JSON index this version reads
+(``shards/index.json``, ``shared.sharded_index``), checked as every read checks it.
+
 ``--to single`` instead turns a sharded checkpoint (``shared.sharded_checkpoint``) into a
 single-file one, the format of export, import, evaluation and sampling, one tensor at a time:
 
@@ -23,20 +28,24 @@ removed; a conversion that stops half-way leaves the checkpoint as it was, to co
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 import re
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch import _weights_only_unpickler
 
 from shared import door
 from shared.checkpoint import (
     CHECKPOINT_PATTERN,
     MANIFEST,
+    SHARDS,
     file_sha256,
     is_sharded_checkpoint,
     list_checkpoints,
@@ -47,6 +56,15 @@ from shared.cli_args import CommandParser
 from shared.door import fsync_dir, fsync_tree, write_atomic
 from shared.errors import CheckpointError, ConfigError, report_user_errors
 from shared.sharded_checkpoint import to_single_file
+from shared.sharded_index import (
+    INDEX,
+    INDEX_LIMIT,
+    METADATA,
+    checked_index,
+    index_record,
+    index_text,
+    shard_sizes,
+)
 from shared.training.run_folder import holder_if_locked
 from shared.training_state import (
     PICKLED_FILES,
@@ -70,10 +88,10 @@ NUMPY_RNG_GLOBALS = [
 ]
 
 WHAT_CONVERTING_DOES = (
-    "converting unpickles the checkpoint's optimizer.pt and rng.pt (Python pickles, which can "
-    "run code when read; the reader admits only tensors, numbers and NumPy's generator state) "
-    "and rewrites them as safetensors and JSON; if you trust where {path} came from, run it "
-    "again with --trust"
+    "converting unpickles the checkpoint's optimizer.pt and rng.pt, or a sharded checkpoint's "
+    "shards/.metadata (Python pickles, which can run code when read; the reader admits only "
+    "tensors, numbers, NumPy's generator state and DCP's index classes) and rewrites them as "
+    "safetensors and JSON; if you trust where {path} came from, run it again with --trust"
 )
 
 
@@ -109,12 +127,107 @@ def read_pickled_state(path: Path, listed: dict[str, str]) -> dict[str, Any]:
     return state
 
 
+def _index_globals() -> list[Any]:
+    """What torch's weights-only unpickler may make, beyond tensors, sizes and dtypes, in DCP's
+    pickled index: its classes (BUILD on their instances only, never on a class). No path: the
+    indexes this project wrote record none, and a path object is what a crafted pickle would
+    use to name one file while opening another."""
+    from torch.distributed.checkpoint import filesystem, metadata
+
+    return [
+        metadata.Metadata,
+        metadata.TensorStorageMetadata,
+        metadata.TensorProperties,
+        metadata.ChunkStorageMetadata,
+        metadata.MetadataIndex,
+        metadata.StorageMeta,
+        metadata._MEM_FORMAT_ENCODING,
+        filesystem._StorageInfo,
+    ]
+
+
+def unpickle_index(data: bytes, file: Path) -> Any:
+    """DCP's pickled index through torch's own pure-Python weights-only unpickler (the one
+    ``torch.load(weights_only=True)`` uses), allowing only ``_index_globals``. The enum
+    ``_MEM_FORMAT_ENCODING`` is one object per member for the whole process, and BUILD on a
+    member would change it there: a pickle that does so is refused and the members restored."""
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING as encodings
+
+    if data[:1] == b"\x80" and len(data) > 1 and data[1] > 2:
+        raise CheckpointError(
+            f"{file}: pickled at protocol {data[1]}; indexes of this project were pickled at "
+            "protocol 2 (torch's weights-only unpickler)"
+        )
+    members = {member: (type(member), dict(vars(member))) for member in encodings}
+    try:
+        with torch.serialization.safe_globals(_index_globals()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's note on the protocol, said above instead
+            index = _weights_only_unpickler.Unpickler(io.BytesIO(data), encoding="ASCII").load()
+    except Exception as error:  # noqa: BLE001 - any failure of a crafted pickle is a refusal
+        restore_members(members)
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        asked = re.search(r"GLOBAL (\S+)", reason)
+        what = f"it asks for {asked.group(1)}" if asked else reason[:200]
+        raise CheckpointError(
+            f"{file}: refused to unpickle: {what}, which no index of a sharded checkpoint holds"
+        ) from None
+    changed = restore_members(members)
+    if changed:
+        raise CheckpointError(
+            f"{file}: refused: unpickling it changed DCP's {', '.join(changed)} for the whole "
+            "process (changed back); no index of a sharded checkpoint does that"
+        )
+    return index
+
+
+def restore_members(members: dict[Any, tuple[type, dict]]) -> list[str]:
+    """The names of the enum members whose class or attributes differ from ``members`` (as they
+    were), each set back."""
+    changed = []
+    for member, (kind, attributes) in members.items():
+        if type(member) is not kind or vars(member) != attributes:
+            changed.append(f"{kind.__name__}.{attributes.get('_name_', '?')}")
+            member.__class__ = kind
+            vars(member).clear()
+            vars(member).update(attributes)
+    return changed
+
+
+def write_json_index(path: Path, listed: dict[str, str]) -> None:
+    """Write ``shards/index.json`` for a sharded checkpoint of an earlier version, from its
+    pickled ``shards/.metadata``, checked as a resume will check it, then list it in the
+    manifest; stopped half-way, the checkpoint is as it was (the new file not yet listed)."""
+    file = path / METADATA
+    data = door.read_bytes(file, path, error=CheckpointError, limit=INDEX_LIMIT)
+    index = unpickle_index(data, file)
+    try:
+        record = index_record(index)
+    except (ValueError, TypeError, AttributeError) as error:
+        raise CheckpointError(f"{file}: not an index of a sharded checkpoint ({error})") from None
+    checked_index(record, file, shard_sizes(path, listed))
+    write_atomic(path / INDEX, index_text(record), durable=True)
+    fsync_dir(path / SHARDS)
+    manifest = dict(sorted((listed | {INDEX: file_sha256(path / INDEX)}).items()))
+    write_atomic(path / MANIFEST, json.dumps(manifest, indent=2), durable=True)
+    fsync_dir(path)
+
+
 def convert_checkpoint(path: Path) -> bool:
     """Convert one checkpoint in place; False when it needed no conversion."""
     verify_checkpoint(path)  # a damaged checkpoint is not given a fresh manifest
     listed = read_manifest(path)
+    pickled_index = METADATA in listed and INDEX not in listed
+    if pickled_index:
+        write_json_index(path, listed)
+        listed = read_manifest(path)
     if not any(name in listed for name in PICKLED_FILES):
-        return False
+        return pickled_index
+    convert_training_state(path, listed)
+    return True
+
+
+def convert_training_state(path: Path, listed: dict[str, str]) -> None:
+    """``optimizer.pt`` and ``rng.pt`` of ``path`` rewritten as safetensors and JSON."""
     state = read_pickled_state(path, listed)
     # staged as ".step_NNNNNN.*", which checkpoint listings skip and the next save clears
     staging = door.make_temp_folder(path.parent, f".{path.name}.convert.")
@@ -140,7 +253,6 @@ def convert_checkpoint(path: Path) -> bool:
     for name in PICKLED_FILES:
         door.remove_file(path / name)
     fsync_dir(path)
-    return True
 
 
 def read_back(folder: Path, *, with_optimizer: bool) -> None:
@@ -219,9 +331,10 @@ def convert(path: Path, log=print, to_single: bool = False) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = CommandParser(
         description="Convert checkpoints written by earlier releases (training state in Python "
-        "pickles: optimizer.pt, rng.pt) to the current format (safetensors and JSON), so "
-        "that they resume. Reading a pickle can run code: only convert what you trust. With "
-        "--to single: turn sharded checkpoints into single-file ones."
+        "pickles: optimizer.pt, rng.pt; a sharded checkpoint's index in shards/.metadata) to "
+        "the current format (safetensors and JSON), so that they resume. Reading a pickle can "
+        "run code: only convert what you trust. With --to single: turn sharded checkpoints "
+        "into single-file ones."
     )
     parser.add_argument("path", help="a checkpoint folder, or a run folder (all its checkpoints)")
     parser.add_argument(
