@@ -401,16 +401,23 @@ def load_checked_weights(path: Path, model: nn.Module, file: str) -> None:
         )
 
 
-def model_from_weights(path: Path, config: ModelConfig) -> Transformer:
-    """The model ``config`` describes with the checkpoint's weights in it. It is built on the
-    meta device (shapes, no memory) and compared with the weights' header first, so a config
-    that asks for more than the weights hold (a few-KB checkpoint naming 13B parameters) is
-    refused before anything of its size is allocated."""
+def meta_model_fitting(path: Path, config: ModelConfig) -> Transformer:
+    """The model ``config`` describes, on the meta device (shapes, no memory), once the
+    checkpoint's weights header shows that its weights fit it."""
     header = weights_header(path)
     check_layer_count(path, config, header)  # before even the meta model is built layer by layer
     with torch.device("meta"):
         model = Transformer(config)
     check_weights_fit(path, model, header)
+    return model
+
+
+def model_from_weights(path: Path, config: ModelConfig) -> Transformer:
+    """The model ``config`` describes with the checkpoint's weights in it. It is built on the
+    meta device (shapes, no memory) and compared with the weights' header first, so a config
+    that asks for more than the weights hold (a few-KB checkpoint naming 13B parameters) is
+    refused before anything of its size is allocated."""
+    model = meta_model_fitting(path, config)
     model.materialise("cpu")
     with door.opened_path(Path(path) / WEIGHTS, path, error=CheckpointError) as file:
         load_checked_weights(path, model, file)

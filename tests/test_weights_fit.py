@@ -123,3 +123,17 @@ def test_a_model_made_real_from_meta_keeps_its_tied_head_and_rope_tables():
     real = Transformer(cfg)
     assert model.output.weight is model.tok_embeddings.weight
     assert torch.equal(model.rope_cos, real.rope_cos) and torch.equal(model.rope_sin, real.rope_sin)
+
+
+def test_a_resume_of_a_crafted_checkpoint_is_refused_before_its_model_is_built(
+    tiny_run, tmp_path, cache_dir, no_real_model_built
+):
+    from shared.training import cli
+
+    layers = json.loads((tiny_run / "checkpoints" / STEP / "state.json").read_text())
+    checkpoint = crafted(tiny_run, tmp_path, **HUGE, n_layers=layers["model_config"]["n_layers"])
+    run = checkpoint.parent.parent
+    argv = ["--resume", str(run), "--max-steps", "4", "--cache-dir", str(cache_dir)]
+    with pytest.raises(CheckpointError, match="tensors have another shape") as refused:
+        cli.train_from_argv(argv)
+    assert "\n" not in str(refused.value) and "meta" in no_real_model_built
