@@ -132,7 +132,10 @@ def open_safetensors(files: list[Path]) -> tuple[dict, dict, Callable[[str], tor
     handles, shapes, dtypes = {}, {}, {}
     for path in files:
         try:
-            handle = safe_open(door.checked_name(path), framework="pt")
+            # safetensors maps the file the door opened (its /proc/self/fd name), and keeps
+            # that map after the door's descriptor is closed
+            with door.opened_path(path) as name:
+                handle = safe_open(name, framework="pt")
         except (SafetensorError, OSError) as error:
             raise ConfigError(f"{path}: unreadable safetensors file ({error})") from None
         for name in handle.keys():
