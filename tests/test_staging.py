@@ -159,6 +159,21 @@ def test_a_judge_folder_is_staged_without_its_code(tmp_path, private_tmp, monkey
     assert staging_folders(private_tmp) == []
 
 
+def test_a_judge_folder_whose_config_asks_for_code_is_one_line(tmp_path, private_tmp):
+    """Real transformers: the folder's code is not staged, and transformers' refusal of a
+    config that names code is one line naming the user's folder."""
+    from eval.quality import Judge
+    from tests.test_import import save_hf, tiny_hf_model
+
+    folder = save_hf(tiny_hf_model("llama"), tmp_path / "judge")
+    plant_remote_code(folder)
+    with pytest.raises(ConfigError, match="transformers could not load this folder") as refused:
+        Judge(str(folder))
+    message = str(refused.value)
+    assert "\n" not in message and str(folder) in message and "duolm-staging" not in message
+    assert not (folder / "ran").exists() and staging_folders(private_tmp) == []
+
+
 def test_a_gguf_import_with_remote_code_beside_it_runs_none(tmp_path, private_tmp):
     """Real transformers, no recorder: the tokenizer config beside the file is never read, so no
     prompt comes up and its code never runs (the tiny file itself is refused in one line)."""
