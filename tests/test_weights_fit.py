@@ -137,3 +137,23 @@ def test_a_resume_of_a_crafted_checkpoint_is_refused_before_its_model_is_built(
     with pytest.raises(CheckpointError, match="tensors have another shape") as refused:
         cli.train_from_argv(argv)
     assert "\n" not in str(refused.value) and "meta" in no_real_model_built
+
+
+def test_an_import_whose_config_asks_for_a_million_layers_is_refused_unbuilt(
+    tmp_path, capsys, no_real_model_built
+):
+    pytest.importorskip("transformers")
+    from shared.formats.importer import main
+    from tests.test_import import save_hf, tiny_hf_model
+
+    folder = save_hf(tiny_hf_model("llama"), tmp_path / "hf")
+    config = json.loads((folder / "config.json").read_text())
+    capsys.readouterr()  # transformers' progress bars while it saved the folder
+    # the small case first: without the check it fails at once, before a million meta layers
+    for layers, said in ((1, "hold more"), (1_000_000, "have no model.layers.999999")):
+        config["num_hidden_layers"] = layers
+        (folder / "config.json").write_text(json.dumps(config))
+        assert main([str(folder), str(tmp_path / "run")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and f"asks for {layers} layers" in err and said in err
+    assert no_real_model_built == [] and not (tmp_path / "run").exists()
