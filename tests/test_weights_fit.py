@@ -157,3 +157,22 @@ def test_an_import_whose_config_asks_for_a_million_layers_is_refused_unbuilt(
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and f"asks for {layers} layers" in err and said in err
     assert no_real_model_built == [] and not (tmp_path / "run").exists()
+
+
+def test_an_exported_folder_whose_config_asks_for_13b_is_refused_unbuilt(
+    tmp_path, no_real_model_built
+):
+    from arlm.export import export_model, load_exported
+    from shared.tokenizer import Tokenizer
+
+    cfg = ModelConfig(vocab_size=258, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=64)
+    export_model(Transformer(cfg), Tokenizer.byte(), tmp_path / "export")
+    config_file = tmp_path / "export" / "config.json"
+    config = json.loads(config_file.read_text())
+    config |= {"hidden_size": HUGE["dim"], "intermediate_size": HUGE["hidden_dim"]}
+    config |= {"num_attention_heads": 40, "num_key_value_heads": 40, "head_dim": 128}
+    config_file.write_text(json.dumps(config))
+    built = len(no_real_model_built)
+    with pytest.raises(ValueError, match="is stored with shape .* but config.json makes it"):
+        load_exported(tmp_path / "export")
+    assert no_real_model_built[built:] == ["meta"]
