@@ -144,6 +144,29 @@ def test_a_gguf_import_hands_transformers_the_file_alone(
     assert not (folder / "ran").exists() and not (tmp_path / "run").exists()
 
 
+def test_a_gguf_link_is_followed_only_inside_its_folder(tmp_path, private_tmp, monkeypatch):
+    """A hub cache snapshot's GGUF file links into its repository's blobs, and is staged; a
+    link that leaves the folder is refused in one line before anything reads it."""
+    from shared.formats.reader import open_source
+
+    repository = tmp_path / "models--owner--name"
+    snapshot = repository / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (repository / "blobs").mkdir()
+    tiny_gguf(repository / "blobs" / "1111")
+    (snapshot / "smol.gguf").symlink_to("../../blobs/1111")
+    calls = recorded_transformers(monkeypatch)
+    with pytest.raises(ConfigError, match="transformers could not read this GGUF file"):
+        open_source(str(snapshot / "smol.gguf"))
+    assert calls[0]["files"] == ["model.gguf"]
+    elsewhere = tmp_path / "download"
+    elsewhere.mkdir()
+    (elsewhere / "smol.gguf").symlink_to(repository / "blobs" / "1111")
+    with pytest.raises(ConfigError, match="lies outside"):
+        open_source(str(elsewhere / "smol.gguf"))
+    assert len(calls) == 1 and staging_folders(private_tmp) == []
+
+
 def test_a_judge_folder_is_staged_without_its_code(tmp_path, private_tmp, monkeypatch):
     from tests.test_import import save_hf, tiny_hf_model
 

@@ -181,11 +181,27 @@ def staged_model_folder(folder: Path):
     folder = Path(folder)
     check_folder_files(folder)
     files = [folder_file(folder, name) for name in PRETRAINED_FILES if (folder / name).is_file()]
-    files += shard_files(folder)
-    # a hub cache snapshot's files are links into its blobs: staged is the file each names
-    # (inside the repository's folder, which the door checks once it is open)
+    shards = shard_files(folder)
+    nested = [str(p.relative_to(folder)) for p in shards if p.parent != folder]
+    if nested:
+        raise ConfigError(
+            f"{folder}: its index names shards in subfolders ({', '.join(nested[:3])}); a model "
+            "folder keeps its shards beside the index"
+        )
+    return _staged({path.name: path for path in files + shards}, folder)
+
+
+def staged_file_of_folder(path: Path, name: str):
+    """A staging folder holding the one file ``path`` (a GGUF file) as ``name``; a link is
+    followed only inside its folder (or a hub cache snapshot's repository)."""
+    return _staged({name: folder_file(path.parent, path.name)}, path.parent)
+
+
+def _staged(files: dict[str, Path], folder: Path):
+    # a hub cache snapshot's files are links into its blobs: staged is the file each names,
+    # inside the repository's folder, which the door checks again once it has opened it
     return door.staged_files(
-        {path.name: Path(os.path.realpath(path)) for path in files},
+        {name: Path(os.path.realpath(path)) for name, path in files.items()},
         Path(os.path.realpath(source_root(folder))),
     )
 
@@ -340,7 +356,7 @@ def read_gguf(path: Path, *, keep_conversion: bool = False) -> Source:
         # transformers and gguf read a staging folder that holds the GGUF file alone: never a
         # tokenizer_config.json (whose auto_map would offer to run code) or anything else that
         # lies beside the file
-        with door.staged_files({GGUF_NAME: path}, path.parent) as staging:
+        with staged_file_of_folder(path, GGUF_NAME) as staging:
             kind = gguf_weight_types(staging / GGUF_NAME, shown=path)
             hf_tokenizer, model = _transformers_read(
                 path, lambda: load_pretrained(str(staging), gguf_file=GGUF_NAME)
