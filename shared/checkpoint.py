@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_model
 from torch import nn
 
@@ -47,12 +46,13 @@ from shared.faults import kill_now_if
 from shared.model import Transformer
 from shared.objective import added_vocab_rows
 from shared.path_checks import refuse_link, refuse_links_within
-from shared.tensor_files import save_tensors
+from shared.tensor_files import StoredTensor, read_tensor_header, save_tensors
 from shared.tokenizer import Tokenizer
 from shared.training_state import (
     rng_state,
     write_training_state,
 )
+from shared.weights_fit import check_layer_count, check_weights_fit
 
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d{6,})$")
 MANIFEST = "manifest.json"
@@ -376,27 +376,24 @@ def refuse_sharded(path: Path) -> None:
 
 
 def load_weights(path: Path, model: nn.Module) -> None:
-    refuse_checkpoint_links(path)
-    refuse_sharded(path)
-    refuse_unlisted_weights(path)
+    """The checkpoint's weights into ``model``, once its header shows they fit it."""
+    header = weights_header(path)
+    check_weights_fit(path, model, header)
     with door.opened_path(Path(path) / WEIGHTS, path, error=CheckpointError) as file:
         load_checked_weights(path, model, file)
 
 
+def weights_header(path: Path) -> dict[str, StoredTensor]:
+    """What the checkpoint's ``model.safetensors`` declares (its header alone, read through the
+    door and checked against the file's size), after the refusals every weights reader makes."""
+    refuse_checkpoint_links(path)
+    refuse_sharded(path)
+    refuse_unlisted_weights(path)
+    return read_tensor_header(Path(path) / WEIGHTS, path, error=CheckpointError)
+
+
 def load_checked_weights(path: Path, model: nn.Module, file: str) -> None:
     """The tensors of ``file`` (the door's name for the checkpoint's weights) into ``model``."""
-    with safe_open(file, framework="pt") as saved:
-        shapes = {name: tuple(saved.get_slice(name).get_shape()) for name in saved.keys()}
-    own = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    wrong = [
-        f"{n} {shapes[n]} vs {own[n]}" for n in sorted(own) if n in shapes and shapes[n] != own[n]
-    ]
-    if wrong:
-        raise CheckpointError(
-            f"{path}: {len(wrong)} tensors have another shape than this model's (checkpoint vs "
-            f"model: {'; '.join(wrong[:3])}{'; ...' if len(wrong) > 3 else ''}); a model whose "
-            "shape changed cannot continue from these weights"
-        )
     missing, unexpected = load_model(model, file, strict=False)
     if missing or unexpected:
         raise CheckpointError(
@@ -404,13 +401,35 @@ def load_checked_weights(path: Path, model: nn.Module, file: str) -> None:
         )
 
 
+def meta_model_fitting(path: Path, config: ModelConfig) -> Transformer:
+    """The model ``config`` describes, on the meta device (shapes, no memory), once the
+    checkpoint's weights header shows that its weights fit it."""
+    header = weights_header(path)
+    check_layer_count(path, config, header)  # before even the meta model is built layer by layer
+    with torch.device("meta"):
+        model = Transformer(config)
+    check_weights_fit(path, model, header)
+    return model
+
+
+def model_from_weights(path: Path, config: ModelConfig) -> Transformer:
+    """The model ``config`` describes with the checkpoint's weights in it. It is built on the
+    meta device (shapes, no memory) and compared with the weights' header first, so a config
+    that asks for more than the weights hold (a few-KB checkpoint naming 13B parameters) is
+    refused before anything of its size is allocated."""
+    model = meta_model_fitting(path, config)
+    model.materialise("cpu")
+    with door.opened_path(Path(path) / WEIGHTS, path, error=CheckpointError) as file:
+        load_checked_weights(path, model, file)
+    return model
+
+
 def load_model_from_checkpoint(path: Path, device: str | torch.device = "cpu"):
     """(model, tokenizer, state) from a checkpoint, for sampling and evaluation."""
 
     path = resolve_checkpoint(Path(path))
     state = read_state(path)
-    model = Transformer(ModelConfig.from_dict(state["model_config"]))
-    load_weights(path, model)
+    model = model_from_weights(path, ModelConfig.from_dict(state["model_config"]))
     tokenizer = Tokenizer.load(path / "tokenizer")
     # The absorbing-state diffusion models (mdm, bd) have one extra row ([MASK]), as their
     # objective says; anything else is a mismatch.

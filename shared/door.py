@@ -3,7 +3,7 @@
 Every path a user names and every file a received folder holds (a run folder, a checkpoint,
 token shards, a stage file, a findings index, an export or an import) is opened here and
 nowhere else; ``tests/test_door.py`` scans the source and fails on any other site that opens,
-reads, writes, memory-maps, moves or unpickles a path, and ``tests/test_audit.py`` runs every
+reads, writes, memory-maps, moves or unpickles a path, and ``tests/test_file_audit.py`` runs every
 command under an audit of file events and fails on any event in a user's folder that the door
 did not perform. Whoever crafted a folder chooses every byte and every name in it, so the door
 
@@ -22,7 +22,9 @@ did not perform. Whoever crafted a folder chooses every byte and every name in i
   by a copy renamed over this name, so the other name never changes;
 - makes folders only through ``make_folders`` (each one below the root by descriptor).
 
-A library that insists on a path is handed ``/proc/self/fd/N`` (``opened_path``).
+A library that insists on a path is handed ``/proc/self/fd/N`` (``opened_path``); a library
+that is handed a folder, or writes one by name, gets a private staging folder
+(``shared.door_staging``).
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 transformers' ``save_pretrained`` writes a folder by name, and ``datasets`` opens the files it
 is given by name (and probes beside them): handed a user's folder, either would read or write
 there without the door. They are handed instead a private folder under the system's temporary
-folder that this command made (``library_folder``), holding only what the door put there: the
-descriptors it opened, linked by ``/proc/self/fd/N`` (``staged_for_library``); what a library
-wrote there is brought into the user's folder through the door (``copy_folder_into``).
+folder that this command made (``library_folder``, ``staged_files``), holding only what the door
+put there: the files it opened, hard-linked in through their descriptors or copied
+(``staged_files``); what a library wrote there is brought into the user's folder through the
+door (``copy_folder_into``).
 """
 
 from __future__ import annotations
@@ -18,15 +19,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from shared.door import (
-    copy_file,
     make_folders,
     make_temp_folder,
     open_fd,
     open_read,
     remove_tree,
     write_atomic,
+    write_new_file,
 )
 from shared.door_walk import door_operation
+from shared.errors import ConfigError
 
 
 def _has_proc() -> bool:
@@ -46,32 +48,68 @@ def library_folder(prefix: str = "duolm-") -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def staged_for_library(files: list[Path], root: Path | None = None) -> Iterator[list[Path]]:
-    """Names for a library that opens files by name (``datasets``): each file opened through
-    the door and named in a private ``library_folder`` by a link to its open descriptor
-    (``/proc/self/fd/N``; a copy where there is no /proc), so the library reads exactly the
-    checked files and nothing beside them. The descriptors close when the block ends."""
-    opened: list[int] = []
-    with library_folder("duolm-data-") as staging:
-        try:
-            names = []
-            for number, file in enumerate(files):
-                name = staging / f"{number:06d}-{Path(file).name}"
-                if _has_proc():
-                    opened.append(open_fd(file, root))
-                    _link_in_staging(f"/proc/self/fd/{opened[-1]}", name)
-                else:
-                    copy_file(file, name, root)
-                names.append(name)
-            yield names
-        finally:
-            for fd in opened:
-                os.close(fd)
+def staged_files(
+    files: dict[str, Path],
+    root: Path | None = None,
+    *,
+    parent: Path | None = None,
+    what: str = "duolm",
+    error=ConfigError,
+) -> Iterator[Path]:
+    """A private temporary folder (``mkdtemp``: mode 0700) holding only ``files`` (staged name
+    -> the file to stage), for a library that is handed a folder and reads whatever it finds
+    there (transformers reads a ``tokenizer_config.json`` beside a GGUF file and offers to run
+    the code its ``auto_map`` names; ``datasets`` reads its own files by name). Each file is
+    opened through the door and hard-linked in through its descriptor, or copied where a link
+    cannot be made (another file system); the folder is removed when the block ends, however.
+    ``parent``: where the folder is made (the system's temporary folder unless given: a folder
+    of duolm's own, on the files' file system, lets large files be linked, not copied)."""
+    where = Path(parent) if parent is not None else Path(tempfile.gettempdir())
+    staging = make_temp_folder(where, "duolm-staging-")
+    try:
+        for name, source in files.items():
+            if not name or name in (".", "..") or "/" in name:
+                raise ValueError(f"staged name {name!r} must be a plain file name")
+            _stage_file(Path(source), staging / name, root, what, error)
+        yield staging
+    finally:
+        remove_tree(staging)
+
+
+def staged_folder_files(folder: Path, names, root: Path | None = None, **staging):
+    """``staged_files`` of the files ``names`` of ``folder`` that are there (the others are
+    left out, as a library meets a folder that lacks them)."""
+    there = {name: Path(folder) / name for name in names if os.path.lexists(Path(folder) / name)}
+    return staged_files(there, root if root is not None else Path(folder), **staging)
 
 
 @door_operation
-def _link_in_staging(target: str, name: Path) -> None:
-    os.symlink(target, name)
+def _stage_file(source: Path, target: Path, root: Path | None, what: str, error) -> None:
+    fd = open_fd(source, root, what=what, error=error)
+    try:
+        if not _linked(fd, source, target):
+            with os.fdopen(os.dup(fd), "rb") as reading:
+                write_new_file(target, lambda handle: shutil.copyfileobj(reading, handle))
+    finally:
+        os.close(fd)
+
+
+def _linked(fd: int, source: Path, target: Path) -> bool:
+    """Whether ``target`` was made a hard link to the file ``fd`` the door opened: through the
+    descriptor where the kernel allows it, else by name and then kept only if it is that same
+    file (a name swapped for another file meanwhile is unlinked again, and copied instead)."""
+    with contextlib.suppress(OSError):  # not allowed here: the name, checked, below
+        os.link(f"/proc/self/fd/{fd}", target, follow_symlinks=True)
+        return True
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except OSError:  # another file system, or links not allowed: a copy
+        return False
+    opened, linked = os.fstat(fd), os.lstat(target)
+    if (opened.st_dev, opened.st_ino) == (linked.st_dev, linked.st_ino):
+        return True
+    os.unlink(target)
+    return False
 
 
 def copy_folder_into(source: Path, target: Path, root: Path | None = None) -> None:

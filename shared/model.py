@@ -181,6 +181,16 @@ class Transformer(nn.Module):
             positions, cfg.head_dim, cfg.rope_theta, frequencies
         )
 
+    def materialise(self, device: torch.device | str = "cpu") -> Transformer:
+        """Give a model built on the meta device real, uninitialised storage on ``device``, for
+        weights loaded next: ``to_empty`` makes each parameter its own tensor, so a tied head is
+        tied again, and the RoPE tables, which are computed rather than stored, are computed."""
+        self.to_empty(device=device)
+        if self.config.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        self.build_rope_tables(device)
+        return self
+
     def reset_parameters(self) -> None:
         # GPT-2 style: N(0, 0.02), with the projections that write into the residual stream scaled
         # down by depth so the residual variance does not grow with the number of layers.

