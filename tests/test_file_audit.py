@@ -70,7 +70,30 @@ def sandbox(tmp_path_factory) -> Path:
         f"Story {i}: the cat sat on the mat and looked at the sun." for i in range(200)
     )
     (root / "work" / "corpus.txt").write_text(corpus)
+    # an lm-eval task is the user's input to lm-eval itself, which reads it by its own code: it
+    # lies in the sandbox but outside the user's folders that duolm is held to
+    tasks = root / "tasks"
+    tasks.mkdir()
+    rows = [{"question": "In the beginning God created the ", "choices": ["heaven", "qq"]}]
+    (tasks / "choice.jsonl").write_text("".join(json.dumps(r | {"answer": 0}) + "\n" for r in rows))
+    (tasks / "audit_choice.yaml").write_text(TASK.format(data=tasks / "choice.jsonl"))
     return root
+
+
+TASK = """task: audit_choice
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+target_delimiter: ""
+metric_list:
+  - metric: acc
+"""
 
 
 CLI = ["-m", "eval.cli"]
@@ -80,6 +103,7 @@ TRAIN = [str(ROOT / "train.py"), "--preset", "tiny", "--cache-dir", "cache", "--
 COMMANDS = [
     ("train ar", [*TRAIN, "--objective", "ar", "--out", "ar", "--max-steps", "2"], 0),
     ("train mdm", [*TRAIN, "--objective", "mdm", "--out", "mdm", "--max-steps", "2"], 0),
+    ("train udm", [*TRAIN, "--objective", "udm", "--out", "udm", "--max-steps", "2"], 0),
     ("resume", [str(ROOT / "train.py"), "--resume", "ar", "--max-steps", "3"], 0),
     ("sample ar", [*CLI, "sample", "ar", "--prompt", "The", "--max-new-tokens", "4"], 0),
     ("sample mdm", [*CLI, "sample", "mdm", "--gen-length", "8", "--num-samples", "1"], 0),
@@ -94,6 +118,18 @@ COMMANDS = [
     (
         "shard-data",
         [*CLI, "shard-data", "--data", "corpus.txt", "--out", "shards", "--tokenizer", "byte"],
+        0,
+    ),
+    (
+        "distill",
+        [*CLI, "distill", "udm", "student", "--rounds", "1", "--steps-per-round", "1"]
+        + ["--base-steps", "4", "--cache-dir", "cache"],
+        0,
+    ),
+    (
+        "lm-eval",
+        [*CLI, "lm-eval", "--model", "duolm", "--model_args", "checkpoint=ar"]
+        + ["--tasks", "audit_choice", "--include_path", "../tasks", "--device", "cpu"],
         0,
     ),
     ("refused resume", [str(ROOT / "train.py"), "--resume", "ar", "--max-steps", "1"], 2),
