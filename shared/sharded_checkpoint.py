@@ -121,6 +121,35 @@ def _barrier() -> None:
 # ------------------------------------------------------------------------ the index
 
 
+def _door_file_system():
+    """DCP's file system with every open, folder, rename and removal made through the door, so
+    DCP reads and writes a checkpoint's shards as the rest of duolm does (no link followed below
+    the run folder, only regular files, new files never over old ones)."""
+
+    class DoorFileSystem(_dcp().filesystem.FileSystem):
+        @contextlib.contextmanager
+        def create_stream(self, path, mode: str):
+            if mode in ("rb", "r"):
+                with door.open_read(Path(path), error=CheckpointError) as stream:
+                    yield stream
+            elif mode == "wb":
+                with door.open_new_file(Path(path)) as stream:
+                    yield stream
+            else:
+                raise CheckpointError(f"{path}: DCP asked to open it as {mode!r}")
+
+        def rename(self, path, new_path) -> None:
+            door.rename(Path(path), Path(new_path))
+
+        def mkdir(self, path) -> None:
+            door.make_folders(Path(path))
+
+        def rm_file(self, path) -> None:
+            door.remove_file(Path(path))
+
+    return DoorFileSystem()
+
+
 def _index_writer(folder: Path):
     """DCP's file writer, which also writes the index as ``shards/index.json`` (the file this
     project reads), and pickles DCP's own copy at protocol 2 with no path in it (the form
@@ -140,7 +169,9 @@ def _index_writer(folder: Path):
                 raise CheckpointError(f"{self.path}: its index has no JSON form: {error}") from None
             door.write_atomic(Path(self.path) / Path(INDEX).name, index_text(record), durable=True)
 
-    return IndexWriter(str(folder), thread_count=1, sync_files=True)
+    writer = IndexWriter(str(folder), thread_count=1, sync_files=True)
+    writer.fs = _door_file_system()
+    return writer
 
 
 def _checked_reader(path: Path, index: Any):
@@ -154,7 +185,9 @@ def _checked_reader(path: Path, index: Any):
             index.storage_meta.load_id = self.load_id
             return index
 
-    return CheckedReader(str(Path(path) / SHARDS))
+    reader = CheckedReader(str(Path(path) / SHARDS))
+    reader.fs = _door_file_system()
+    return reader
 
 
 # ------------------------------------------------------------------------ what is saved

@@ -105,6 +105,13 @@ COMMANDS = [
     ("train mdm", [*TRAIN, "--objective", "mdm", "--out", "mdm", "--max-steps", "2"], 0),
     ("train udm", [*TRAIN, "--objective", "udm", "--out", "udm", "--max-steps", "2"], 0),
     ("resume", [str(ROOT / "train.py"), "--resume", "ar", "--max-steps", "3"], 0),
+    (
+        "train sharded",
+        [*TRAIN, "--out", "sharded", "--max-steps", "2", "--checkpoint-format", "sharded"],
+        0,
+    ),
+    ("resume sharded", [str(ROOT / "train.py"), "--resume", "sharded", "--max-steps", "3"], 0),
+    ("convert to single", [*CLI, "convert-checkpoint", "sharded", "--to", "single"], 0),
     ("sample ar", [*CLI, "sample", "ar", "--prompt", "The", "--max-new-tokens", "4"], 0),
     ("sample mdm", [*CLI, "sample", "mdm", "--gen-length", "8", "--num-samples", "1"], 0),
     (
