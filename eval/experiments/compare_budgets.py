@@ -160,7 +160,7 @@ def train_branch(trunk: Path, branch: Path, steps: int, force: bool) -> dict[str
     )
     final = branch / "final.json"
     if final.is_file() and not force:
-        summary = read_json_file(final, allow_nan=True)
+        summary = read_json_file(final)
         if summary.get("finished") and same_branch_point(summary.get("branched_from"), point):
             print(f"[train {branch.name}] reusing the finished branch in {branch}")
             return summary | {"reused": True}

@@ -204,7 +204,7 @@ def finish_report(
     )
     report.results.setdefault("numbers", {}).update(result.numbers)
     result.report = str(report.write()["markdown"])
-    result.provenance = row_provenance(read_json_file(report.out / "report.json", allow_nan=True))
+    result.provenance = row_provenance(read_json_file(report.out / "report.json"))
     return result
 
 
