@@ -134,6 +134,20 @@ def disk_error_message(error: BaseException) -> str | None:
     )
 
 
+def long_name_message(error: BaseException) -> str | None:
+    """One line for a path the file system refuses as too long (ENAMETOOLONG: a name longer than
+    NAME_MAX, 255 bytes on most, or a path longer than PATH_MAX); None for any other error."""
+    found = os_error_in(error)
+    if found is None or found.errno != errno.ENAMETOOLONG:
+        return None
+    path = str(found.filename2 or found.filename or "a path")
+    shown = path if len(path) <= 60 else f"{path[:40]}... ({len(path)} characters)"
+    return (
+        f"{found.strerror or os.strerror(found.errno)}: {shown} (a name in it is longer than the "
+        "file system takes, or the whole path is); choose a shorter path"
+    )
+
+
 def _user_name() -> str:
     try:
         return getpass.getuser()
@@ -167,7 +181,7 @@ def result_or_status(
     except BaseException as error:
         # The disk's errors first (a PermissionError is no user error of the other kinds); their
         # notes (where a run can resume from) follow the line.
-        message = disk_error_message(error)
+        message = disk_error_message(error) or long_name_message(error)
         if message is not None:
             message = "; ".join([message, *getattr(error, "__notes__", [])])
         elif isinstance(error, (*USER_ERRORS, *also)):

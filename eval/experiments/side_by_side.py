@@ -34,7 +34,15 @@ from dllm.generator import DiffusionGenerator
 from dllm.sampler import SamplerConfig
 from dllm.strategies import Ancestral, EntropyBounded, FixedCount, Threshold
 from dllm.uniform.sampler import UniformSamplerConfig
-from shared.cli_args import CommandParser, seed_argument, set_threads, utf8_argument
+from shared.cli_args import (
+    MAX_SAMPLING_STEPS,
+    STEPS_WHY,
+    CommandParser,
+    at_most,
+    seed_argument,
+    set_threads,
+    utf8_argument,
+)
 from shared.errors import CheckpointError, result_or_status
 from shared.sampling import SamplingConfig
 
@@ -181,6 +189,7 @@ def generate_both(
     """Every request through both checkpoints, after checking the text and the paths; the
     diffusion checkpoint's family comes beside its cells."""
     set_threads(args.threads)
+    at_most(args.steps, "--steps", MAX_SAMPLING_STEPS, STEPS_WHY)
     for prompt in prompts + [suffix for suffix in suffixes if suffix]:
         utf8_argument(prompt, "--prompt/--infill")
     for path in (args.ar_checkpoint, args.diffusion_checkpoint):

@@ -13,6 +13,7 @@ from shared.config import TOKENIZER_CHOICES, check_field_types
 from shared.errors import ConfigError
 from shared.files import cache_root
 from shared.objective import objective_class, objective_names
+from shared.tokenizer import check_bpe_vocab_size
 
 DEFAULT_CACHE = cache_root()
 
@@ -146,6 +147,8 @@ class TrainConfig:
         for name, valid in choices.items():
             if getattr(self, name) not in valid:
                 raise ConfigError(f"{name}={getattr(self, name)!r} is not one of {valid}")
+        if self.tokenizer == "bpe":  # before the run claims its folder or reads its corpus
+            check_bpe_vocab_size(self.tokenizer_vocab_size)
 
     def _check_signs(self) -> None:
         """Counts at least 1, sizes and rates at least 0, seeds within 32 bits."""
