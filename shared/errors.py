@@ -38,6 +38,16 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or corrupted."""
 
 
+class StoppedBySignal(Exception):
+    """A command stopped by a signal (SIGTERM, SIGUSR1) after leaving what it was writing whole
+    or removed; the message says so, and the command line exits with ``STOPPED_STATUS``."""
+
+
+# EX_TEMPFAIL, "try again": what a command stopped by a signal exits with, so that a scheduler
+# requeues it (train.py's REQUEUE_STATUS is the same number).
+STOPPED_STATUS = 75
+
+
 # What the command lines report as one line and exit status 2: bad values (ConfigError is a
 # ValueError), missing files, unusable checkpoints, unreachable resources.
 USER_ERRORS = (ValueError, FileNotFoundError, CheckpointError, ResourceUnavailableError)
@@ -160,7 +170,8 @@ def result_or_status(
 ) -> tuple[T | None, int]:
     """Run a command line's ``job``: (its result, 0) when it returns, (None, 2) with one
     ``error: ...`` line on stderr when it raises a user error (or one of ``also``) or meets a
-    disk that cannot take its writes (``disk_error_message``).
+    disk that cannot take its writes (``disk_error_message``), (None, 75) with its line when a
+    signal stopped it (``StoppedBySignal``).
     ``DUOLM_DEBUG=1`` re-raises instead, to show the traceback."""
     try:
         return job(), 0
@@ -170,6 +181,10 @@ def result_or_status(
         if not stdout_is_broken():
             raise
         return None, 128 + 13
+    except StoppedBySignal as stopped:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: {stopped}", file=sys.stderr)
+        return None, STOPPED_STATUS
     except KeyboardInterrupt:
         # Ctrl-C: every writer removes what it left half-written on the way out (the door's
         # temp-and-rename, ``removed_if_unfinished``); one line and the shell's status for it
