@@ -318,6 +318,11 @@ def evaluate_checkpoint(
     }
 
 
+# Noise draws per row: a row's draws go through the model as one batch, so this many rows of
+# the run's length must fit in memory at once.
+MAX_DRAWS = 1 << 12
+
+
 def check_evaluation_settings(
     *,
     split: str,
@@ -333,6 +338,11 @@ def check_evaluation_settings(
         raise ValueError(f"split={split!r} must be 'train' or 'validation'")
     if samples < 2:
         raise ValueError(f"samples={samples} must be >= 2 (a standard error needs two draws)")
+    if samples > MAX_DRAWS:
+        raise ValueError(
+            f"samples={samples} is more than {MAX_DRAWS:,}, the most it takes (a row's draws "
+            "are one batch of the model)"
+        )
     if chain_rule_rows < 0 or max_rows < 0 or batch_size < 1:
         raise ValueError(
             f"chain_rule_rows={chain_rule_rows} and max_rows={max_rows} must be >= 0 and "

@@ -161,10 +161,15 @@ def at_most(value: int, flag: str, most: int, why: str) -> int:
     return value
 
 
+# torch takes a thread count as a C int; more threads than cores only slow a command down.
+MAX_THREADS = 1 << 12
+
+
 def set_threads(threads: int) -> None:
     """``--threads``: torch CPU threads (0 leaves torch's default)."""
     if threads < 0:
         raise ConfigError(f"--threads={threads} must be >= 0 (0 = torch's default)")
+    at_most(threads, "--threads", MAX_THREADS, f"this machine has {os.cpu_count()} cores")
     if threads:
         torch.set_num_threads(threads)
 

@@ -59,6 +59,26 @@ def test_side_by_side_steps_past_their_bound_are_one_line(tiny_run, private_home
     assert f"--steps={HUGE} is more than {MAX_SAMPLING_STEPS:,}" in one_error_line(capsys)
 
 
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["--width", "0"], "--width=0 must be >= 1"),
+        (["--width", HUGE], f"--width={HUGE} is more than 1,000"),
+        (["--threads", HUGE], f"--threads={HUGE} is more than 4,096"),
+    ],
+)
+def test_side_by_side_layout_and_threads_out_of_range_are_one_line(
+    tiny_run, private_home, flags, said, capsys
+):
+    assert side_by_side.main([str(tiny_run), str(tiny_run), *flags]) == 2
+    assert said in one_error_line(capsys)
+
+
+def test_likelihood_draws_past_their_bound_are_one_line(tiny_run, private_home, capsys):
+    assert cli.main(["likelihood", str(tiny_run), "--samples", HUGE]) == 2
+    assert f"samples={HUGE} is more than 4,096" in one_error_line(capsys)
+
+
 def test_an_out_name_longer_than_the_file_system_takes_is_one_line(tmp_path, private_home, capsys):
     out = tmp_path / ("a" * 300)
     argv = ["--preset", "tiny", "--max-steps", "1", "--out", str(out)]
