@@ -29,6 +29,8 @@ from shared.files import cache_folder
 from shared.objective import Objective, loss_positions, objective_for_run
 from shared.validation import noise_generator
 
+MAX_DRAWS = 1 << 12  # noise draws per row, which go through the model as one batch
+
 # ---------------------------------------------------------------- estimates with uncertainty
 
 
@@ -318,11 +320,6 @@ def evaluate_checkpoint(
     }
 
 
-# Noise draws per row: a row's draws go through the model as one batch, so this many rows of
-# the run's length must fit in memory at once.
-MAX_DRAWS = 1 << 12
-
-
 def check_evaluation_settings(
     *,
     split: str,
@@ -339,10 +336,7 @@ def check_evaluation_settings(
     if samples < 2:
         raise ValueError(f"samples={samples} must be >= 2 (a standard error needs two draws)")
     if samples > MAX_DRAWS:
-        raise ValueError(
-            f"samples={samples} is more than {MAX_DRAWS:,}, the most it takes (a row's draws "
-            "are one batch of the model)"
-        )
+        raise ValueError(f"samples={samples} is more than {MAX_DRAWS:,} (draws are one batch)")
     if chain_rule_rows < 0 or max_rows < 0 or batch_size < 1:
         raise ValueError(
             f"chain_rule_rows={chain_rule_rows} and max_rows={max_rows} must be >= 0 and "

@@ -111,6 +111,20 @@ def test_any_name_the_system_finds_too_long_is_one_line(capsys):
     assert line.startswith("error: File name too long: /x/ddd") and "(303 characters)" in line
 
 
+@pytest.mark.parametrize(
+    "flag, said",
+    [
+        ("--curve-points", f"curve_points={HUGE} (--curve-points) is more than 65,536"),
+        ("--num-threads", f"num_threads={HUGE} (--num-threads) is more than 4,096"),
+    ],
+)
+def test_training_counts_past_their_bound_are_one_line(tmp_path, private_home, flag, said, capsys):
+    out = tmp_path / "run"
+    assert train_cli.main(["--preset", "tiny", "--out", str(out), flag, HUGE]) == 2
+    assert said in one_error_line(capsys)
+    assert not out.exists()
+
+
 def test_a_bpe_vocabulary_past_its_bound_is_one_line(tmp_path, private_home, capsys):
     argv = ["--preset", "tiny", "--out", str(tmp_path / "run"), "--tokenizer", "bpe"]
     assert train_cli.main([*argv, "--tokenizer-vocab-size", HUGE]) == 2

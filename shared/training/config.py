@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shared.cli_args import MAX_THREADS
 from shared.config import TOKENIZER_CHOICES, check_field_types
 from shared.errors import ConfigError
 from shared.files import cache_root
@@ -188,6 +189,12 @@ class TrainConfig:
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
+        for name, most in (("curve_points", MAX_CURVE_POINTS), ("num_threads", MAX_THREADS)):
+            if getattr(self, name) > most:
+                raise ConfigError(
+                    f"{name}={getattr(self, name)} (--{name.replace('_', '-')}) is more than "
+                    f"{most:,}, the most it takes"
+                )
         for name in ("seed", "eval_seed"):
             if getattr(self, name) > MAX_SEED:
                 raise ConfigError(
@@ -280,6 +287,9 @@ class TrainConfig:
 # The largest training or validation seed: the generators of the data order and the noise are
 # seeded through 32-bit words.
 MAX_SEED = 2**32 - 1
+# Learning-curve points: each is one validation, and their steps are laid out in one array
+# before the run (10**12 points asked for terabytes).
+MAX_CURVE_POINTS = 1 << 16
 
 
 def parse_budgets(text: str) -> list[int]:
