@@ -53,6 +53,14 @@ def test_sampling_counts_past_their_bound_are_one_line(tiny_run, private_home, f
     assert cli.main([*argv, "2", "--json"]) == 0  # a count within the bound samples
 
 
+def test_samples_of_several_prompts_past_the_bound_are_one_line(tiny_run, private_home, capsys):
+    argv = ["sample", str(tiny_run), "--prompt", "a", "--prompt", "b", "--num-samples", "3000"]
+    assert cli.main(argv) == 2
+    assert "--num-samples=3000 x 2 prompts is 6,000 samples, more than 4,096" in one_error_line(
+        capsys
+    )
+
+
 def test_side_by_side_steps_past_their_bound_are_one_line(tiny_run, private_home, capsys):
     argv = [str(tiny_run), str(tiny_run), "--steps", HUGE]
     assert side_by_side.main(argv) == 2
