@@ -52,8 +52,13 @@ from dllm.sampler import CACHES, SamplerConfig
 from dllm.strategies import REMASKING, Ancestral, EntropyBounded, FixedCount, Threshold
 from dllm.uniform.sampler import UniformSamplerConfig, distilled_note
 from shared.cli_args import (
+    MAX_SAMPLES,
+    MAX_SAMPLING_STEPS,
+    SAMPLES_WHY,
+    STEPS_WHY,
     CommandParser,
     DefaultsHelpFormatter,
+    at_most,
     device_argument,
     fitting_length,
     positive_argument,
@@ -230,6 +235,15 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
 def check_sampler_options(args: argparse.Namespace) -> None:
     """Refuse options that do not fit the chosen rule (before loading anything)."""
     positive_argument(args.num_samples, "--num-samples")
+    at_most(args.num_samples, "--num-samples", MAX_SAMPLES, SAMPLES_WHY)
+    prompts = len(args.prompt or [""])
+    if prompts * args.num_samples > MAX_SAMPLES:  # each prompt is drawn --num-samples times
+        raise ValueError(
+            f"--num-samples={args.num_samples} x {prompts} prompts is "
+            f"{prompts * args.num_samples:,} samples, more than {MAX_SAMPLES:,} ({SAMPLES_WHY})"
+        )
+    if args.steps is not None:
+        at_most(args.steps, "--steps", MAX_SAMPLING_STEPS, STEPS_WHY)
     if args.gen_length is not None:
         positive_argument(args.gen_length, "--gen-length")
     for prompt in args.prompt or []:

@@ -46,6 +46,7 @@ from dllm.sampler import SamplerConfig
 from dllm.strategies import FixedCount
 from eval import harness_scores
 from shared.checkpoint import load_model_from_checkpoint
+from shared.cli_args import device_argument
 from shared.errors import CheckpointError, ConfigError, result_or_status
 from shared.objective import objective_for_run
 from shared.sampling import SamplingConfig
@@ -352,13 +353,14 @@ class DuoLM(TemplateLM):
 
 def _device(device: str | None) -> str:
     """``device``, or CUDA when there is one; lm-eval's command line passes "cuda:0" by default,
-    so on a machine without CUDA it falls back to the CPU, as lm-eval's ``hf`` backend does."""
+    so on a machine without CUDA it falls back to the CPU, as lm-eval's ``hf`` backend does.
+    Any other device must be one this machine runs on (``--device tpu`` is one line)."""
     if device is None:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         log.warning("device=%s: no CUDA here, scoring on the CPU", device)
         return "cpu"
-    return str(device)
+    return str(device_argument(str(device)))
 
 
 def argument_names() -> list[str]:

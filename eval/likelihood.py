@@ -29,6 +29,8 @@ from shared.files import cache_folder
 from shared.objective import Objective, loss_positions, objective_for_run
 from shared.validation import noise_generator
 
+MAX_DRAWS = 1 << 12  # noise draws per row, which go through the model as one batch
+
 # ---------------------------------------------------------------- estimates with uncertainty
 
 
@@ -333,6 +335,8 @@ def check_evaluation_settings(
         raise ValueError(f"split={split!r} must be 'train' or 'validation'")
     if samples < 2:
         raise ValueError(f"samples={samples} must be >= 2 (a standard error needs two draws)")
+    if samples > MAX_DRAWS:
+        raise ValueError(f"samples={samples} is more than {MAX_DRAWS:,} (draws are one batch)")
     if chain_rule_rows < 0 or max_rows < 0 or batch_size < 1:
         raise ValueError(
             f"chain_rule_rows={chain_rule_rows} and max_rows={max_rows} must be >= 0 and "

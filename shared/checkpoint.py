@@ -443,8 +443,23 @@ def load_model_from_checkpoint(path: Path, device: str | torch.device = "cpu"):
 
 
 def read_best(root: Path) -> dict[str, Any] | None:
+    """The record of a run's best checkpoint so far (``BEST_FILE``), None when there is none to
+    read; a record without a whole-number "step" >= 0 or a number "val_nats_per_token" is one
+    line naming the file and the field (the run picks which checkpoint to keep by them)."""
     path = Path(root) / BEST_FILE
     try:
-        return door.read_json_object(path, root=root, limit=1 << 16, allow_nan=True)
+        best = door.read_json_object(path, root=root, limit=1 << 16, allow_nan=True)
     except (OSError, ValueError):  # missing, not a regular file, a link, or not a JSON object
         return None
+    step, loss = best.get("step"), best.get("val_nats_per_token")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        field, wanted = "step", "a whole number >= 0"
+    elif isinstance(loss, bool) or not isinstance(loss, (int, float)):
+        field, wanted = "val_nats_per_token", "a number"
+    else:
+        return best
+    found = "missing" if field not in best else f"{best[field]!r}"
+    raise CheckpointError(
+        f'{path}: "{field}" is {found}; it must be {wanted} (the record of the best checkpoint '
+        "so far: restore it, or remove the file to let the run choose again)"
+    )

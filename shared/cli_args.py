@@ -110,6 +110,10 @@ def device_argument(name: str, flag: str = "--device") -> torch.device:
         raise ConfigError(f"{flag} {name}: this torch build {why}; use --device cpu")
     if device.type not in ("cpu", "cuda"):
         raise ConfigError(f"{flag} {name!r}: only cpu and cuda devices are supported")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ConfigError(
+            f"{flag} {name}: this machine has {torch.cuda.device_count()} GPU(s), numbered from 0"
+        )
     return device
 
 
@@ -139,10 +143,33 @@ def positive_argument(value: int, flag: str) -> int:
     return value
 
 
+# The sampling commands allocate for these counts before the first forward pass: a schedule
+# table of one float per step, and one batch that holds every sample. A count past them was a
+# MemoryError or an allocator's traceback, never a sample.
+# (Steps past the generated positions only repeat: a masked sampler stops once nothing is
+# masked, and ReMDM's loop corrects a few hundred times at most.)
+MAX_SAMPLING_STEPS = 1 << 20
+STEPS_WHY = "steps past the generated positions only repeat; each is one entry of a schedule"
+MAX_SAMPLES = 1 << 12
+SAMPLES_WHY = "all samples are drawn in one batch; for more, run again with another --seed"
+
+
+def at_most(value: int, flag: str, most: int, why: str) -> int:
+    """``value`` of a count flag, refused above ``most``; ``why`` says what the bound protects."""
+    if value > most:
+        raise ConfigError(f"{flag}={value} is more than {most:,}, the most it takes ({why})")
+    return value
+
+
+# torch takes a thread count as a C int; more threads than cores only slow a command down.
+MAX_THREADS = 1 << 12
+
+
 def set_threads(threads: int) -> None:
     """``--threads``: torch CPU threads (0 leaves torch's default)."""
     if threads < 0:
         raise ConfigError(f"--threads={threads} must be >= 0 (0 = torch's default)")
+    at_most(threads, "--threads", MAX_THREADS, f"this machine has {os.cpu_count()} cores")
     if threads:
         torch.set_num_threads(threads)
 

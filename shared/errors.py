@@ -38,6 +38,16 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or corrupted."""
 
 
+class StoppedBySignal(Exception):
+    """A command stopped by a signal (SIGTERM, SIGUSR1) after leaving what it was writing whole
+    or removed; the message says so, and the command line exits with ``STOPPED_STATUS``."""
+
+
+# EX_TEMPFAIL, "try again": what a command stopped by a signal exits with, so that a scheduler
+# requeues it (train.py's REQUEUE_STATUS is the same number).
+STOPPED_STATUS = 75
+
+
 # What the command lines report as one line and exit status 2: bad values (ConfigError is a
 # ValueError), missing files, unusable checkpoints, unreachable resources.
 USER_ERRORS = (ValueError, FileNotFoundError, CheckpointError, ResourceUnavailableError)
@@ -134,6 +144,20 @@ def disk_error_message(error: BaseException) -> str | None:
     )
 
 
+def long_name_message(error: BaseException) -> str | None:
+    """One line for a path the file system refuses as too long (ENAMETOOLONG: a name longer than
+    NAME_MAX, 255 bytes on most, or a path longer than PATH_MAX); None for any other error."""
+    found = os_error_in(error)
+    if found is None or found.errno != errno.ENAMETOOLONG:
+        return None
+    path = str(found.filename2 or found.filename or "a path")
+    shown = path if len(path) <= 60 else f"{path[:40]}... ({len(path)} characters)"
+    return (
+        f"{found.strerror or os.strerror(found.errno)}: {shown} (a name in it is longer than the "
+        "file system takes, or the whole path is); choose a shorter path"
+    )
+
+
 def _user_name() -> str:
     try:
         return getpass.getuser()
@@ -146,7 +170,8 @@ def result_or_status(
 ) -> tuple[T | None, int]:
     """Run a command line's ``job``: (its result, 0) when it returns, (None, 2) with one
     ``error: ...`` line on stderr when it raises a user error (or one of ``also``) or meets a
-    disk that cannot take its writes (``disk_error_message``).
+    disk that cannot take its writes (``disk_error_message``), (None, 75) with its line when a
+    signal stopped it (``StoppedBySignal``).
     ``DUOLM_DEBUG=1`` re-raises instead, to show the traceback."""
     try:
         return job(), 0
@@ -156,6 +181,10 @@ def result_or_status(
         if not stdout_is_broken():
             raise
         return None, 128 + 13
+    except StoppedBySignal as stopped:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: {stopped}", file=sys.stderr)
+        return None, STOPPED_STATUS
     except KeyboardInterrupt:
         # Ctrl-C: every writer removes what it left half-written on the way out (the door's
         # temp-and-rename, ``removed_if_unfinished``); one line and the shell's status for it
@@ -167,7 +196,7 @@ def result_or_status(
     except BaseException as error:
         # The disk's errors first (a PermissionError is no user error of the other kinds); their
         # notes (where a run can resume from) follow the line.
-        message = disk_error_message(error)
+        message = disk_error_message(error) or long_name_message(error)
         if message is not None:
             message = "; ".join([message, *getattr(error, "__notes__", [])])
         elif isinstance(error, (*USER_ERRORS, *also)):

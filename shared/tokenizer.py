@@ -46,6 +46,9 @@ EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
 KINDS = ("byte", "gpt2", "bpe")
 MIN_BPE_VOCAB = 300
+# The BPE trainer reserves a table per vocabulary entry before it reads a word, and aborts the
+# whole process when that fails; the largest public vocabularies hold a few hundred thousand.
+MAX_BPE_VOCAB = 1 << 24
 META_FILE = "tokenizer_meta.json"
 _META_VERSION = 1
 # the project's eos / pad map onto the first of these the vocabulary has
@@ -420,5 +423,10 @@ def check_bpe_vocab_size(vocab_size: int | None) -> int:
         raise ValueError(
             f"tokenizer_vocab_size must be >= {MIN_BPE_VOCAB} for the 'bpe' tokenizer "
             f"(256 bytes + 2 specials + merges); got {vocab_size}"
+        )
+    if int(vocab_size) > MAX_BPE_VOCAB:
+        raise ValueError(
+            f"tokenizer_vocab_size must be at most {MAX_BPE_VOCAB:,} (2**24) for the 'bpe' "
+            f"tokenizer; got {vocab_size}"
         )
     return int(vocab_size)

@@ -28,7 +28,8 @@ def audited(sandbox: Path, argv: list[str], inject: str = "") -> tuple[int, list
     reports = sandbox / "reports" / str(len(list((sandbox / "reports").glob("*"))))
     reports.mkdir(parents=True)
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("DUOLM_")},
+        # the test process's own settings of duolm and torch's compiler caches stay behind
+        **{k: v for k, v in os.environ.items() if not k.startswith(("DUOLM_", "TORCHINDUCTOR_"))},
         "HOME": str(sandbox / "home"),
         "TMPDIR": str(sandbox / "tmp"),
         "PYTHONPATH": os.pathsep.join([str(HOOK_FOLDER), str(ROOT)]),

@@ -301,6 +301,8 @@ def test_generation_is_greedy_and_cut_at_the_stop_string(tiny_runs, task_dir):
         ({"max_length": 1}, r"max_length=1 must be an integer in 2..64"),
         ({"estimator": "exact"}, r"estimator='exact' must be one of"),
         ({"dtype": "auto"}, r"dtype='auto' must be one of float32, bfloat16, float16"),
+        ({"device": "tpu"}, r"--device 'tpu' is not a device; use cpu, cuda or cuda:N"),
+        ({"device": "mps"}, r"--device 'mps': only cpu and cuda devices are supported"),
     ],
 )
 def test_bad_model_arguments_are_refused_in_one_line(arguments, message, tiny_runs):

@@ -84,6 +84,68 @@ def test_kill_during_checkpoint_write_then_resume_matches_uninterrupted(tmp_path
     assert all(torch.equal(a[name], b[name]) for name in a)
 
 
+def signal_now(signum: int):
+    """A stand-in for a writer's last step that sends this process ``signum`` half-way through
+    the write (a real signal, through the handlers the writer installed)."""
+
+    def send(*args, **kwargs):
+        if signal.getsignal(signum) in (signal.SIG_DFL, signal.SIG_IGN, None):
+            # sent anyway, it would end the test process with the folder half-written
+            raise AssertionError(f"the writer takes no {signal.Signals(signum).name}")
+        os.kill(os.getpid(), signum)
+        time.sleep(30)  # the handler leaves the sleep at once
+        raise AssertionError(f"{signal.Signals(signum).name} did not stop the writer")
+
+    return send
+
+
+REMOVED = "nothing of it was left; run the same command again"
+SHARD_ARGS = ["--data", "synthetic:hmm?seed=1&n=2000", "--seq-len", "16", "--shard-tokens", "64"]
+
+
+@pytest.mark.parametrize(
+    "signum, status, said",
+    [
+        (signal.SIGTERM, 75, "stopped by SIGTERM while writing {out}: " + REMOVED),
+        (signal.SIGUSR1, 75, "stopped by SIGUSR1 while writing {out}: " + REMOVED),
+        (signal.SIGINT, 130, "stopped by Ctrl-C (SIGINT)"),
+    ],
+)
+def test_a_signal_during_shard_data_removes_what_it_wrote_so_the_rerun_works(
+    tmp_path, capsys, monkeypatch, signum, status, said
+):
+    from shared.data import shard_command
+
+    # every shard and the manifest are written; the signal comes before the folder's marker
+    monkeypatch.setattr(shard_command, "mark_folder", signal_now(signum))
+    out = tmp_path / "shards"
+    assert shard_command.main([*SHARD_ARGS, "--out", str(out)]) == status
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "error: " + said.format(out=out)
+    assert not out.exists()
+    monkeypatch.undo()
+    assert shard_command.main([*SHARD_ARGS, "--out", str(out)]) == 0
+
+
+def test_sigterm_during_an_export_removes_what_it_wrote_so_the_rerun_works(
+    tiny_run, tmp_path, capsys, monkeypatch
+):
+    pytest.importorskip("transformers")
+    from dllm import export
+    from eval import cli as duolm
+
+    # the weights, config and tokenizer are written; SIGTERM comes before the folder's marker
+    monkeypatch.setattr(export, "mark_folder", signal_now(signal.SIGTERM))
+    out = tmp_path / "export"
+    out.mkdir()  # a folder that was there before stays, empty
+    assert duolm.main(["export", str(tiny_run), str(out)]) == 75
+    said = f"error: stopped by SIGTERM while writing {out}: nothing of it was left"
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(said)
+    assert list(out.iterdir()) == []
+    monkeypatch.undo()
+    assert duolm.main(["export", str(tiny_run), str(out)]) == 0
+    assert (out / "model.safetensors").is_file()
+
+
 @pytest.mark.serial
 def test_sigterm_saves_the_step_reached_and_exits_with_the_requeue_status(tmp_path, cache_dir):
     out = tmp_path / "run"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import copy_of
 
 from shared import checkpoint as ckpt
 from shared.errors import CheckpointError, ConfigError
@@ -135,6 +136,63 @@ def test_a_refused_resume_writes_nothing(tmp_path, cache_dir):
     # a resume that goes ahead records the run's own preset, not the flag's default
     cli.train_from_argv(["--resume", str(out), "--max-steps", "6"])
     assert json.loads((out / "config.json").read_text())["preset"] == "tiny"
+
+
+def files_of(run: Path) -> dict[str, bytes | tuple[int, int]]:
+    """Every file of ``run`` but its lock: its bytes, or (size, mtime) for one of over 1 MiB (a
+    sparse metrics file of 5 GB is never read here)."""
+    return {
+        str(path.relative_to(run)): path.read_bytes()
+        if path.stat().st_size <= 1 << 20
+        else (path.stat().st_size, path.stat().st_mtime_ns)
+        for path in run.rglob("*")
+        if path.is_file() and path.name != ".lock"
+    }
+
+
+def best_without_step(run: Path) -> None:
+    (run / "checkpoints" / "best.json").write_text('{"val_nats_per_token": 5.0}')
+
+
+def metrics_line_damaged(run: Path) -> None:
+    (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 1, "kin\n{"step": 2}\n')
+
+
+def metrics_a_folder(run: Path) -> None:
+    (run / "metrics.jsonl").unlink()
+    (run / "metrics.jsonl").mkdir()
+
+
+def metrics_of_five_sparse_gigabytes(run: Path) -> None:
+    os.truncate(run / "metrics.jsonl", 5 << 30)  # zeros after the records, on no disk
+
+
+@pytest.mark.parametrize(
+    "damage, said",
+    [
+        (best_without_step, 'checkpoints/best.json: "step" is missing; it must be a whole number'),
+        (metrics_line_damaged, "metrics.jsonl line 2: not JSON"),
+        (metrics_a_folder, "metrics.jsonl is a folder, not a regular file"),
+        (
+            metrics_of_five_sparse_gigabytes,
+            "longer than 1,048,576 bytes, which no metrics record is",
+        ),
+    ],
+)
+def test_a_resume_refused_by_its_records_leaves_every_file_as_it_was(
+    tiny_run, cache_dir, tmp_path, capsys, damage, said
+):
+    # the records a resume reads (best.json, metrics.jsonl) are checked before config.json,
+    # which this resume would change (max_steps 2 -> 40), is written; a metrics file is read
+    # a line at a time, so 5 GB of zeros is one refused line, not 5 GB of memory
+    run = copy_of(tiny_run, tmp_path)
+    damage(run)
+    before = files_of(run)
+    status = cli.main(["--resume", str(run), "--max-steps", "40", "--cache-dir", str(cache_dir)])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert status == 2
+    assert lines[-1].startswith("error: ") and said in lines[-1], lines[-1]
+    assert files_of(run) == before
 
 
 def test_a_run_killed_before_its_final_validation_resumes_to_it_with_its_throughput(

@@ -34,7 +34,16 @@ from dllm.generator import DiffusionGenerator
 from dllm.sampler import SamplerConfig
 from dllm.strategies import Ancestral, EntropyBounded, FixedCount, Threshold
 from dllm.uniform.sampler import UniformSamplerConfig
-from shared.cli_args import CommandParser, seed_argument, set_threads, utf8_argument
+from shared.cli_args import (
+    MAX_SAMPLING_STEPS,
+    STEPS_WHY,
+    CommandParser,
+    at_most,
+    positive_argument,
+    seed_argument,
+    set_threads,
+    utf8_argument,
+)
 from shared.errors import CheckpointError, result_or_status
 from shared.sampling import SamplingConfig
 
@@ -123,6 +132,9 @@ def diffusion_fill(
     return cells, generator.objective
 
 
+MAX_WIDTH = 1000  # characters of one column: each row of the table is padded to it
+
+
 def columns(left: str, right: str, width: int) -> str:
     a = textwrap.wrap(left, width) or [""]
     b = textwrap.wrap(right, width) or [""]
@@ -181,6 +193,9 @@ def generate_both(
     """Every request through both checkpoints, after checking the text and the paths; the
     diffusion checkpoint's family comes beside its cells."""
     set_threads(args.threads)
+    at_most(args.steps, "--steps", MAX_SAMPLING_STEPS, STEPS_WHY)
+    positive_argument(args.width, "--width")
+    at_most(args.width, "--width", MAX_WIDTH, "characters per column of a terminal")
     for prompt in prompts + [suffix for suffix in suffixes if suffix]:
         utf8_argument(prompt, "--prompt/--infill")
     for path in (args.ar_checkpoint, args.diffusion_checkpoint):

@@ -22,7 +22,7 @@ from shared.cli_args import CommandParser, positive_argument
 from shared.data.corpus import load_corpus, stream_hub_documents
 from shared.data.shard_writer import write_shards
 from shared.errors import ConfigError, report_user_errors
-from shared.files import cache_root
+from shared.files import cache_root, check_path_length
 from shared.tokenizer_cache import build_tokenizer
 from shared.training.run_folder import (
     RunFolderLock,
@@ -66,6 +66,7 @@ def documents_of(args: argparse.Namespace) -> tuple[Iterator[tuple[str, str]], l
 
 
 def shard(args: argparse.Namespace) -> dict:
+    check_path_length(Path(args.out), "--out")  # before the corpus is read and tokenized
     positive_argument(args.shard_tokens, "--shard-tokens")
     positive_argument(args.seq_len, "--seq-len")
     if args.streaming and args.tokenizer == "bpe":

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shared.cli_args import MAX_THREADS
 from shared.config import TOKENIZER_CHOICES, check_field_types
 from shared.errors import ConfigError
 from shared.files import cache_root
 from shared.objective import objective_class, objective_names
+from shared.tokenizer import check_bpe_vocab_size
 
 DEFAULT_CACHE = cache_root()
 
@@ -146,6 +148,8 @@ class TrainConfig:
         for name, valid in choices.items():
             if getattr(self, name) not in valid:
                 raise ConfigError(f"{name}={getattr(self, name)!r} is not one of {valid}")
+        if self.tokenizer == "bpe":  # before the run claims its folder or reads its corpus
+            check_bpe_vocab_size(self.tokenizer_vocab_size)
 
     def _check_signs(self) -> None:
         """Counts at least 1, sizes and rates at least 0, seeds within 32 bits."""
@@ -185,6 +189,12 @@ class TrainConfig:
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
+        for name, most in (("curve_points", MAX_CURVE_POINTS), ("num_threads", MAX_THREADS)):
+            if getattr(self, name) > most:
+                raise ConfigError(
+                    f"{name}={getattr(self, name)} (--{name.replace('_', '-')}) is more than "
+                    f"{most:,}, the most it takes"
+                )
         for name in ("seed", "eval_seed"):
             if getattr(self, name) > MAX_SEED:
                 raise ConfigError(
@@ -277,6 +287,9 @@ class TrainConfig:
 # The largest training or validation seed: the generators of the data order and the noise are
 # seeded through 32-bit words.
 MAX_SEED = 2**32 - 1
+# Learning-curve points: each is one validation, and their steps are laid out in one array
+# before the run (10**12 points asked for terabytes).
+MAX_CURVE_POINTS = 1 << 16
 
 
 def parse_budgets(text: str) -> list[int]:

@@ -32,7 +32,7 @@ from pathlib import Path
 from shared import door
 from shared.checkpoint import list_checkpoints
 from shared.errors import DISK_FULL, ConfigError, free_space
-from shared.files import cache_root
+from shared.files import cache_root, check_path_length
 from shared.formats.exported import EXPORT_INFO
 from shared.path_checks import kind_of_mode
 from shared.strict_json import parse_json
@@ -131,6 +131,7 @@ class RunFolderLock:
         self._found: list[str] = []
 
     def acquire(self) -> RunFolderLock:
+        check_path_length(self.folder, "--out")
         if self.folder.exists() and not self.folder.is_dir():
             raise ConfigError(
                 f"--out {self.folder} is {kind_of_path(self.folder)}, not a folder; name a folder"
@@ -331,6 +332,7 @@ def output_folder_is_used(
 ) -> bool:
     """``claim_output_folder``'s checks, without moving anything: whether ``out`` holds
     something that ``overwrite`` may move aside; a refusal otherwise."""
+    check_path_length(out, f"the {verb} folder")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out} is {kind_of_path(out)}; name a folder to {verb} into")
     refuse_inside_a_run(out)

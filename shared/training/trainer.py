@@ -81,11 +81,16 @@ class Trainer(TrainingStep, Evaluation):
         set_seed(self.cfg.seed)
         self.load_data(source)
         self.build_model(source)
-        self.write_records()
-        self.keeper = self.checkpoint_keeper()
-        self.token_bytes = self.tokenizer.token_bytes()
+        # Everything a resume reads is checked before the first write (config.json, the
+        # marker, the metrics): a refused resume leaves the run as it was.
         self.order = DataOrder.for_run(self.data, self.cfg, accelerator)
         self.order.check_resume((self.saved or {}).get("data_position"), self.start_step)
+        self.schedules = self.schedule_record()
+        self.metrics = Metrics(self.out / "metrics.jsonl", accelerator)
+        redone = self.metrics.lines_to_drop(self.start_step) if self.saved is not None else 0
+        self.keeper = self.checkpoint_keeper()  # reads and checks best.json
+        self.write_records(redone)
+        self.token_bytes = self.tokenizer.token_bytes()
         self.curve_points_at = set(curve_steps(self.total_steps, self.cfg.curve_points))
         # the step loop's counters (``fit``)
         self.end_step = self.total_steps
@@ -159,16 +164,28 @@ class Trainer(TrainingStep, Evaluation):
             follow_schedule(self.scheduler)
             self.log(f"resumed from {spec.resume_from} at step {self.start_step}")
 
-    def write_records(self) -> None:
-        """config.json, the trackers and the metrics file; the run's one-line description, and
-        how its schedule relates to the one it continues, if any."""
+    def schedule_record(self) -> list[dict[str, int]]:
+        """The schedules this run and the ones it continues followed (``schedule_history``)."""
+        return schedule_history(
+            self.saved,
+            self.start_step,
+            self.total_steps,
+            self.saved is not None
+            and schedules_agree(
+                self.cfg, self.saved["total_steps"], self.total_steps, self.start_step
+            ),
+        )
+
+    def write_records(self, redone: int) -> None:
+        """config.json, the trackers and the metrics file (less its ``redone`` lines of steps
+        this run does again); the run's one-line description, and how its schedule relates to
+        the one it continues, if any."""
         cfg, accelerator = self.cfg, self.accelerator
         if accelerator.is_main_process:
             mark_folder(self.out, "run")  # made here, by this run's first write
             write_json_atomic(self.out / "config.json", self.run_record(), durable=False)
         accelerator.init_trackers("duolm", config={**self.run_config, **self.model_cfg.to_dict()})
-        self.metrics = Metrics(self.out / "metrics.jsonl", accelerator)
-        if self.spec.resume_from is not None and self.metrics.drop_after(self.start_step):
+        if redone and self.metrics.drop_after(self.start_step):
             self.log(f"dropped the metric records after step {self.start_step}, which it redoes")
         dtype = torch.bfloat16 if accelerator.mixed_precision == "bf16" else torch.float32
         self.meter = MfuMeter.for_run(self.device, dtype, cfg, self.say)
@@ -182,13 +199,6 @@ class Trainer(TrainingStep, Evaluation):
         )
         step_flops = self.flops_token * self.tokens_per_step / self.world
         warn_if_slow(step_flops, self.meter.peak, self.total_steps - self.start_step, self.log)
-        self.schedules = schedule_history(
-            self.saved,
-            self.start_step,
-            self.total_steps,
-            self.saved is not None
-            and schedules_agree(cfg, self.saved["total_steps"], self.total_steps, self.start_step),
-        )
         # a run resumed in its own folder inherits branched_from but is no new branch
         branch_of = str(self.spec.resume_from) if self.spec.is_branch else None
         for line in schedule_notes(self.schedules, self.start_step, self.total_steps, branch_of):
