@@ -41,6 +41,7 @@ import numpy as np
 
 from shared.errors import ConfigError, with_path
 from shared.path_checks import (
+    components_below,
     kind_of_mode,
     not_a_regular_file,
     path_inside,
@@ -232,6 +233,30 @@ def write_atomic(
         if named is error:
             raise
         raise named from error
+
+
+def make_folders(path: Path, root: Path) -> Path:
+    """Make ``path`` and the folders between ``root`` and it, one component at a time, never
+    through a symbolic link: ``mkdir(parents=True)`` would follow a link below ``root`` and make
+    (and later fill) folders outside it. A component that is a link, or not a folder, is
+    refused in one line; ``root`` itself is the folder the user named, made if missing."""
+    path, root = Path(path), Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    for component in components_below(path, root):
+        try:
+            mode = os.lstat(component).st_mode
+        except FileNotFoundError:
+            with contextlib.suppress(FileExistsError):  # made meanwhile: judged below
+                os.mkdir(component)
+            mode = os.lstat(component).st_mode
+        if stat.S_ISLNK(mode):
+            refuse_link(component, f"the folder {root}")
+        if not stat.S_ISDIR(mode):
+            raise ConfigError(
+                f"{component} is {kind_of_mode(mode)}, not a folder; {root} holds its own "
+                "folders there: move it away, or use another folder"
+            )
+    return path
 
 
 def write_json_atomic(

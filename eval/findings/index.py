@@ -14,6 +14,7 @@ from eval.findings.common import FindingResult
 from eval.findings.preregistered import result_label
 from eval.findings.table import findings_table
 from eval.provenance import PROJECT_ROOT, provenance
+from shared import door
 from shared.door import write_atomic
 
 
@@ -71,10 +72,10 @@ def write_index(
         ]
     )
     paths = {"markdown": out / "index.md", "json": out / "index.json"}
-    out.mkdir(parents=True, exist_ok=True)
-    write_atomic(paths["markdown"], text)
+    door.make_folders(out, out)
+    write_atomic(paths["markdown"], text, root=out)
     data = {"scale": scale, "provenance": prov, "findings": rows}
-    write_atomic(paths["json"], json.dumps(data, indent=2, default=str))
+    write_atomic(paths["json"], json.dumps(data, indent=2, default=str), root=out)
     return paths
 
 
