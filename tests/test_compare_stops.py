@@ -107,6 +107,32 @@ def test_sigterm_during_a_stage_exits_75_keeps_the_stages_before_it_and_the_reru
     assert "[generate] done" in rerun.stdout and (out / "report.md").is_file()
 
 
+@pytest.mark.serial
+def test_every_job_exits_75_when_a_signal_stops_it_and_2_on_a_user_error(tmp_path, capsys):
+    """``run_stoppable`` runs compare, the sweep, the exact frontier and findings: Ctrl-C (the
+    first SIGINT) during a stage leaves no stage file and exits 75, as SIGTERM does."""
+
+    def stopped_in_a_stage(stop) -> None:
+        def judged() -> dict:
+            os.kill(os.getpid(), signal.SIGINT)
+            deadline = time.time() + 120
+            while time.time() < deadline:  # a stage that would not look at the stop request
+                sum(range(1000))
+            return {}
+
+        stages.Stages(tmp_path, False, stop).run("quality", {"k": 1}, judged)
+
+    assert stages.run_stoppable(stopped_in_a_stage) == 75
+    assert "stopped by SIGINT during the quality stage" in capsys.readouterr().out
+    assert list((tmp_path / "stages").iterdir()) == []
+
+    def refused(stop) -> None:
+        raise ConfigError("a bad setting")
+
+    assert stages.run_stoppable(refused) == 2
+    assert capsys.readouterr().err == "error: a bad setting\n"
+
+
 def summary(tokens: int, flops_per_token: float = 1.0, finished: bool = True) -> dict:
     return {
         "tokens_seen": tokens,

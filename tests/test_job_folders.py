@@ -130,6 +130,17 @@ def test_findings_refuses_a_finding_folder_that_is_not_a_findings_job(tmp_path, 
         assert tree(out) == before
 
 
+def test_an_earlier_versions_findings_folder_is_named_and_left_as_it_is(tmp_path, capsys):
+    out = users_folder(tmp_path / "findings-cpu")
+    (out / "reversal").mkdir()
+    mark_folder(out / "reversal", "findings job")  # its findings were marked, the folder not
+    before = tree(out)
+    assert run("findings", out, tmp_path) == 2
+    line = error_line(capsys)
+    assert "holds findings' folders (reversal)" in line and f"mv {out} {out}.old" in line
+    assert tree(out) == before
+
+
 # (command, the subfolder a received job folder holds as a link)
 LINKED = [
     ("compare", "seed-0"),

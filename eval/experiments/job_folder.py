@@ -81,6 +81,13 @@ def job_folder_refusal(out: Path, found: str | None, kind: str, force: bool) -> 
     wanted = KINDS[kind]
     if found is None and made_by_earlier_version(out):
         return f"{out} {not_ours(out)}"
+    findings = marked_findings(out) if found is None and kind == "findings" else []
+    if findings:
+        return (
+            f"{out} has no {MARKER} marker but holds findings' folders ({', '.join(findings)}): "
+            "an earlier version of duolm's findings folder, or one of your own; it is never "
+            f"written into for you: move it by hand (mv {out} {out}.old) and run again"
+        )
     if found is None:
         moved_by_force = (
             f"; --force moves aside only a folder duolm made (marked by its {MARKER} file) or "
@@ -101,4 +108,14 @@ def job_folder_refusal(out: Path, found: str | None, kind: str, force: bool) -> 
     return (
         f"{out} holds {KINDS[found]}, not {wanted}: choose another --out, or pass --force "
         "to move it aside (not deleted) and start there"
+    )
+
+
+def marked_findings(out: Path) -> list[str]:
+    """The folders in ``out`` marked as a finding's: an unmarked ``out`` holding them is an
+    earlier version's findings folder (said in a message, never a reason to write there)."""
+    return sorted(
+        entry.name
+        for entry in out.iterdir()
+        if entry.is_dir() and not entry.is_symlink() and folder_kind(entry) == "findings job"
     )
