@@ -260,3 +260,17 @@ def test_a_claimed_folder_is_marked_and_an_own_folder_continues(tmp_path):
     with pytest.raises(ConfigError, match="holds a block-size sweep job, not a compare job"):
         job_folder.claim_job_folder(out, False, "compare job")
     assert (out / "report.md").read_text() == "# the sweep's report\n"
+
+
+def test_force_moves_any_jobs_folder_aside_but_findings_keeps_its_own(tmp_path, capsys):
+    sweep = users_folder(tmp_path / "sweep")
+    mark_folder(sweep, "sweep job")
+    job_folder.claim_job_folder(sweep, True, "compare job").release()
+    aside = list(tmp_path.glob("sweep.replaced-*"))
+    assert len(aside) == 1 and (aside[0] / "report.md").read_text() == "# my own report\n"
+    assert folder_kind(sweep) == "compare job" and sorted(os.listdir(sweep)) == [MARKER, ".lock"]
+    own = users_folder(tmp_path / "findings")
+    mark_folder(own, "findings")
+    job_folder.claim_job_folder(own, True, "findings", keep_own=True).release()
+    assert (own / "index.md").is_file() and not list(tmp_path.glob("findings.replaced-*"))
+    assert "moved the earlier job in" in capsys.readouterr().out
