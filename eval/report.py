@@ -94,6 +94,13 @@ class Report:
     seeds: dict[str, Any] = field(default_factory=dict)
     blocks: list[tuple[str, Any]] = field(default_factory=list)
     results: dict[str, Any] = field(default_factory=dict)
+    # the folder the command claimed (a job's --out), when ``out`` lies below it: folders
+    # between the two are made, and files written, without following a link
+    root: Path | None = None
+
+    def _folder(self) -> Path:
+        """``out``, made through the door below ``root`` (or ``out`` itself)."""
+        return door.make_folders(self.out, self.root if self.root is not None else self.out)
 
     def text(self, markdown: str) -> None:
         self.blocks.append(("text", markdown))
@@ -136,11 +143,12 @@ class Report:
 
     def plot(self, name: str, figure, caption: str) -> Path:
         """Save a matplotlib figure as ``<out>/<name>.png`` and embed it."""
-        door.make_folders(self.out)
-        path = self.out / f"{name}.png"
+        path = self._folder() / f"{name}.png"
         # whole or not at all, as the report's other files (savefig takes an open file)
         write_atomic(
-            path, lambda handle: figure.savefig(handle, format="png", dpi=120, bbox_inches="tight")
+            path,
+            lambda handle: figure.savefig(handle, format="png", dpi=120, bbox_inches="tight"),
+            root=self.root,
         )
         import matplotlib.pyplot as plt
 
@@ -189,14 +197,14 @@ class Report:
         return "\n".join(parts)
 
     def write(self) -> dict[str, Path]:
-        door.make_folders(self.out)
+        self._folder()
         data = self.to_json()
         paths = {"json": self.out / "report.json", "markdown": self.out / "report.md"}
         strict, non_finite = finite_or_null(data)
         if non_finite:
             strict["non_finite"] = non_finite
-        write_atomic(paths["json"], json.dumps(strict, indent=2, allow_nan=False))
-        write_atomic(paths["markdown"], self.markdown(data))
+        write_atomic(paths["json"], json.dumps(strict, indent=2, allow_nan=False), root=self.root)
+        write_atomic(paths["markdown"], self.markdown(data), root=self.root)
         return paths
 
 

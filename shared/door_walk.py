@@ -150,7 +150,11 @@ def step_into(parent_fd: int, name: str, shown: Path, *, make: bool, what: str, 
             return os.open(name, FOLDER_FLAGS | os.O_NOFOLLOW, dir_fd=parent_fd)
         except NotADirectoryError:  # a link, opened with O_NOFOLLOW, or a file
             refuse_link_at(parent_fd, name, shown, what, error)
-            raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(shown)) from None
+            mode = os.stat(name, dir_fd=parent_fd, follow_symlinks=False).st_mode
+            raise error(
+                f"{shown} is {kind_of_mode(mode)}, not a folder; {what} holds its own folders "
+                "there: move it away, or use another folder"
+            ) from None
     finally:
         os.close(parent_fd)
 
@@ -181,6 +185,8 @@ def parent_of(
         fd = os.open(folder, FOLDER_FLAGS)
     else:
         spelled, below = split_at_root(path, top, error)
+        if make:
+            make_folder_as_named(Path(spelled))  # the root itself is the user's, as named
         fd = os.open(spelled, FOLDER_FLAGS)
         here = Path(spelled)
         for name in below[:-1]:

@@ -58,7 +58,7 @@ def test_force_sets_the_earlier_job_aside_and_a_stopped_forced_job_resumes_witho
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 0, stderr[-2000:]
+    assert proc.returncode == 75, stderr[-2000:]
     assert "moved the earlier job" in stdout and "without --force" in stdout
     # The earlier job, report included, is beside the folder; nothing of it is left inside.
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("job.replaced-")]

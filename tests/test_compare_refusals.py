@@ -13,6 +13,7 @@ from eval.experiments.compare_curves import budgets_section
 from eval.experiments.compare_settings import CompareSettings
 from eval.findings import __main__ as findings
 from eval.report import Report
+from shared.training.run_folder import mark_folder
 
 
 def error_line(capsys) -> str:
@@ -42,10 +43,12 @@ def test_another_seed_on_a_three_seed_folder_refuses_naming_out_and_force(tmp_pa
     for seed in (0, 1, 2):
         (out / f"seed-{seed}").mkdir(parents=True)
     (out / "report.md").write_text("three seeds")
+    mark_folder(out, "compare job")
     assert compare.main(smoke(out, "--seed", "5")) == 2
     line = error_line(capsys)
     assert "seeds 0,1,2" in line and "--out" in line and "--force" in line
-    assert sorted(p.name for p in out.iterdir()) == ["report.md", "seed-0", "seed-1", "seed-2"]
+    listed = sorted(p.name for p in out.iterdir())
+    assert listed == [".duolm", "report.md", "seed-0", "seed-1", "seed-2"]
 
 
 def test_the_wall_time_names_every_run_and_step_an_earlier_invocation_trained():

@@ -38,7 +38,7 @@ def test_sigterm_during_training_stops_the_job_and_the_rerun_reports_true_budget
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
     stdout, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 0, stderr[-2000:]
+    assert proc.returncode == 75, stderr[-2000:]  # stopped after saving: run it again
     assert "stopped by SIGTERM while training mdm" in stdout
     assert not (out / "report.md").exists() and not (out / "stages" / "likelihood.json").exists()
     stopped = json.loads((out / "seed-0" / "mdm" / "final.json").read_text())
@@ -50,6 +50,87 @@ def test_sigterm_during_training_stops_the_job_and_the_rerun_reports_true_budget
     assert training["mdm"]["finished"] and training["ar"]["finished"]
     assert training["mdm"]["tokens_seen"] == training["ar"]["tokens_seen"] == 300 * 16 * 64
     assert f"after {300 * 16 * 64:,} training tokens each" in (out / "report.md").read_text()
+
+
+# compare with its generation stage held until a signal comes: the window a test's SIGTERM
+# lands in, whatever the speed of the machine
+SLOW_GENERATION = """
+import sys, time
+from eval.experiments import compare
+real = compare.generation_stage
+def held(*args, **kwargs):
+    print("generation started", flush=True)
+    time.sleep(600)
+    return real(*args, **kwargs)
+compare.generation_stage = held
+sys.exit(compare.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.serial
+def test_sigterm_during_a_stage_exits_75_keeps_the_stages_before_it_and_the_rerun_continues(
+    tmp_path,
+):
+    out = tmp_path / "job"
+    flags = ["--preset", "smoke", "--out", str(out), "--no-mauve", "--max-steps", "40"]
+    flags += ["--warmup-steps", "2", "--eval-every", "1000", "--cache-dir", str(tmp_path / "cache")]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_GENERATION, *flags],
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # one pipe read line by line: neither fills up unread
+        text=True,
+    )
+    lines = []
+    while not lines or lines[-1] and "generation started" not in lines[-1]:
+        lines.append(proc.stdout.readline())
+    assert lines[-1], "".join(lines)[-2000:]
+    proc.send_signal(signal.SIGTERM)
+    stdout = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 75, stdout[-2000:]
+    assert "stopped by SIGTERM during the generate stage" in stdout
+    stored = sorted(p.name for p in (out / "stages").iterdir())
+    assert stored == ["likelihood.json"]  # the stage cut short left nothing, not half a file
+    assert not (out / "report.md").exists()
+
+    rerun = subprocess.run(
+        [sys.executable, "-m", "eval.experiments.compare", *flags],
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert "[likelihood] reusing the stored result" in rerun.stdout
+    assert "[generate] done" in rerun.stdout and (out / "report.md").is_file()
+
+
+@pytest.mark.serial
+def test_every_job_exits_75_when_a_signal_stops_it_and_2_on_a_user_error(tmp_path, capsys):
+    """``run_stoppable`` runs compare, the sweep, the exact frontier and findings: Ctrl-C (the
+    first SIGINT) during a stage leaves no stage file and exits 75, as SIGTERM does."""
+
+    def stopped_in_a_stage(stop) -> None:
+        def judged() -> dict:
+            os.kill(os.getpid(), signal.SIGINT)
+            deadline = time.time() + 120
+            while time.time() < deadline:  # a stage that would not look at the stop request
+                sum(range(1000))
+            return {}
+
+        stages.Stages(tmp_path, False, stop).run("quality", {"k": 1}, judged)
+
+    assert stages.run_stoppable(stopped_in_a_stage) == 75
+    assert "stopped by SIGINT during the quality stage" in capsys.readouterr().out
+    assert list((tmp_path / "stages").iterdir()) == []
+
+    def refused(stop) -> None:
+        raise ConfigError("a bad setting")
+
+    assert stages.run_stoppable(refused) == 2
+    assert capsys.readouterr().err == "error: a bad setting\n"
 
 
 def summary(tokens: int, flops_per_token: float = 1.0, finished: bool = True) -> dict:

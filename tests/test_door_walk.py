@@ -102,7 +102,7 @@ def test_a_folder_below_the_root_that_is_a_file_is_not_a_folder(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "stages").write_text("a file")
-    with pytest.raises(NotADirectoryError):
+    with pytest.raises(ConfigError, match="stages is a file, not a folder"):
         door.make_folders(run / "stages" / "x", run)
 
 

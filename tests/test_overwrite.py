@@ -131,7 +131,7 @@ def test_only_what_duolm_made_or_an_empty_folder_is_movable(tmp_path):
     cases = {
         "export": ("duolm_export.json", "an export"),
         "import": ("import.json", "a training run (an imported checkpoint)"),
-        "compare job": ("stages/", "a compare or sweep job"),
+        "compare job": ("stages/", "a compare job"),
         "findings job": ("finding-code.json", "a findings job"),
         "run": ("metrics.jsonl", "a training run"),
     }
@@ -219,6 +219,7 @@ def test_fewer_families_onto_a_job_folder_refuses_naming_both_sets(tmp_path, cap
         (out / "seed-0" / name / "metrics.jsonl").write_text("{}\n")
         mark_folder(out / "seed-0" / name, "run")
     (out / "report.md").write_text("three families")
+    mark_folder(out, "compare job")
     before = tree(out)
     flags = ["--preset", "smoke", "--out", str(out), "--no-mauve", "--max-steps", "2"]
     assert compare.main([*flags, "--objectives", "ar,mdm"]) == 2

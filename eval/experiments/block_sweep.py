@@ -467,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(f"report: {paths['markdown']} ({(time.perf_counter() - started) / 60:.1f} min)")
 
-    return run_stoppable(locked_job(out, args.force, job))
+    return run_stoppable(locked_job(out, args.force, job, "sweep job"))
 
 
 if __name__ == "__main__":

@@ -114,7 +114,7 @@ def run_comparison(
     # Likelihood and the examples: the first seed's main-budget runs; every seed's are sampled,
     # judged and timed (the frontier's headline is a mean over them).
     main = seed_folder(out, settings.seeds[0])
-    stages = Stages(evaluation or out, force, stop)
+    stages = Stages(evaluation or out, force, stop, job=out)
     key = stage_key(runs, settings, settings.seeds[0])
     likelihood = stages.run("likelihood", key, lambda: likelihood_stage(main, settings))
     per_seed = evaluate_seeds(out, runs, settings, stages)
@@ -385,7 +385,12 @@ def main(argv: list[str] | None = None) -> int:
         # Every setting is checked before the job takes its folder: a refusal writes nothing.
         overrides = training_overrides(extra)
         if args.preset.startswith("synthetic"):
-            locked_job(out, args.force, lambda stop: synthetic_job(overrides, stop))(stop)
+            locked_job(
+                out,
+                args.force,
+                lambda stop: synthetic_job(overrides, stop),
+                "synthetic compare job",
+            )(stop)
             return
         settings = settings_from_args(args, overrides)
         locked_job(

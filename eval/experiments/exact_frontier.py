@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         check(None)
     except ConfigError:  # refused before the output folder exists: one line and its status
         return run_stoppable(check)
-    return run_stoppable(locked_job(out, args.force, job))
+    return run_stoppable(locked_job(out, args.force, job, "exact frontier job"))
 
 
 if __name__ == "__main__":

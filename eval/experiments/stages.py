@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from eval.experiments.job_folder import claim_job_folder
 from eval.sample_sets import HeldOutText
 from eval.stage_key import stage_code, stage_packages, what_changed
 from shared import door
@@ -19,14 +21,13 @@ from shared.checkpoint import load_model_from_checkpoint
 from shared.data.corpus import load_corpus
 from shared.data.rows import tokenize_corpus
 from shared.door import read_json_file, write_atomic
-from shared.errors import ConfigError, report_user_errors
+from shared.errors import ConfigError, result_or_status
 from shared.faults import StageInterrupted, StopRequest
 from shared.files import cache_folder, use_cache_root
 from shared.tokenizer import Tokenizer
 from shared.training import new_run, resume_run, train
-from shared.training.cli import parse_args
+from shared.training.cli import REQUEUE_STATUS, parse_args
 from shared.training.config import TrainConfig
-from shared.training.run_folder import LOCK_FILE, RunFolderLock, mark_folder, move_aside
 from shared.training.setup import unique_rows
 
 OBJECTIVES = ("ar", "mdm")
@@ -79,11 +80,20 @@ class Stages:
     source the stage executed and the versions of the packages that compute it
     (``eval.stage_key``). A stored result is reused only when all three are unchanged, so a
     report never shows a number from code other than the code it names; otherwise it is
-    recomputed with one line saying what changed."""
+    recomputed with one line saying what changed. Stage files are read and written through the
+    door with the job's folder (``job``, the claimed ``--out``; default ``root``) as the root,
+    and their folder is made without following a link."""
 
-    def __init__(self, root: Path, force: bool, stop: StopRequest | None = None):
+    def __init__(
+        self,
+        root: Path,
+        force: bool,
+        stop: StopRequest | None = None,
+        job: Path | None = None,
+    ):
         self.root, self.force, self.stop = root / "stages", force, stop
-        door.make_folders(self.root)
+        self.job = Path(job if job is not None else root)
+        door.make_folders(self.root, self.job)
         self.reused: list[str] = []
 
     def run(self, name: str, inputs: dict[str, Any], compute: Callable[[], Any]) -> Any:
@@ -92,8 +102,8 @@ class Stages:
         # the inputs as they read back from JSON, so that a stored key compares equal
         key = json.loads(json.dumps(inputs, sort_keys=True, default=str))
         path = self.root / f"{name}.json"
-        if path.exists() and not self.force:
-            stored = read_stage(path)
+        if os.path.lexists(path) and not self.force:
+            stored = read_stage(path, self.job)
             changed = what_changed(stored, key)
             if not changed:
                 print(f"[{name}] reusing the stored result (--force recomputes)")
@@ -121,67 +131,53 @@ class Stages:
             "result": result,
         }
         # whole or not at all: a stage cut short by a full disk is recomputed, never half-read
-        write_atomic(path, json.dumps(record, indent=2, default=float))
+        write_atomic(path, json.dumps(record, indent=2, default=float), root=self.job)
         print(f"[{name}] done in {elapsed:.1f} s")
         return result
 
 
-def read_stage(path: Path) -> dict[str, Any]:
-    """A stored stage, or an empty record when it cannot be read as one (a damaged or foreign
-    file is recomputed, not trusted)."""
+def read_stage(path: Path, job: Path) -> dict[str, Any]:
+    """A stored stage, read through the door inside the job's folder ``job``, or an empty record
+    when it cannot be read as one (a damaged or foreign file is recomputed, not trusted)."""
     try:
-        stored = door.read_json_file(path, root=path.parent, allow_nan=True)
+        stored = door.read_json_file(path, root=job, allow_nan=True)
     except (OSError, ValueError):
         return {}
     return stored if isinstance(stored, dict) else {}
 
 
 def run_stoppable(job: Callable[[StopRequest], None]) -> int:
-    """Run an experiment's command-line job: 0 when it ends or is stopped by SIGTERM/SIGINT (the
-    running training saves a checkpoint, finished stages are stored; a rerun continues), 2 with
-    one line on a user error."""
+    """Run an experiment's command-line job: 0 when it ends; ``REQUEUE_STATUS`` (75, as a
+    stopped training run) when SIGTERM/SIGINT stopped it after saving what it had (the running
+    training saved a checkpoint, finished stages are stored, a stage cut short left nothing), so
+    a rerun continues; 2 with one line on a user error."""
     stop = StopRequest(
         on_stop="stopping at the end of the current stage (finished stages are kept)"
     )
 
-    def guarded() -> None:
+    def guarded() -> bool:
         try:
             job(stop)
         except JobStopped as stopped:
-            print(stopped)
+            print(stopped, flush=True)
+            return True
+        return False
 
     try:
-        return report_user_errors(guarded)
+        stopped, status = result_or_status(guarded)
+        return REQUEUE_STATUS if status == 0 and stopped else status
     finally:
         stop.close()
 
 
-def claim_job_folder(out: Path, force: bool) -> RunFolderLock:
-    """Lock an experiment's folder for the whole job (a second job on it exits at once, naming
-    the first); with ``force``, move what an earlier job left there aside (nothing is deleted),
-    so the job starts over and a rerun without ``--force`` resumes it."""
-    lock = RunFolderLock(out).acquire()
-    # a new job (or one forced over an earlier one) marks its folder; a refusal of a
-    # continuation below then leaves the folder as it found it
-    fresh = not any(entry.name != LOCK_FILE for entry in out.iterdir())
-    if force and not fresh:
-        try:
-            aside = move_aside(out)
-        except ConfigError:
-            lock.release()
-            raise
-        print(f"--force: moved the earlier job in {out} aside to {aside}")
-    if fresh or force:
-        mark_folder(out, "compare job")
-    return lock
-
-
-def locked_job(out: Path, force: bool, job: Callable[[StopRequest], None]):
-    """``job`` run under ``claim_job_folder``; a stop says to rerun without ``--force``, which
-    would set the job aside again."""
+def locked_job(
+    out: Path, force: bool, job: Callable[[StopRequest], None], kind: str = "compare job"
+):
+    """``job`` run under ``claim_job_folder`` as a ``kind`` job; a stop says to rerun without
+    ``--force``, which would set the job aside again."""
 
     def run(stop: StopRequest) -> None:
-        lock = claim_job_folder(out, force)
+        lock = claim_job_folder(out, force, kind)
         try:
             job(stop)
         except JobStopped as stopped:

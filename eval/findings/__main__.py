@@ -10,7 +10,8 @@ its report's commit, dirty flag, source and registration hashes (``--reindex OUT
 from the stored reports, running nothing). Trained
 runs and measured stages are reused on a rerun of the same code and settings (``--force`` redoes
 them; a folder made by other code or settings is moved aside, never reused); SIGTERM/Ctrl-C
-stops after a checkpoint and a rerun continues.
+stops after a checkpoint, exits 75 and a rerun continues. ``--out`` is new, empty or a findings
+folder (``eval.experiments.job_folder``): a folder of a user's own files is never written into.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+from eval.experiments.job_folder import check_job_folder, claim_job_folder, refuse_links_in_job
 from eval.experiments.stages import run_stoppable
 from eval.findings.common import (
     SCALES,
@@ -75,33 +78,48 @@ def main(argv: list[str] | None = None) -> int:
     if args.reindex:
         return report_user_errors(lambda: reindex(Path(args.reindex)))
     out = Path(args.out or f"runs/findings-{args.scale}")
+    return run_stoppable(lambda stop: run_findings(args, out, stop))
 
-    def job(stop: StopRequest) -> None:
-        names = args.only or list(FINDINGS)
-        unknown = [name for name in names if name not in FINDINGS]
-        if unknown:
-            raise ConfigError(f"unknown finding(s) {unknown}; valid: {list(FINDINGS)}")
-        extra = {"num_threads": args.num_threads} if args.num_threads else {}
-        if args.cache_dir:
-            extra["cache_dir"] = args.cache_dir
-            use_cache_root(args.cache_dir)  # the findings' own row loading goes there too
+
+def run_findings(args: argparse.Namespace, out: Path, stop: StopRequest) -> None:
+    """Run every finding asked for into its folder ``out/<name>``, then write the index. The
+    settings are checked first, then ``out`` is claimed as a findings folder and every finding's
+    folder is checked for ownership, so a refusal writes nothing."""
+    names = args.only or list(FINDINGS)
+    unknown = [name for name in names if name not in FINDINGS]
+    if unknown:
+        raise ConfigError(f"unknown finding(s) {unknown}; valid: {list(FINDINGS)}")
+    extra = {"num_threads": args.num_threads} if args.num_threads else {}
+    if args.cache_dir:
+        extra["cache_dir"] = args.cache_dir
+        use_cache_root(args.cache_dir)  # the findings' own row loading goes there too
+    # --force redoes the findings asked for (each folder moved aside), never the whole folder
+    lock = claim_job_folder(out, args.force, "findings", keep_own=True)
+    try:
         for name in names:
-            started = time.perf_counter()
-            finding = FINDINGS[name]
-            fresh_job_folder(out / name, job_stamp(finding, args.scale), args.force)
-            job = Job(args.scale, out / name, args.force, stop, extra)
-            result = finding.run(finding.settings[args.scale], job)
-            result.wall_seconds = time.perf_counter() - started
-            write_atomic(out / name / "result.json", json.dumps(_row(result), indent=2))
-            label = f" ({result.registration})" if result.registration else ""
-            print(
-                f"[{name}] {result.verdict}{label}: {result.measured} ({result.wall_seconds:.0f} s)"
-            )
-        results = [stored(out, name) for name in FINDINGS if (out / name / "result.json").exists()]
+            check_job_folder(out / name, args.force, "findings job")
+        for name in names:
+            run_finding(name, args, out, stop, extra)
+        results = [stored(out, name) for name in FINDINGS if (out / name / "result.json").is_file()]
         paths = write_index(out, args.scale, results, costs())
         print(f"index: {paths['markdown']}")
+    finally:
+        lock.release()
 
-    return run_stoppable(job)
+
+def run_finding(
+    name: str, args: argparse.Namespace, out: Path, stop: StopRequest, extra: dict[str, Any]
+) -> None:
+    """One finding, in its own folder below ``out``, and its result.json."""
+    started = time.perf_counter()
+    finding = FINDINGS[name]
+    fresh_job_folder(out / name, job_stamp(finding, args.scale), args.force, root=out)
+    job = Job(args.scale, out / name, args.force, stop, extra)
+    result = finding.run(finding.settings[args.scale], job)
+    result.wall_seconds = time.perf_counter() - started
+    write_atomic(out / name / "result.json", json.dumps(_row(result), indent=2), root=out)
+    label = f" ({result.registration})" if result.registration else ""
+    print(f"[{name}] {result.verdict}{label}: {result.measured} ({result.wall_seconds:.0f} s)")
 
 
 def print_table(index_path: str, reports: str) -> None:
@@ -164,24 +182,27 @@ def stored(out: Path, name: str) -> FindingResult:
     """A finding's last result as its folder holds it (so the index covers every finding run
     into ``out``, not only this invocation's), its report where the folder now is and its
     provenance from that report (a result written before rows carried their own)."""
-    row = read_json_file(out / name / "result.json", allow_nan=True)
+    row = read_json_file(out / name / "result.json", root=out, allow_nan=True)
     result = FindingResult(claim=FINDINGS[name].claim, **row)
     report = out / name / "report.json"
     if report.is_file():
         result.report = str(out / name / "report.md")
-        result.provenance = row_provenance(read_json_file(report, allow_nan=True))
+        result.provenance = row_provenance(read_json_file(report, root=out, allow_nan=True))
     return result
 
 
 def reindex(out: Path) -> None:
     """``--reindex``: the index of the findings stored in ``out``, rebuilt without running any;
-    a folder with no stored finding is one line."""
+    a folder with no stored finding, or one holding a symbolic link, is one line."""
+    refuse_links_in_job(out)
     names = [name for name in FINDINGS if (out / name / "result.json").is_file()]
     if not names:
         raise ConfigError(
             f"--reindex {out}: no finding's result.json there (give the --out of a findings run)"
         )
-    scales = {read_json_file(out / n / "result.json", allow_nan=True)["scale"] for n in names}
+    scales = {
+        read_json_file(out / n / "result.json", root=out, allow_nan=True)["scale"] for n in names
+    }
     if len(scales) != 1:
         raise ConfigError(f"--reindex {out}: findings of several scales {sorted(scales)}")
     results = [stored(out, name) for name in names]

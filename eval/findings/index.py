@@ -72,10 +72,10 @@ def write_index(
         ]
     )
     paths = {"markdown": out / "index.md", "json": out / "index.json"}
-    door.make_folders(out)
-    write_atomic(paths["markdown"], text)
+    door.make_folders(out, out)
+    write_atomic(paths["markdown"], text, root=out)
     data = {"scale": scale, "provenance": prov, "findings": rows}
-    write_atomic(paths["json"], json.dumps(data, indent=2, default=str))
+    write_atomic(paths["json"], json.dumps(data, indent=2, default=str), root=out)
     return paths
 
 

@@ -26,16 +26,18 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 from dataclasses import asdict, is_dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from eval.experiments.job_folder import check_job_folder
 from shared import door
 from shared.door import read_json_file, write_atomic
 from shared.hardware import bf16_is_fast
 from shared.training import resolve_config
-from shared.training.run_folder import FINDINGS_STAMP, mark_folder, move_aside
+from shared.training.run_folder import FINDINGS_STAMP, contents, mark_folder, move_aside
 
 REGISTRY = Path(__file__).with_name("registered.json")
 PRE_REGISTERED, EXPLORATORY = "pre-registered", "exploratory"
@@ -258,19 +260,25 @@ def register(findings: dict[str, Any], because: str, path: Path = REGISTRY) -> l
     return changed
 
 
-def fresh_job_folder(out: Path, stamp: dict[str, Any], force: bool) -> None:
+def fresh_job_folder(
+    out: Path, stamp: dict[str, Any], force: bool, root: Path | None = None
+) -> None:
     """Make ``out`` hold only work done by this code and these settings: when it holds a job
     stamped with another source hash or registration hash (or ``force``), move that job aside
     (nothing is deleted), so no trained run or stored stage is reused across a change. A reused
-    job keeps its stamp, so its reports name the commit that trained its runs."""
+    job keeps its stamp, so its reports name the commit that trained its runs. A folder that is
+    not a finding's (no marker, or another kind's) is refused before anything moves; ``root``:
+    the findings folder that holds ``out`` (its files are read and written inside it)."""
+    root = Path(root if root is not None else out)
+    check_job_folder(out, force, "findings job")
     path = out / JOB_STAMP
-    if out.is_dir() and any(out.iterdir()):
-        earlier = read_json_file(path) if path.exists() else None
+    if contents(out):
+        earlier = read_json_file(path, root=root) if os.path.lexists(path) else None
         same = earlier is not None and all(earlier.get(k) == stamp.get(k) for k in REUSE_KEYS)
         if same and not force:
             return  # reused: its stamp keeps the commit that trained its runs
         why = "--force" if force else f"it was made by other code or settings ({earlier})"
         print(f"[{out.name}] moved the earlier job aside to {move_aside(out)}: {why}")
-    door.make_folders(out)
-    write_atomic(path, json.dumps(stamp, indent=2, sort_keys=True))
+    door.make_folders(out, root)
+    write_atomic(path, json.dumps(stamp, indent=2, sort_keys=True), root=root)
     mark_folder(out, "findings job")

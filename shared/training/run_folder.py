@@ -44,10 +44,18 @@ KINDS = {
     "run": "a training run",
     "import": "a training run (an imported checkpoint)",
     "export": "an export",
-    "compare job": "a compare or sweep job",
+    "compare job": "a compare job",
+    "synthetic compare job": "a synthetic-language compare job",
+    "sweep job": "a block-size sweep job",
+    "exact frontier job": "an exact frontier job",
+    "findings": "a findings folder (an index and one folder per finding)",
     "findings job": "a findings job",
     "shards": "token shards",
 }
+# The kinds a job command (compare, sweep, exact frontier, findings) claims: each takes its own
+# kind's folder, and --force moves any of them aside.
+JOB_KINDS = ("compare job", "synthetic compare job", "sweep job", "exact frontier job")
+JOB_KINDS += ("findings", "findings job")
 IMPORT_RECORD = "import.json"
 # The records earlier versions left instead of a marker: named in a message, never trusted.
 EARLIER_RECORDS = ("checkpoints", "metrics.jsonl", "final.json", "stages", "finding-code.json")
