@@ -30,9 +30,10 @@ from shared.door import (
 from shared.door_walk import door_operation
 from shared.errors import ConfigError
 
-
-def _has_proc() -> bool:
-    return os.path.isdir("/proc/self/fd")
+# The staging folders alive in this process: what a library does inside one is the library's,
+# even where the folder lies in a user's folder (beside a cache, so large files link rather than
+# copy); the audit of file events (tests/file_audit) reads this set.
+LIVE_STAGING: set[str] = set()
 
 
 @contextlib.contextmanager
@@ -41,9 +42,11 @@ def library_folder(prefix: str = "duolm-") -> Iterator[Path]:
     where a library that writes by name (``save_pretrained``) or reads a whole folder is sent,
     so that it never touches a user's folder; ``copy_folder_into`` brings its files across."""
     folder = make_temp_folder(Path(tempfile.gettempdir()), prefix)
+    LIVE_STAGING.add(os.path.abspath(folder))
     try:
         yield folder
     finally:
+        LIVE_STAGING.discard(os.path.abspath(folder))
         remove_tree(folder)
 
 
@@ -66,6 +69,7 @@ def staged_files(
     of duolm's own, on the files' file system, lets large files be linked, not copied)."""
     where = Path(parent) if parent is not None else Path(tempfile.gettempdir())
     staging = make_temp_folder(where, "duolm-staging-")
+    LIVE_STAGING.add(os.path.abspath(staging))
     try:
         for name, source in files.items():
             if not name or name in (".", "..") or "/" in name:
@@ -73,6 +77,7 @@ def staged_files(
             _stage_file(Path(source), staging / name, root, what, error)
         yield staging
     finally:
+        LIVE_STAGING.discard(os.path.abspath(staging))
         remove_tree(staging)
 
 

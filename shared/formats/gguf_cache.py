@@ -112,7 +112,9 @@ def keep_converted(folder: Path, tokenizer, model) -> None:
         config = {k: v for k, v in model.config.to_dict().items() if k != "quantization_config"}
         door.write_atomic(staging / "config.json", json.dumps(config, indent=2))
         save_model(model, str(staging / "model.safetensors"))
-        tokenizer.save_pretrained(staging)
+        with door_staging.library_folder() as written:  # transformers writes by name
+            tokenizer.save_pretrained(written)
+            door_staging.copy_folder_into(written, staging)
         door.rename(staging, folder)
     except (OSError, SafetensorError):  # safetensors reports a full disk in its own error
         pass
