@@ -17,12 +17,13 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
-from torch import _weights_only_unpickler
+from torch import _weights_only_unpickler, nn
 
 from shared import checkpoint as ckpt
 from shared import sharded_blobs, sharded_index
 from shared import sharded_checkpoint as sharded
 from shared.errors import CheckpointError
+from shared.tokenizer import Tokenizer
 from shared.training import cli, convert
 
 EMBEDDING = "model/tok_embeddings.weight"  # 258 x 32 float32, one chunk in the tiny preset
@@ -280,3 +281,26 @@ def test_resume_and_conversion_never_unpickle_and_give_dcps_weights(
     for key, tensor in theirs.items():
         kind, name = key.split("/", 1)
         assert same_bits((weights if kind == "model" else moments)[name], tensor), key
+
+
+def test_a_non_contiguous_parameter_is_saved_as_a_record_the_reader_takes(tmp_path):
+    model = nn.Linear(3, 4)
+    model.weight = nn.Parameter(torch.randn(3, 4).t())  # transposed: DCP would save its strides
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 3)).sum().backward()
+    optimizer.step()
+    checkpoint = sharded.save_sharded_checkpoint(
+        tmp_path / "checkpoints",
+        1,
+        model=model,
+        optimizer=optimizer,
+        tokenizer=Tokenizer.byte(),
+        state={},
+        scheduler_state=None,
+    )
+    shapes = every_tensor(checkpoint)
+    back = {k: torch.empty(s, dtype=d) for k, (d, s) in shapes.items()}
+    sharded.load_checked(checkpoint, sharded.read_index(checkpoint), back, no_dist=True)
+    assert same_bits(back["model/weight"], model.weight.detach().contiguous())
+    moment = optimizer.state[model.weight]["exp_avg"]
+    assert same_bits(back["optimizer/weight/exp_avg"], moment.contiguous())
