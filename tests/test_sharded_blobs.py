@@ -275,7 +275,7 @@ def test_resume_and_conversion_never_unpickle_and_give_dcps_weights(
     status = cli.main(["--resume", str(copy), "--out", str(tmp_path / "on"), "--max-steps", "4"])
     assert status == 0, capsys.readouterr().err
     assert ckpt.list_checkpoints(tmp_path / "on" / "checkpoints")[-1].name.endswith("4")
-    assert convert.main([str(copy), "--to", "single"]) == 0
+    assert convert.main([str(tmp_path / "run"), "--to", "single"]) == 0  # the run's checkpoints
     weights = load_file(copy / "model.safetensors")
     moments = load_file(copy / "optimizer.safetensors")
     for key, tensor in theirs.items():
