@@ -25,8 +25,10 @@ file system the run folder is on, as DCP itself requires.
 
 Checkpoints never run code, and nothing received is unpickled: the index is read from
 ``shards/index.json``, every field checked (``shared.sharded_index.checked_index``), and DCP is
-handed a ``Metadata`` built in code from the checked values in place of its pickle; the tensors
-themselves it reads with torch's restricted loader (``weights_only=True``).
+handed a ``Metadata`` built in code from the checked values in place of its pickle. Each
+tensor's record in a ``.distcp`` file (the zip ``torch.save`` writes) is read by
+``shared.sharded_blobs`` as raw bytes of the dtype and shape the index gives, where DCP's own
+reader would ``torch.load`` it.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from shared.door import fsync_dir, fsync_tree
 from shared.errors import CheckpointError
 from shared.faults import kill_now_if
 from shared.resume_state import check_training_state
+from shared.sharded_blobs import chunk_shapes, read_items
 from shared.sharded_index import (
     _SAFETENSORS_DTYPES,
     INDEX,
@@ -176,14 +179,22 @@ def _index_writer(folder: Path):
 
 def _checked_reader(path: Path, index: Any):
     """DCP's file reader, given the index ``read_index`` built from ``shards/index.json`` in
-    place of the pickled one it would read."""
+    place of the pickled one it would read, and reading each tensor's record as a zip of raw
+    bytes (``shared.sharded_blobs``) where DCP's own would ``torch.load`` it."""
     base = _dcp().FileSystemReader
+    shapes = chunk_shapes(index)
 
     class CheckedReader(base):
         def read_metadata(self, *args, **kwargs):
             index.storage_meta = index.storage_meta or _dcp().metadata.StorageMeta()
             index.storage_meta.load_id = self.load_id
             return index
+
+        def read_data(self, plan, planner):
+            read_items(self, plan, planner, shapes)
+            done = torch.futures.Future()
+            done.set_result(None)
+            return done
 
     reader = CheckedReader(str(Path(path) / SHARDS))
     reader.fs = _door_file_system()
@@ -263,6 +274,8 @@ def save_sharded_checkpoint(
     failed = None
     try:
         tensors, optim_state = _tensors_of(model, optimizer)
+        # the reader takes every record for a contiguous tensor (shared.sharded_blobs)
+        tensors = {key: tensor.contiguous() for key, tensor in tensors.items()}
         writer = _index_writer(staging / SHARDS)
         with _quiet():
             _dcp().save(tensors, storage_writer=writer)
@@ -326,13 +339,7 @@ def load_sharded_training_state(
     helpers = _helpers()
     tensors, optim_state = _tensors_of(model, optimizer)
     refuse_uncovered(path, index, tensors)
-    try:
-        with _quiet():
-            _dcp().load(tensors, storage_reader=_checked_reader(path, index))
-    except (RuntimeError, ValueError, KeyError) as error:
-        if isinstance(error, CheckpointError):
-            raise
-        raise CheckpointError(f"{path}: its shards do not fit this model ({error})") from None
+    load_checked(path, index, tensors)
     weights = {name[len("model/") :]: t for name, t in tensors.items() if name.startswith("model/")}
     helpers.set_model_state_dict(model, weights, options=helpers.StateDictOptions(strict=False))
     optim_state["param_groups"] = record["param_groups"]
@@ -342,6 +349,28 @@ def load_sharded_training_state(
     if scheduler is not None and record.get("scheduler") is not None:
         scheduler.load_state_dict(record["scheduler"])
     restore_rng_state(rng)
+
+
+def load_checked(path: Path, index: Any, tensors: dict[str, torch.Tensor], **options) -> None:
+    """DCP's load of ``tensors`` from the shards of ``path`` through ``_checked_reader``. DCP
+    wraps whatever a process raised in its CheckpointException (a traceback per process): a
+    CheckpointError among them is raised as its one line, a stop (Ctrl-C) as itself, and
+    anything else says the shards do not fit."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        with _quiet():
+            _dcp().load(tensors, storage_reader=_checked_reader(path, index), **options)
+    except CheckpointException as wrapped:
+        raised = [failure for failure, _ in wrapped.failures.values()]
+        for error in raised:
+            if isinstance(error, CheckpointError) or not isinstance(error, Exception):
+                raise error from None
+        raise CheckpointError(f"{path}: its shards do not fit this model ({raised[0]})") from None
+    except (RuntimeError, ValueError, KeyError) as error:
+        if isinstance(error, CheckpointError):
+            raise
+        raise CheckpointError(f"{path}: its shards do not fit this model ({error})") from None
 
 
 def refuse_uncovered(path: Path, index: Any, tensors: dict[str, torch.Tensor]) -> None:
@@ -406,8 +435,7 @@ def to_single_file(path: Path, staging: Path) -> None:
     def read(key: str) -> torch.Tensor:
         dtype, shape = shapes[key]
         tensor = {key: torch.empty(shape, dtype=dtype)}
-        with _quiet():
-            _dcp().load(tensor, storage_reader=_checked_reader(path, index), no_dist=True)
+        load_checked(path, index, tensor, no_dist=True)
         return tensor[key]
 
     weights = {k[len("model/") :]: v for k, v in shapes.items() if k.startswith("model/")}
