@@ -4,7 +4,9 @@ A report holds sections of results. Likelihood numbers carry the data protocol t
 under, and a comparison table refuses to put numbers from different protocols side by side
 (packed vs padded, another sequence length, tokenizer or corpus change the numbers more than the
 models do). Plots are PNG files next to the markdown, which embeds them by relative path. The
-provenance each report records (code, machine, versions, seeds) is ``eval.provenance``'s.
+provenance each report records (code, machine, versions, seeds) is ``eval.provenance``'s; the
+runs it read (``Report.read_runs``) are listed with the code that trained each, and the report
+calls itself clean only when they and it share one committed code (``eval.report_clean``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from eval.provenance import provenance
+from eval.report_clean import first_lines, not_clean_because, require_clean, runs_provenance
 from shared import door
 from shared.door import write_atomic
 
@@ -94,6 +97,16 @@ class Report:
     seeds: dict[str, Any] = field(default_factory=dict)
     blocks: list[tuple[str, Any]] = field(default_factory=list)
     results: dict[str, Any] = field(default_factory=dict)
+    # runs (or job folders holding runs) the numbers come from, besides those under ``out``:
+    # every job trains its runs in its own folder, so the report's folder is always read
+    runs: list[Path] = field(default_factory=list)
+    # refuse to write a report that is not clean (``eval.report_clean``), in one line
+    require_clean: bool = False
+
+    def read_runs(self, *folders: Path) -> None:
+        """Name runs this report reads, or job folders whose runs it reads: each is listed with
+        the code that trained it, and judged before the report may call itself clean."""
+        self.runs.extend(Path(folder) for folder in folders)
 
     def text(self, markdown: str) -> None:
         self.blocks.append(("text", markdown))
@@ -149,9 +162,17 @@ class Report:
         return path
 
     def to_json(self) -> dict[str, Any]:
+        prov = provenance(self.seeds)
+        runs = runs_provenance([self.out, *self.runs], self.out, prov["git_commit"])
+        reasons = not_clean_because(prov, runs)
         return {
             "title": self.title,
-            "provenance": provenance(self.seeds),
+            # clean: the numbers regenerate from the commit named below (eval.report_clean)
+            "clean": not reasons,
+            "reproducible": not reasons,
+            "not_clean_because": reasons,
+            "provenance": prov,
+            "runs_provenance": runs,
             "config": self.config,
             "results": self.results,
             "tables": [
@@ -164,6 +185,11 @@ class Report:
 
     def markdown(self, data: dict[str, Any]) -> str:
         parts = [f"# {self.title}", ""]
+        warning = first_lines(
+            data["provenance"], data["runs_provenance"], data["not_clean_because"]
+        )
+        if warning:
+            parts += [warning, ""]
         for kind, value in self.blocks:
             if kind == "text":
                 parts.append(value)
@@ -184,6 +210,7 @@ class Report:
             f"{prov['machine']['torch_threads']} torch threads), GPU: {prov['machine']['gpu']}",
             "- versions: " + ", ".join(f"{k} {v}" for k, v in prov["versions"].items() if v),
             f"- seeds: {json.dumps(prov['seeds'])}",
+            *run_lines(data["runs_provenance"]),
             "",
         ]
         return "\n".join(parts)
@@ -191,6 +218,8 @@ class Report:
     def write(self) -> dict[str, Path]:
         door.make_folders(self.out)
         data = self.to_json()
+        if self.require_clean:
+            require_clean(self.title, data["not_clean_because"])
         paths = {"json": self.out / "report.json", "markdown": self.out / "report.md"}
         strict, non_finite = finite_or_null(data)
         if non_finite:
@@ -198,6 +227,24 @@ class Report:
         write_atomic(paths["json"], json.dumps(strict, indent=2, allow_nan=False))
         write_atomic(paths["markdown"], self.markdown(data))
         return paths
+
+
+def run_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """The provenance section's line per run read: the code that trained it, and whether the
+    report's commit regenerates it."""
+    lines = []
+    for run in runs:
+        trained = ", ".join(
+            f"steps {s['from_step']}-{s['to_step']} "
+            + ("unknown" if s.get("unknown") else f"at `{str(s.get('git_commit'))[:7]}`")
+            + (" with uncommitted changes" if s.get("git_dirty") else "")
+            + (f" (code key `{s['code_key']}`)" if s.get("code_key") else "")
+            for s in run["segments"]
+        )
+        judged = "; ".join(run["not_reproducible_because"]) or "reproducible from this commit"
+        kind = "imported" if run["imported"] else "trained"
+        lines.append(f"- run `{run['run']}`: {kind} {trained or 'with no record'}; {judged}")
+    return lines
 
 
 def _json_default(value: Any) -> Any:

@@ -34,6 +34,7 @@ from shared.training.guards import (
     warn_if_slow,
 )
 from shared.training.metrics import Metrics
+from shared.training.provenance import begin_run, end_run
 from shared.training.run import RunSpec
 from shared.training.run_folder import mark_folder
 from shared.training.schedule import (
@@ -166,6 +167,8 @@ class Trainer(TrainingStep, Evaluation):
         if accelerator.is_main_process:
             mark_folder(self.out, "run")  # made here, by this run's first write
             write_json_atomic(self.out / "config.json", self.run_record(), durable=False)
+            # the code it trains under, checked again in ``finish``
+            begin_run(self.out, self.spec.resume_from, self.start_step)
         accelerator.init_trackers("duolm", config={**self.run_config, **self.model_cfg.to_dict()})
         self.metrics = Metrics(self.out / "metrics.jsonl", accelerator)
         if self.spec.resume_from is not None and self.metrics.drop_after(self.start_step):
@@ -345,6 +348,7 @@ class Trainer(TrainingStep, Evaluation):
                 f"{final['val_tokens']} tokens"
             )
         if self.accelerator.is_main_process:
+            end_run(self.out, self.end_step)  # a training file edited meanwhile: a dirty run
             write_json_atomic(self.out / "final.json", summary, durable=False)
         return summary
 

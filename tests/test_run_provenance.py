@@ -1,0 +1,154 @@
+"""Each run records the code that trained it (shared/training/provenance.py), and a report reading
+runs calls itself clean only when they and it share one committed code (eval/report_clean.py): a
+run under another code key, one edited during training, one resumed under other code and one
+trained before runs kept a record each make the report say so in its first lines."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from eval.report import Report
+from shared.code_state import code_key, file_hash, git_state
+from shared.errors import ConfigError
+from shared.training import cli
+from shared.training import provenance as run_provenance
+from shared.training.provenance import RECORD, UNKNOWN, why_not_reproducible
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tiny(out: Path, cache: Path, *extra: str) -> list[str]:
+    return ["--preset", "tiny", "--out", str(out), "--cache-dir", str(cache), *extra]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, cache_dir) -> Path:
+    """A tiny MDM run of two steps (each test changes a copy)."""
+    out = tmp_path_factory.mktemp("provenance") / "run"
+    cli.train_from_argv(tiny(out, cache_dir, "--objective", "mdm", "--max-steps", "2"))
+    return out
+
+
+def copy_of(run: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "job" / "run"
+    shutil.copytree(run, target)
+    return target
+
+
+def record_of(run: Path) -> dict:
+    return json.loads((run / RECORD).read_text())
+
+
+def rewrite(run: Path, change) -> None:
+    record = record_of(run)
+    change(record)
+    (run / RECORD).write_text(json.dumps(record))
+
+
+def report_of(run_or_job: Path, out: Path) -> tuple[dict, str]:
+    paths = Report("Runs read", out, runs=[run_or_job]).write()
+    return json.loads(paths["json"].read_text()), paths["markdown"].read_text()
+
+
+def test_a_run_records_the_commit_dirty_flag_and_code_key_it_trained_under(trained):
+    record = record_of(trained)
+    [segment] = record["segments"]
+    assert (segment["from_step"], segment["to_step"], segment["checked_at"]) == (0, 2, "end")
+    state = git_state()
+    assert segment["git_commit"] == state["git_commit"] and len(segment["git_commit"]) == 40
+    assert segment["git_dirty"] is state["git_dirty"]
+    code = segment["code"]
+    # the training code it ran, keyed as the stage cache keys a stage; not the evaluation's
+    assert code["shared/training/trainer.py"] == file_hash(ROOT / "shared/training/trainer.py")
+    assert "dllm/masked/objective.py" in code and not any(p.startswith("eval/") for p in code)
+    assert segment["code_key"] == code_key(code)
+    assert segment["edited_during_training"] == [] and record["mixed"] is False
+
+
+def test_the_same_code_at_the_same_clean_commit_is_reproducible(trained):
+    record = record_of(trained)
+    record["segments"][0]["git_dirty"] = False  # as a clean checkout records it
+    assert why_not_reproducible(record, record["segments"][0]["git_commit"]) == []
+    assert why_not_reproducible(record, "0" * 40) == [
+        f"trained at commit {record['segments'][0]['git_commit'][:7]}, the report's is 0000000"
+    ]
+
+
+def test_a_run_under_another_code_key_makes_the_report_not_clean_naming_the_run(trained, tmp_path):
+    run = copy_of(trained, tmp_path)
+    rewrite(run, lambda r: r["segments"][0]["code"].update({"shared/model.py": "0" * 16}))
+    data, markdown = report_of(tmp_path / "job", tmp_path / "report")
+    assert data["clean"] is False and data["reproducible"] is False
+    [entry] = data["runs_provenance"]
+    assert entry["run"] == "job/run" and entry["recorded"] is True
+    why = "trained under another code key (shared/model.py differ from the report's)"
+    assert why in entry["not_reproducible_because"]
+    assert any(
+        line.startswith("run job/run: ") and why in line for line in data["not_clean_because"]
+    )
+    # said before anything else, in one line naming the run and why
+    first = markdown.splitlines()[2]
+    assert first.startswith("**Not clean") and "1 of 1 runs were trained under other code" in first
+    assert "`job/run` (" in first and why in first
+    assert "- run `job/run`: trained steps 0-2 at" in markdown
+
+
+def test_a_file_edited_during_training_makes_the_run_dirty(tmp_path, cache_dir, monkeypatch):
+    on_disk = run_provenance.files_on_disk
+
+    def edited_model(paths):  # the backbone's file changed on disk while the run trained
+        return on_disk(paths) | {"shared/model.py": "edited"}
+
+    monkeypatch.setattr(run_provenance, "files_on_disk", edited_model)
+    out = tmp_path / "run"
+    cli.train_from_argv(tiny(out, cache_dir, "--objective", "ar", "--max-steps", "2"))
+    [segment] = record_of(out)["segments"]
+    assert segment["edited_during_training"] == ["shared/model.py"]
+    reasons = why_not_reproducible(record_of(out), segment["git_commit"])
+    assert "edited during training: shared/model.py" in reasons
+
+
+def test_a_resume_under_other_code_records_both_and_is_mixed(trained, tmp_path, cache_dir):
+    run = copy_of(trained, tmp_path)
+    rewrite(run, lambda r: r["segments"][0].update({"code_key": "another-key"}))
+    checkpoint = run / "checkpoints" / "step_000002"
+    cli.train_from_argv(
+        ["--resume", str(checkpoint), "--max-steps", "4", "--cache-dir", str(cache_dir)]
+    )
+    record = record_of(run)
+    first, second = record["segments"]
+    assert (first["to_step"], second["from_step"], second["to_step"]) == (2, 2, 4)
+    assert first["code_key"] == "another-key" and second["code_key"] != "another-key"
+    assert record["mixed"] is True
+    reasons = why_not_reproducible(record, second["git_commit"])
+    assert "resumed under other code than it started with" in reasons
+
+
+def test_a_run_without_a_record_is_unknown_provenance(trained, tmp_path):
+    run = copy_of(trained, tmp_path)
+    (run / RECORD).unlink()
+    # a job's report, in the job's folder: the runs below it are the ones it read
+    paths = Report("Runs read", tmp_path / "job").write()
+    data, markdown = json.loads(paths["json"].read_text()), paths["markdown"].read_text()
+    [entry] = data["runs_provenance"]
+    assert entry["run"] == "run" and entry["recorded"] is False
+    assert entry["not_reproducible_because"] == [UNKNOWN] and data["clean"] is False
+    assert f"`run` ({UNKNOWN})" in markdown.splitlines()[2]
+
+
+def test_a_report_that_must_be_clean_refuses_in_one_line(trained, tmp_path):
+    run = copy_of(trained, tmp_path)
+    (run / RECORD).unlink()
+    report = Report("Must be clean", tmp_path / "report", runs=[run], require_clean=True)
+    with pytest.raises(ConfigError, match=f"'Must be clean' is not clean: .*{UNKNOWN}") as error:
+        report.write()
+    assert "\n" not in str(error.value) and not (tmp_path / "report" / "report.json").exists()
+
+
+def test_checkpoints_and_runs_moved_aside_are_not_runs_a_report_read(trained, tmp_path):
+    run = copy_of(trained, tmp_path)
+    shutil.copytree(run, tmp_path / "job" / "run.replaced-1")
+    data, _ = report_of(tmp_path / "job", tmp_path / "report")
+    assert [entry["run"] for entry in data["runs_provenance"]] == ["job/run"]
