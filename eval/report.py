@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from eval.provenance import provenance
-from eval.report_clean import first_lines, not_clean_because, require_clean, runs_provenance
+from eval.report_clean import first_lines, not_clean_because, runs_provenance
 from shared import door
 from shared.door import write_atomic
 
@@ -100,8 +100,6 @@ class Report:
     # runs (or job folders holding runs) the numbers come from, besides those under ``out``:
     # every job trains its runs in its own folder, so the report's folder is always read
     runs: list[Path] = field(default_factory=list)
-    # refuse to write a report that is not clean (``eval.report_clean``), in one line
-    require_clean: bool = False
 
     def read_runs(self, *folders: Path) -> None:
         """Name runs this report reads, or job folders whose runs it reads: each is listed with
@@ -218,8 +216,6 @@ class Report:
     def write(self) -> dict[str, Path]:
         door.make_folders(self.out)
         data = self.to_json()
-        if self.require_clean:
-            require_clean(self.title, data["not_clean_because"])
         paths = {"json": self.out / "report.json", "markdown": self.out / "report.md"}
         strict, non_finite = finite_or_null(data)
         if non_finite:

@@ -6,8 +6,8 @@ and the same training code as the report's (``shared.training.provenance.why_not
 A run trained before runs recorded their code is of unknown provenance, so a report reading it
 is not clean. ``report.json`` holds ``clean`` (with ``reproducible``, the same), the reasons
 and each run's provenance; the Markdown says in its first lines when it is not clean and why.
-A job that must publish a clean report asks for it (``Report.require_clean``) and is refused
-in one line instead.
+A job asked for a clean report (``--require-clean``) writes it all the same, then refuses in one
+line when it is not (``refuse_unless_clean``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from shared import door
 from shared.errors import ConfigError
 from shared.training.provenance import read_run_provenance, why_not_reproducible
 from shared.training.run_folder import folder_kind, holds_run
@@ -102,7 +103,7 @@ def first_lines(code: dict[str, Any], runs: list[dict[str, Any]], reasons: list[
         return ""
     commit = str(code.get("git_commit"))[:7]
     other = [run for run in runs if run["not_reproducible_because"]]
-    lines = [f"**Not clean: these numbers may not regenerate from commit `{commit}`** "]
+    lines = [f"**Not clean: these numbers may not regenerate from commit `{commit}`.**"]
     if other:
         named = "; ".join(
             f"`{run['run']}` ({', '.join(run['not_reproducible_because'])})"
@@ -120,9 +121,17 @@ def first_lines(code: dict[str, Any], runs: list[dict[str, Any]], reasons: list[
     return " ".join(lines)
 
 
-def require_clean(title: str, reasons: list[str]) -> None:
-    """Refuse, in one line, a report that must be clean and is not."""
-    if reasons:
+def refuse_unless_clean(report_json: Path) -> None:
+    """The check behind ``--require-clean``: refuse, in one line, a written report that is not
+    clean, or that predates the rule (it has no ``clean`` to trust)."""
+    data = door.read_json_object(report_json, root=report_json.parent)
+    if not isinstance(data.get("clean"), bool):
+        raise ConfigError(
+            f"{report_json} records no clean flag (written before reports listed "
+            "the runs they read); write it again"
+        )
+    reasons = [str(reason) for reason in data.get("not_clean_because") or []]
+    if not data["clean"]:
         more = len(reasons) - NAMED_RUNS
         named = "; ".join(reasons[:NAMED_RUNS]) + (f"; and {more} more" if more > 0 else "")
-        raise ConfigError(f"report {title!r} is not clean: {named}")
+        raise ConfigError(f"{report_json} is not clean: {named or 'no reason recorded'}")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from eval.report import Report
+from eval.report_clean import refuse_unless_clean
 from shared.code_state import code_key, file_hash, git_state
 from shared.errors import ConfigError
 from shared.training import cli
@@ -141,10 +142,37 @@ def test_a_run_without_a_record_is_unknown_provenance(trained, tmp_path):
 def test_a_report_that_must_be_clean_refuses_in_one_line(trained, tmp_path):
     run = copy_of(trained, tmp_path)
     (run / RECORD).unlink()
-    report = Report("Must be clean", tmp_path / "report", runs=[run], require_clean=True)
-    with pytest.raises(ConfigError, match=f"'Must be clean' is not clean: .*{UNKNOWN}") as error:
-        report.write()
-    assert "\n" not in str(error.value) and not (tmp_path / "report" / "report.json").exists()
+    paths = Report("Must be clean", tmp_path / "job").write()
+    with pytest.raises(ConfigError, match=f"report.json is not clean: .*{UNKNOWN}") as error:
+        refuse_unless_clean(paths["json"])
+    assert "\n" not in str(error.value)
+    stored = json.loads(paths["json"].read_text())
+    # a report written before the rule has no clean flag to trust
+    paths["json"].write_text(json.dumps({k: v for k, v in stored.items() if k != "clean"}))
+    with pytest.raises(ConfigError, match="records no clean flag"):
+        refuse_unless_clean(paths["json"])
+    # one that is clean passes
+    paths["json"].write_text(json.dumps(stored | {"clean": True, "not_clean_because": []}))
+    refuse_unless_clean(paths["json"])
+
+
+def test_the_exact_frontier_with_require_clean_writes_its_report_then_refuses(
+    trained, tmp_path, monkeypatch, capsys
+):
+    from eval.experiments import exact_frontier
+
+    def frontier_of_an_old_run(out, *args):  # its one network trained before the record
+        shutil.copytree(trained, out / "mdm")
+        (out / "mdm" / RECORD).unlink()
+        return Report("Frontier", out).write()
+
+    monkeypatch.setattr(exact_frontier, "run_frontier", frontier_of_an_old_run)
+    out = tmp_path / "frontier"
+    assert exact_frontier.main(["--out", str(out), "--scale", "smoke", "--require-clean"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: ") and "is not clean: " in line and f"run mdm: {UNKNOWN}" in line
+    assert json.loads((out / "report.json").read_text())["clean"] is False
+    assert exact_frontier.main(["--out", str(out), "--scale", "smoke", "--force"]) == 0
 
 
 def test_checkpoints_and_runs_moved_aside_are_not_runs_a_report_read(trained, tmp_path):
@@ -152,3 +180,21 @@ def test_checkpoints_and_runs_moved_aside_are_not_runs_a_report_read(trained, tm
     shutil.copytree(run, tmp_path / "job" / "run.replaced-1")
     data, _ = report_of(tmp_path / "job", tmp_path / "report")
     assert [entry["run"] for entry in data["runs_provenance"]] == ["job/run"]
+
+
+def test_a_branch_keeps_the_provenance_of_the_steps_it_continues(trained, tmp_path, cache_dir):
+    source = copy_of(trained, tmp_path)
+    (source / RECORD).unlink()  # its two steps were trained before runs kept a record
+    branch = tmp_path / "branch"
+    checkpoint = source / "checkpoints" / "step_000002"
+    cli.train_from_argv(
+        ["--resume", str(checkpoint), "--out", str(branch), "--max-steps", "4"]
+        + ["--cache-dir", str(cache_dir)]
+    )
+    record = record_of(branch)
+    inherited, own = record["segments"]
+    assert inherited == {"from_step": 0, "to_step": 2, "unknown": True}
+    assert (own["from_step"], own["to_step"], own["checked_at"]) == (2, 4, "end")
+    assert record["mixed"] is True
+    reasons = why_not_reproducible(record, own["git_commit"])
+    assert f"its steps before 2 were {UNKNOWN}" in reasons

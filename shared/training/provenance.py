@@ -160,8 +160,10 @@ def why_not_reproducible(record: dict[str, Any] | None, commit: str | None) -> l
     known = [s for s in segments if not s.get("unknown")]
     if any(s.get("to_step") is None for s in known):
         reasons.append("its training has not ended (no check of its code at the end)")
-    if any(s.get("git_dirty") is not False for s in known):
-        reasons.append("trained with uncommitted changes (or outside a git checkout)")
+    if any(s.get("git_dirty") for s in known):
+        reasons.append("trained with uncommitted changes")
+    if any(s.get("git_dirty") is None for s in known):
+        reasons.append("trained outside a git checkout")
     edited = sorted({p for s in known for p in s.get("edited_during_training", [])})
     if edited:
         reasons.append(f"edited during training: {named(edited)}")
