@@ -63,6 +63,7 @@ def run_entry(folder: Path, report_out: Path, commit: str | None) -> dict[str, A
         "recorded": record is not None,
         "segments": [{k: v for k, v in s.items() if k != "code"} for s in segments],
         "mixed": (record or {}).get("mixed"),
+        "init_from": ((record or {}).get("init_from") or {}).get("checkpoint"),
         "not_reproducible_because": reasons,
     }
 

@@ -198,3 +198,27 @@ def test_a_branch_keeps_the_provenance_of_the_steps_it_continues(trained, tmp_pa
     assert record["mixed"] is True
     reasons = why_not_reproducible(record, own["git_commit"])
     assert f"its steps before 2 were {UNKNOWN}" in reasons
+
+
+def test_a_run_started_from_another_runs_weights_is_judged_with_that_run(
+    trained, tmp_path, cache_dir
+):
+    source = copy_of(trained, tmp_path)
+    (source / RECORD).unlink()
+    checkpoint = source / "checkpoints" / "step_000002"
+    out = tmp_path / "warm"
+    cli.train_from_argv(
+        tiny(
+            out, cache_dir, "--objective", "mdm", "--max-steps", "2", "--init-from", str(checkpoint)
+        )
+    )
+    record = record_of(out)
+    assert record["init_from"] == {"checkpoint": str(checkpoint), "imported": False, "record": None}
+    [own] = record["segments"]
+    reasons = why_not_reproducible(record | {"mixed": False}, own["git_commit"])
+    assert f"its --init-from run: {UNKNOWN}" in reasons
+    # with its source's record the same rule applies to it, and a clean source adds nothing
+    clean_source = record_of(trained)
+    clean_source["segments"][0]["git_dirty"] = own["git_dirty"] = False
+    record["init_from"]["record"] = clean_source
+    assert why_not_reproducible(record, own["git_commit"]) == []

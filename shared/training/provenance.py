@@ -8,9 +8,10 @@ the stage cache keys a stage: ``shared.code_state``) with one key naming that co
 taken when training starts and checked when it ends (``final.json``): a training file whose
 bytes changed meanwhile is listed in ``edited_during_training``, and the run is dirty. A resume
 appends a segment; a branch starts with the segments of the run it continues, up to its
-checkpoint. ``mixed`` says that the segments ran under more than one commit or code key.
+checkpoint; a run started from another run's weights (``--init-from``) keeps that run's
+record. ``mixed`` says that the segments ran under more than one commit or code key.
 
-    segment = begin_run(out, resume_from, start_step)   # config.json's moment
+    begin_run(out, resume_from, start_step, init_from)   # config.json's moment
     ...train...
     end_run(out, end_step)                               # just before final.json
     why_not_reproducible(read_run_provenance(out), report_commit)   # [] when clean
@@ -25,6 +26,7 @@ from typing import Any
 from shared import door
 from shared.code_state import PROJECT_ROOT, code_key, file_hash, git_state, loaded_hash, stage_code
 from shared.errors import ConfigError
+from shared.training.run_folder import folder_kind
 
 RECORD = "provenance.json"
 # Training code: eval/ and bench/ only choose what to train, which config.json records, so a job
@@ -90,23 +92,21 @@ def read_run_provenance(folder: Path) -> dict[str, Any] | None:
     return record
 
 
-def with_mixed(segments: list[dict[str, Any]]) -> dict[str, Any]:
+def with_mixed(segments: list[dict[str, Any]], init_from: dict | None) -> dict[str, Any]:
     """The record of ``segments``: ``mixed`` when they ran under more than one code."""
     codes = {(s.get("git_commit"), s.get("code_key"), bool(s.get("unknown"))) for s in segments}
-    return {"segments": segments, "mixed": len(codes) > 1}
+    return {"segments": segments, "mixed": len(codes) > 1, "init_from": init_from}
 
 
-def earlier_segments(out: Path, resume_from: Path | None, start_step: int) -> list[dict]:
-    """The segments that made the weights a run starts from: none for a fresh run; the
-    recorded ones up to ``start_step`` of the folder the checkpoint belongs to (this run's, or
-    the run a branch continues), a segment still open (its process died) checked now; one
-    unknown segment where that folder kept no record."""
-    if resume_from is None:
-        return []
+def earlier_segments(resume_from: Path, start_step: int) -> tuple[list[dict], dict | None]:
+    """The segments that made the weights a resume starts from, with where that run's first
+    weights came from: the recorded segments up to ``start_step`` of the folder the checkpoint
+    belongs to (this run's, or the run a branch continues), a segment still open (its process
+    died) checked now; one unknown segment where that folder kept no record."""
     source = Path(resume_from).parent.parent
     record = read_run_provenance(source)
     if record is None:
-        return [{"from_step": 0, "to_step": start_step, "unknown": True}]
+        return [{"from_step": 0, "to_step": start_step, "unknown": True}], None
     kept = []
     for segment in record["segments"]:
         if segment["from_step"] >= start_step:
@@ -114,13 +114,27 @@ def earlier_segments(out: Path, resume_from: Path | None, start_step: int) -> li
         if segment.get("to_step") is None:
             segment = checked_segment(segment, start_step, "resume")
         kept.append(segment | {"to_step": min(segment["to_step"], start_step)})
-    return kept
+    return kept, record.get("init_from")
 
 
-def begin_run(out: Path, resume_from: Path | None, start_step: int) -> None:
-    """Record, in ``out``, the code the run starts training under (after what came before)."""
-    segments = earlier_segments(out, resume_from, start_step) + [started_segment(start_step)]
-    door.write_json_atomic(out / RECORD, with_mixed(segments), durable=False)
+def init_source(checkpoint: Path) -> dict[str, Any]:
+    """Where a run started with another run's weights (``--init-from``) took them: that run's
+    record (None when it kept none), or an imported checkpoint, which this project did not
+    train."""
+    folder = Path(checkpoint).parent.parent
+    if folder_kind(folder) != "run":
+        return {"checkpoint": str(checkpoint), "imported": True, "record": None}
+    return {"checkpoint": str(checkpoint), "imported": False, "record": read_run_provenance(folder)}
+
+
+def begin_run(out: Path, resume_from: Path | None, start_step: int, init_from: Path | None) -> None:
+    """Record, in ``out``, the code the run starts training under, after what came before: the
+    segments it continues (``resume_from``) or the run its first weights came from."""
+    segments, source = [], init_source(init_from) if init_from else None
+    if resume_from is not None:
+        segments, source = earlier_segments(resume_from, start_step)
+    record = with_mixed(segments + [started_segment(start_step)], source)
+    door.write_json_atomic(out / RECORD, record, durable=False)
 
 
 def end_run(out: Path, end_step: int) -> dict[str, Any]:
@@ -129,7 +143,7 @@ def end_run(out: Path, end_step: int) -> dict[str, Any]:
     if record is None or not record["segments"]:
         raise ConfigError(f"{out / RECORD} went missing during training")
     segments = record["segments"][:-1] + [checked_segment(record["segments"][-1], end_step, "end")]
-    record = with_mixed(segments)
+    record = with_mixed(segments, record.get("init_from"))
     door.write_json_atomic(out / RECORD, record, durable=False)
     return record
 
@@ -172,6 +186,11 @@ def why_not_reproducible(record: dict[str, Any] | None, commit: str | None) -> l
         reasons.append(f"trained at commit {', '.join(commits)}, the report's is {str(commit)[:7]}")
     if record.get("mixed"):
         reasons.append("resumed under other code than it started with")
+    source = record.get("init_from")
+    if source and not source["imported"]:
+        # the weights it started from are part of its numbers: judged by the same rule
+        earlier = why_not_reproducible(source["record"], commit)
+        reasons += [f"its --init-from run: {reason}" for reason in earlier]
     changed = sorted({p for s in known for p in code_unlike_today(s.get("code", {}))})
     if changed:
         reasons.append(

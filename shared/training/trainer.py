@@ -147,6 +147,7 @@ class Trainer(TrainingStep, Evaluation):
             self.log(load_source_weights(source, model, self.tokenizer.vocab_size))
         # where the weights came from (kept across resumes), so reports can add its compute
         self.init_record = source.record if source else (self.saved or {}).get("init_from")
+        self.init_checkpoint = source.checkpoint if source else None
         # a run continued in another folder (a WSD cooldown branch) names the checkpoint it left
         self.branched_from = (self.saved or {}).get("branched_from")
         if spec.is_branch:
@@ -168,7 +169,7 @@ class Trainer(TrainingStep, Evaluation):
             mark_folder(self.out, "run")  # made here, by this run's first write
             write_json_atomic(self.out / "config.json", self.run_record(), durable=False)
             # the code it trains under, checked again in ``finish``
-            begin_run(self.out, self.spec.resume_from, self.start_step)
+            begin_run(self.out, self.spec.resume_from, self.start_step, self.init_checkpoint)
         accelerator.init_trackers("duolm", config={**self.run_config, **self.model_cfg.to_dict()})
         self.metrics = Metrics(self.out / "metrics.jsonl", accelerator)
         if self.spec.resume_from is not None and self.metrics.drop_after(self.start_step):
