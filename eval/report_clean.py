@@ -53,9 +53,13 @@ def run_entry(folder: Path, report_out: Path, commit: str | None) -> dict[str, A
     """One run's line of ``runs_provenance``: where it is, what it recorded, why it is not
     reproducible from ``commit`` (empty when it is). An imported checkpoint was not trained by
     this project: it is listed, and judged only for what was trained on it here."""
-    record = read_run_provenance(folder)
     imported = folder_kind(folder) == "import"
-    reasons = [] if imported and record is None else why_not_reproducible(record, commit)
+    try:
+        record = read_run_provenance(folder)
+    except ConfigError as damaged:  # the report is still written, and says so
+        record, reasons = None, [f"its record cannot be read ({damaged})"]
+    else:
+        reasons = [] if imported and record is None else why_not_reproducible(record, commit)
     segments = (record or {}).get("segments", [])
     return {
         "run": shown_path(folder, report_out),

@@ -222,3 +222,12 @@ def test_a_run_started_from_another_runs_weights_is_judged_with_that_run(
     clean_source["segments"][0]["git_dirty"] = own["git_dirty"] = False
     record["init_from"]["record"] = clean_source
     assert why_not_reproducible(record, own["git_commit"]) == []
+
+
+def test_a_damaged_record_is_a_reason_and_the_report_is_still_written(trained, tmp_path):
+    run = copy_of(trained, tmp_path)
+    (run / RECORD).write_text('{"segments": ')
+    data, markdown = report_of(tmp_path / "job", tmp_path / "report")
+    [entry] = data["runs_provenance"]
+    assert entry["not_reproducible_because"][0].startswith("its record cannot be read (")
+    assert data["clean"] is False and "its record cannot be read" in markdown.splitlines()[2]

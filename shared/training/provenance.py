@@ -104,6 +104,8 @@ def earlier_segments(resume_from: Path, start_step: int) -> tuple[list[dict], di
     belongs to (this run's, or the run a branch continues), a segment still open (its process
     died) checked now; one unknown segment where that folder kept no record."""
     source = Path(resume_from).parent.parent
+    if folder_kind(source) == "import" and not (source / RECORD).is_file():
+        return [], init_source(resume_from)  # imported weights, continued here
     record = read_run_provenance(source)
     if record is None:
         return [{"from_step": 0, "to_step": start_step, "unknown": True}], None
@@ -140,9 +142,11 @@ def begin_run(out: Path, resume_from: Path | None, start_step: int, init_from: P
 def end_run(out: Path, end_step: int) -> dict[str, Any]:
     """Check the code of the segment training now ends, and record it; the record."""
     record = read_run_provenance(out)
-    if record is None or not record["segments"]:
-        raise ConfigError(f"{out / RECORD} went missing during training")
-    segments = record["segments"][:-1] + [checked_segment(record["segments"][-1], end_step, "end")]
+    if record is None or not record["segments"]:  # removed during training: nothing to check
+        record = {"segments": [{"from_step": 0, "to_step": end_step, "unknown": True}]}
+    last = record["segments"][-1]
+    ended = last if last.get("unknown") else checked_segment(last, end_step, "end")
+    segments = record["segments"][:-1] + [ended]
     record = with_mixed(segments, record.get("init_from"))
     door.write_json_atomic(out / RECORD, record, durable=False)
     return record
