@@ -231,3 +231,18 @@ def test_a_damaged_record_is_a_reason_and_the_report_is_still_written(trained, t
     [entry] = data["runs_provenance"]
     assert entry["not_reproducible_because"][0].startswith("its record cannot be read (")
     assert data["clean"] is False and "its record cannot be read" in markdown.splitlines()[2]
+
+
+def test_a_distilled_student_records_its_code_and_its_teacher(udm_run, tmp_path):
+    from dllm.uniform import distill
+
+    out = tmp_path / "student"
+    fast = ["--rounds", "1", "--steps-per-round", "1", "--base-steps", "8"]
+    cache = ["--cache-dir", str(udm_run.parent / "cache")]
+    assert distill.main([str(udm_run), str(out), *fast, *cache]) == 0
+    record = record_of(out)
+    [segment] = record["segments"]
+    assert (segment["from_step"], segment["to_step"], segment["checked_at"]) == (0, 1, "end")
+    assert "dllm/uniform/distill.py" in segment["code"]
+    assert record["init_from"]["record"] == record_of(udm_run)
+    assert record["init_from"]["checkpoint"].endswith("step_000002")

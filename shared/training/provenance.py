@@ -152,6 +152,15 @@ def end_run(out: Path, end_step: int) -> dict[str, Any]:
     return record
 
 
+def record_made_in_one_piece(
+    out: Path, segment: dict[str, Any], end_step: int, init_from: Path
+) -> None:
+    """The record of a run made outside the training loop in one piece (a distilled student):
+    its one segment, taken before it trained and checked now, and the run it started from."""
+    record = with_mixed([checked_segment(segment, end_step, "end")], init_source(init_from))
+    door.write_json_atomic(out / RECORD, record, durable=False)
+
+
 def named(paths: list[str]) -> str:
     more = len(paths) - NAMED_FILES
     return ", ".join(paths[:NAMED_FILES]) + (f" and {more} more" if more > 0 else "")
