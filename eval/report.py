@@ -4,7 +4,9 @@ A report holds sections of results. Likelihood numbers carry the data protocol t
 under, and a comparison table refuses to put numbers from different protocols side by side
 (packed vs padded, another sequence length, tokenizer or corpus change the numbers more than the
 models do). Plots are PNG files next to the markdown, which embeds them by relative path. The
-provenance each report records (code, machine, versions, seeds) is ``eval.provenance``'s.
+provenance each report records (code, machine, versions, seeds) is ``eval.provenance``'s; the
+runs it read (``Report.read_runs``) are listed with the code that trained each, and the report
+calls itself clean only when they and it share one committed code (``eval.report_clean``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from eval.provenance import provenance
+from eval.report_clean import first_lines, not_clean_because, runs_provenance
 from shared import door
 from shared.door import write_atomic
 
@@ -97,10 +100,18 @@ class Report:
     # the folder the command claimed (a job's --out), when ``out`` lies below it: folders
     # between the two are made, and files written, without following a link
     root: Path | None = None
+    # runs (or job folders holding runs) the numbers come from, besides those under ``out``:
+    # every job trains its runs in its own folder, so the report's folder is always read
+    runs: list[Path] = field(default_factory=list)
 
     def _folder(self) -> Path:
         """``out``, made through the door below ``root`` (or ``out`` itself)."""
         return door.make_folders(self.out, self.root if self.root is not None else self.out)
+
+    def read_runs(self, *folders: Path) -> None:
+        """Name runs this report reads, or job folders whose runs it reads: each is listed with
+        the code that trained it, and judged before the report may call itself clean."""
+        self.runs.extend(Path(folder) for folder in folders)
 
     def text(self, markdown: str) -> None:
         self.blocks.append(("text", markdown))
@@ -157,9 +168,17 @@ class Report:
         return path
 
     def to_json(self) -> dict[str, Any]:
+        prov = provenance(self.seeds)
+        runs = runs_provenance([self.out, *self.runs], self.out, prov["git_commit"])
+        reasons = not_clean_because(prov, runs)
         return {
             "title": self.title,
-            "provenance": provenance(self.seeds),
+            # clean: the numbers regenerate from the commit named below (eval.report_clean)
+            "clean": not reasons,
+            "reproducible": not reasons,
+            "not_clean_because": reasons,
+            "provenance": prov,
+            "runs_provenance": runs,
             "config": self.config,
             "results": self.results,
             "tables": [
@@ -172,6 +191,11 @@ class Report:
 
     def markdown(self, data: dict[str, Any]) -> str:
         parts = [f"# {self.title}", ""]
+        warning = first_lines(
+            data["provenance"], data["runs_provenance"], data["not_clean_because"]
+        )
+        if warning:
+            parts += [warning, ""]
         for kind, value in self.blocks:
             if kind == "text":
                 parts.append(value)
@@ -192,6 +216,7 @@ class Report:
             f"{prov['machine']['torch_threads']} torch threads), GPU: {prov['machine']['gpu']}",
             "- versions: " + ", ".join(f"{k} {v}" for k, v in prov["versions"].items() if v),
             f"- seeds: {json.dumps(prov['seeds'])}",
+            *run_lines(data["runs_provenance"]),
             "",
         ]
         return "\n".join(parts)
@@ -206,6 +231,24 @@ class Report:
         write_atomic(paths["json"], json.dumps(strict, indent=2, allow_nan=False), root=self.root)
         write_atomic(paths["markdown"], self.markdown(data), root=self.root)
         return paths
+
+
+def run_lines(runs: list[dict[str, Any]]) -> list[str]:
+    """The provenance section's line per run read: the code that trained it, and whether the
+    report's commit regenerates it."""
+    lines = []
+    for run in runs:
+        trained = ", ".join(
+            f"steps {s['from_step']}-{s['to_step']} "
+            + ("unknown" if s.get("unknown") else f"at `{str(s.get('git_commit'))[:7]}`")
+            + (" with uncommitted changes" if s.get("git_dirty") else "")
+            + (f" (code key `{s['code_key']}`)" if s.get("code_key") else "")
+            for s in run["segments"]
+        )
+        judged = "; ".join(run["not_reproducible_because"]) or "reproducible from this commit"
+        kind = "imported" if run["imported"] else "trained"
+        lines.append(f"- run `{run['run']}`: {kind} {trained or 'with no record'}; {judged}")
+    return lines
 
 
 def _json_default(value: Any) -> Any:

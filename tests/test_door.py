@@ -93,8 +93,8 @@ ALLOWED = {
     ("shared/training_state.py", "read_optimizer_state"): "reads the /proc/self/fd name the "
     "door opened",
     ("eval/findings/registration.py", "module_text"): "hashes the project's own source",
-    ("eval/provenance.py", "source_hash"): "hashes the project's own source",
-    ("eval/stage_key.py", "file_hash"): "hashes the project's own source (a stage's key)",
+    ("shared/code_state.py", "source_hash"): "hashes the project's own source",
+    ("shared/code_state.py", "file_hash"): "hashes the project's own source (a stage's key)",
     ("shared/data/rows.py", "_load_cache"): "np.load over a handle the door opened",
     ("bench/peer_adapters.py", "*"): "loads a fetched peer implementation's own source, "
     "a benchmark's input named on its command line",

@@ -159,7 +159,7 @@ def test_a_file_edited_between_two_stages_of_one_process_keys_both_by_the_code_i
 ):
     # the process imported the module before the edit, so both stages ran the first version:
     # the second stage must not be keyed by the edited file (and a new process sees the edit)
-    from eval import stage_key
+    from shared import code_state as stage_key
 
     module_file = tmp_path / "dllm" / "edited_module.py"
     module_file.parent.mkdir()

@@ -54,6 +54,7 @@ from shared.door import read_json_file, write_atomic
 from shared.errors import ConfigError, report_user_errors
 from shared.files import cache_folder
 from shared.objective import loss_positions
+from shared.training.provenance import record_made_in_one_piece, started_segment
 from shared.training.run_folder import (
     RunFolderLock,
     contents,
@@ -203,11 +204,13 @@ def distill(
         aside = claim_locked_folder(out, overwrite, run)
         if aside:
             log(f"moved what was in {out} aside to {aside}")
+        started = started_segment(0)  # the code it trains under, checked once it is done
         student, tokenizer, losses, record = distilled_student(
             source, state, config, device, cache_dir, log
         )
         with removed_if_unfinished(out):
             write_run(out, run, student.eval(), tokenizer, state, record, losses)
+            record_made_in_one_piece(out, started, len(losses), source)
             mark_folder(out, "run")
     finally:
         lock.release()

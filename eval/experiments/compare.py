@@ -61,6 +61,7 @@ from eval.experiments.stages import (
 from eval.experiments.synthetic_compare import run_synthetic
 from eval.experiments.tuning import tune_learning_rates
 from eval.likelihood import evaluate_checkpoint
+from eval.report_clean import refuse_unless_clean
 from shared.cli_args import CommandParser
 from shared.errors import ConfigError
 from shared.faults import StopRequest
@@ -314,6 +315,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the families trained at the same budget points and compared, comma-separated: ar "
         "and one or more of mdm, bd, udm (each diffusion family's M(L) is read against AR)",
     )
+    parser.add_argument(
+        "--require-clean",
+        action="store_true",
+        help="after writing the report, refuse (exit 2) unless it is clean: every run it read "
+        "trained at this commit, under this code, with nothing uncommitted",
+    )
     return parser
 
 
@@ -374,6 +381,8 @@ def comparison_job(
             f"{nelbo['bits_per_byte']:.4f} bits/byte"
         )
     print(f"report: {paths['markdown']} ({(time.perf_counter() - started) / 60:.1f} min)")
+    if args.require_clean:
+        refuse_unless_clean(paths["json"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -119,6 +119,7 @@ def new_report(inputs: ReportInputs) -> Report:
         seeds=training_seeds(inputs.main, settings.objectives)
         | {"sampling": 0, "budget_seeds": list(settings.seeds)},
         root=inputs.out,
+        runs=[inputs.out],  # the runs, when the report is another generation length's
     )
 
 

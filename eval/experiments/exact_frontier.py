@@ -62,6 +62,7 @@ from eval.experiments.stages import (
     run_stoppable,
     train_or_reuse,
 )
+from eval.report_clean import refuse_unless_clean
 from eval.speed.ratios import process_ratios
 from eval.speed.throughput import Setting, measure
 from eval.synthetic.exact.denoisers import exact_denoiser
@@ -352,12 +353,20 @@ def main(argv: list[str] | None = None) -> int:
         help=f"the language the headline is read on; only the full-support {HEADLINE_LANGUAGE!r}"
         " (the other language is measured beside it)",
     )
+    parser.add_argument(
+        "--require-clean",
+        action="store_true",
+        help="after writing the report, refuse (exit 2) unless it is clean: every network it "
+        "read trained at this commit, under this code, with nothing uncommitted",
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
 
     def job(stop: StopRequest) -> None:
         paths = run_frontier(out, args.scale, args.force, stop, args.headline_language)
         print(f"report: {paths['markdown']}")
+        if args.require_clean:
+            refuse_unless_clean(paths["json"])
 
     def check(stop: StopRequest) -> None:
         check_scale(args.scale)

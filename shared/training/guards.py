@@ -18,6 +18,7 @@ from shared.door import read_json_file, remove_file
 from shared.errors import ConfigError
 from shared.hardware import peak_flops
 from shared.training.config import TrainConfig
+from shared.training.provenance import RECORD
 from shared.training.run import RunSpec
 from shared.training.run_folder import MARKER
 
@@ -37,7 +38,7 @@ def forget_unstarted_run(out: Path) -> None:
     config.json and metrics would otherwise make the folder refuse the same command."""
     if ckpt.list_checkpoints(out / "checkpoints"):
         return
-    for name in ("config.json", "metrics.jsonl", "final.json", MARKER):
+    for name in ("config.json", RECORD, "metrics.jsonl", "final.json", MARKER):
         remove_file(out / name)
     with contextlib.suppress(OSError):
         door.remove_empty_folder(out / "checkpoints")

@@ -34,6 +34,7 @@ from shared.training.guards import (
     warn_if_slow,
 )
 from shared.training.metrics import Metrics
+from shared.training.provenance import begin_run, end_run
 from shared.training.run import RunSpec
 from shared.training.run_folder import mark_folder
 from shared.training.schedule import (
@@ -151,6 +152,7 @@ class Trainer(TrainingStep, Evaluation):
             self.log(load_source_weights(source, model, self.tokenizer.vocab_size))
         # where the weights came from (kept across resumes), so reports can add its compute
         self.init_record = source.record if source else (self.saved or {}).get("init_from")
+        self.init_checkpoint = source.checkpoint if source else None
         # a run continued in another folder (a WSD cooldown branch) names the checkpoint it left
         self.branched_from = (self.saved or {}).get("branched_from")
         if spec.is_branch:
@@ -184,6 +186,8 @@ class Trainer(TrainingStep, Evaluation):
         if accelerator.is_main_process:
             mark_folder(self.out, "run")  # made here, by this run's first write
             write_json_atomic(self.out / "config.json", self.run_record(), durable=False)
+            # the code it trains under, checked again in ``finish``
+            begin_run(self.out, self.spec.resume_from, self.start_step, self.init_checkpoint)
         accelerator.init_trackers("duolm", config={**self.run_config, **self.model_cfg.to_dict()})
         if redone and self.metrics.drop_after(self.start_step):
             self.log(f"dropped the metric records after step {self.start_step}, which it redoes")
@@ -355,6 +359,7 @@ class Trainer(TrainingStep, Evaluation):
                 f"{final['val_tokens']} tokens"
             )
         if self.accelerator.is_main_process:
+            end_run(self.out, self.end_step)  # a training file edited meanwhile: a dirty run
             write_json_atomic(self.out / "final.json", summary, durable=False)
         return summary
 
