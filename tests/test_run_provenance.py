@@ -25,7 +25,7 @@ def tiny(out: Path, cache: Path, *extra: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, cache_dir) -> Path:
+def provenance_run(tmp_path_factory, cache_dir) -> Path:
     """A tiny MDM run of two steps (each test changes a copy)."""
     out = tmp_path_factory.mktemp("provenance") / "run"
     cli.train_from_argv(tiny(out, cache_dir, "--objective", "mdm", "--max-steps", "2"))
@@ -53,8 +53,8 @@ def report_of(run_or_job: Path, out: Path) -> tuple[dict, str]:
     return json.loads(paths["json"].read_text()), paths["markdown"].read_text()
 
 
-def test_a_run_records_the_commit_dirty_flag_and_code_key_it_trained_under(trained):
-    record = record_of(trained)
+def test_a_run_records_the_commit_dirty_flag_and_code_key_it_trained_under(provenance_run):
+    record = record_of(provenance_run)
     [segment] = record["segments"]
     assert (segment["from_step"], segment["to_step"], segment["checked_at"]) == (0, 2, "end")
     state = git_state()
@@ -68,8 +68,8 @@ def test_a_run_records_the_commit_dirty_flag_and_code_key_it_trained_under(train
     assert segment["edited_during_training"] == [] and record["mixed"] is False
 
 
-def test_the_same_code_at_the_same_clean_commit_is_reproducible(trained):
-    record = record_of(trained)
+def test_the_same_code_at_the_same_clean_commit_is_reproducible(provenance_run):
+    record = record_of(provenance_run)
     record["segments"][0]["git_dirty"] = False  # as a clean checkout records it
     assert why_not_reproducible(record, record["segments"][0]["git_commit"]) == []
     assert why_not_reproducible(record, "0" * 40) == [
@@ -77,8 +77,10 @@ def test_the_same_code_at_the_same_clean_commit_is_reproducible(trained):
     ]
 
 
-def test_a_run_under_another_code_key_makes_the_report_not_clean_naming_the_run(trained, tmp_path):
-    run = copy_of(trained, tmp_path)
+def test_a_run_under_another_code_key_makes_the_report_not_clean_naming_the_run(
+    provenance_run, tmp_path
+):
+    run = copy_of(provenance_run, tmp_path)
     rewrite(run, lambda r: r["segments"][0]["code"].update({"shared/model.py": "0" * 16}))
     data, markdown = report_of(tmp_path / "job", tmp_path / "report")
     assert data["clean"] is False and data["reproducible"] is False
@@ -111,8 +113,8 @@ def test_a_file_edited_during_training_makes_the_run_dirty(tmp_path, cache_dir, 
     assert "edited during training: shared/model.py" in reasons
 
 
-def test_a_resume_under_other_code_records_both_and_is_mixed(trained, tmp_path, cache_dir):
-    run = copy_of(trained, tmp_path)
+def test_a_resume_under_other_code_records_both_and_is_mixed(provenance_run, tmp_path, cache_dir):
+    run = copy_of(provenance_run, tmp_path)
     rewrite(run, lambda r: r["segments"][0].update({"code_key": "another-key"}))
     checkpoint = run / "checkpoints" / "step_000002"
     cli.train_from_argv(
@@ -127,8 +129,8 @@ def test_a_resume_under_other_code_records_both_and_is_mixed(trained, tmp_path, 
     assert "resumed under other code than it started with" in reasons
 
 
-def test_a_run_without_a_record_is_unknown_provenance(trained, tmp_path):
-    run = copy_of(trained, tmp_path)
+def test_a_run_without_a_record_is_unknown_provenance(provenance_run, tmp_path):
+    run = copy_of(provenance_run, tmp_path)
     (run / RECORD).unlink()
     # a job's report, in the job's folder: the runs below it are the ones it read
     paths = Report("Runs read", tmp_path / "job").write()
@@ -139,8 +141,8 @@ def test_a_run_without_a_record_is_unknown_provenance(trained, tmp_path):
     assert f"`run` ({UNKNOWN})" in markdown.splitlines()[2]
 
 
-def test_a_report_that_must_be_clean_refuses_in_one_line(trained, tmp_path):
-    run = copy_of(trained, tmp_path)
+def test_a_report_that_must_be_clean_refuses_in_one_line(provenance_run, tmp_path):
+    run = copy_of(provenance_run, tmp_path)
     (run / RECORD).unlink()
     paths = Report("Must be clean", tmp_path / "job").write()
     with pytest.raises(ConfigError, match=f"report.json is not clean: .*{UNKNOWN}") as error:
@@ -157,12 +159,12 @@ def test_a_report_that_must_be_clean_refuses_in_one_line(trained, tmp_path):
 
 
 def test_the_exact_frontier_with_require_clean_writes_its_report_then_refuses(
-    trained, tmp_path, monkeypatch, capsys
+    provenance_run, tmp_path, monkeypatch, capsys
 ):
     from eval.experiments import exact_frontier
 
     def frontier_of_an_old_run(out, *args):  # its one network trained before the record
-        shutil.copytree(trained, out / "mdm")
+        shutil.copytree(provenance_run, out / "mdm")
         (out / "mdm" / RECORD).unlink()
         return Report("Frontier", out).write()
 
@@ -175,15 +177,17 @@ def test_the_exact_frontier_with_require_clean_writes_its_report_then_refuses(
     assert exact_frontier.main(["--out", str(out), "--scale", "smoke", "--force"]) == 0
 
 
-def test_checkpoints_and_runs_moved_aside_are_not_runs_a_report_read(trained, tmp_path):
-    run = copy_of(trained, tmp_path)
+def test_checkpoints_and_runs_moved_aside_are_not_runs_a_report_read(provenance_run, tmp_path):
+    run = copy_of(provenance_run, tmp_path)
     shutil.copytree(run, tmp_path / "job" / "run.replaced-1")
     data, _ = report_of(tmp_path / "job", tmp_path / "report")
     assert [entry["run"] for entry in data["runs_provenance"]] == ["job/run"]
 
 
-def test_a_branch_keeps_the_provenance_of_the_steps_it_continues(trained, tmp_path, cache_dir):
-    source = copy_of(trained, tmp_path)
+def test_a_branch_keeps_the_provenance_of_the_steps_it_continues(
+    provenance_run, tmp_path, cache_dir
+):
+    source = copy_of(provenance_run, tmp_path)
     (source / RECORD).unlink()  # its two steps were trained before runs kept a record
     branch = tmp_path / "branch"
     checkpoint = source / "checkpoints" / "step_000002"
@@ -201,9 +205,9 @@ def test_a_branch_keeps_the_provenance_of_the_steps_it_continues(trained, tmp_pa
 
 
 def test_a_run_started_from_another_runs_weights_is_judged_with_that_run(
-    trained, tmp_path, cache_dir
+    provenance_run, tmp_path, cache_dir
 ):
-    source = copy_of(trained, tmp_path)
+    source = copy_of(provenance_run, tmp_path)
     (source / RECORD).unlink()
     checkpoint = source / "checkpoints" / "step_000002"
     out = tmp_path / "warm"
@@ -218,14 +222,14 @@ def test_a_run_started_from_another_runs_weights_is_judged_with_that_run(
     reasons = why_not_reproducible(record | {"mixed": False}, own["git_commit"])
     assert f"its --init-from run: {UNKNOWN}" in reasons
     # with its source's record the same rule applies to it, and a clean source adds nothing
-    clean_source = record_of(trained)
+    clean_source = record_of(provenance_run)
     clean_source["segments"][0]["git_dirty"] = own["git_dirty"] = False
     record["init_from"]["record"] = clean_source
     assert why_not_reproducible(record, own["git_commit"]) == []
 
 
-def test_a_damaged_record_is_a_reason_and_the_report_is_still_written(trained, tmp_path):
-    run = copy_of(trained, tmp_path)
+def test_a_damaged_record_is_a_reason_and_the_report_is_still_written(provenance_run, tmp_path):
+    run = copy_of(provenance_run, tmp_path)
     (run / RECORD).write_text('{"segments": ')
     data, markdown = report_of(tmp_path / "job", tmp_path / "report")
     [entry] = data["runs_provenance"]
