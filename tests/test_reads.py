@@ -320,6 +320,32 @@ def test_a_hub_cache_snapshot_may_link_to_its_blobs(tmp_path):
     assert shard_files(snapshot) == [snapshot / "model.safetensors"]
 
 
+def test_an_import_of_a_hub_cache_snapshot_reads_the_blobs_its_links_name(tmp_path, cache_dir):
+    """A hub download is a snapshot of links into ``../../blobs``: the import reads the blob
+    each link names (the door opens no link) and gets the weights of the same folder as files."""
+    from arlm.export import export_checkpoint
+
+    run = tmp_path / "ar"
+    flags = ["--preset", "tiny", "--cache-dir", str(cache_dir), "--max-steps", "1"]
+    cli.train_from_argv([*flags, "--out", str(run)])
+    export_checkpoint(run, tmp_path / "exported")
+    repository = tmp_path / "hub" / "models--owner--tiny"
+    snapshot = repository / "snapshots" / "abc123"
+    (repository / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for number, file in enumerate(sorted((tmp_path / "exported").iterdir())):
+        if file.is_file():
+            shutil.copyfile(file, repository / "blobs" / f"{number:04d}")
+            os.symlink(f"../../blobs/{number:04d}", snapshot / file.name)
+    importer.main([str(tmp_path / "exported"), str(tmp_path / "from-files")])
+    assert importer.main([str(snapshot), str(tmp_path / "from-snapshot")]) == 0
+    weights = [
+        (ckpt.resolve_checkpoint(tmp_path / name) / "model.safetensors").read_bytes()
+        for name in ("from-files", "from-snapshot")
+    ]
+    assert weights[0] == weights[1]
+
+
 def test_a_deep_import_index_is_one_line(tmp_path):
     folder = model_folder(tmp_path)
     (folder / "model.safetensors.index.json").write_text(DEEP)

@@ -86,6 +86,16 @@ def folder_file(folder: Path, name: str) -> Path:
     return check_inside(Path(folder) / name, source_root(folder), "an import")
 
 
+def readable(path: Path) -> Path:
+    """The file to open for ``path`` of a model folder: ``path`` itself, or for a hub cache
+    snapshot's link the blob it names, once ``folder_file`` has found it inside the repository
+    (the door opens no link, so it is handed the file the link names)."""
+    path = Path(path)
+    if not os.path.islink(path):
+        return path
+    return Path(os.path.realpath(folder_file(path.parent, path.name)))
+
+
 def check_folder_files(folder: Path) -> None:
     """Refuse a model folder whose files (``FOLDER_FILES`` that are there) leave it."""
     for name in FOLDER_FILES:
@@ -110,7 +120,7 @@ def shard_files(folder: Path) -> list[Path]:
             f"safetensors checkpoints are read{convert}"
         )
     try:
-        weight_map = read_json_file(folder_file(folder, index.name))["weight_map"]
+        weight_map = read_json_file(readable(folder_file(folder, index.name)))["weight_map"]
         names = sorted(set(weight_map.values()))
     except (KeyError, TypeError, AttributeError) as error:
         raise ConfigError(f"{index}: not a safetensors index ({error!r})") from None
@@ -134,7 +144,7 @@ def open_safetensors(files: list[Path]) -> tuple[dict, dict, Callable[[str], tor
         try:
             # safetensors maps the file the door opened (its /proc/self/fd name), and keeps
             # that map after the door's descriptor is closed
-            with door.opened_path(path) as name:
+            with door.opened_path(readable(path)) as name:
                 handle = safe_open(name, framework="pt")
         except (SafetensorError, OSError) as error:
             raise ConfigError(f"{path}: unreadable safetensors file ({error})") from None
@@ -210,7 +220,7 @@ def read_json(path: Path) -> dict[str, Any]:
     """A JSON object file ({} when it is missing)."""
     if not path.is_file():
         return {}
-    data = read_json_file(path)
+    data = read_json_file(readable(path))
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: holds a JSON {type(data).__name__}, not an object")
     return data
@@ -219,7 +229,7 @@ def read_json(path: Path) -> dict[str, Any]:
 def read_hf_tokenizer(path: Path) -> HFTokenizer:
     """A ``tokenizer.json``; an empty, damaged or foreign file is one line naming it."""
     try:
-        return HFTokenizer.from_str(door.read_text(path, limit=door.TOKENIZER_LIMIT))
+        return HFTokenizer.from_str(door.read_text(readable(path), limit=door.TOKENIZER_LIMIT))
     except Exception as error:  # the tokenizers library raises plain Exceptions
         reason = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
         raise ConfigError(
