@@ -401,10 +401,13 @@ def load_checked_weights(path: Path, model: nn.Module, file: str) -> None:
         )
 
 
-def meta_model_fitting(path: Path, config: ModelConfig) -> Transformer:
+def meta_model_fitting(
+    path: Path, config: ModelConfig, header: dict[str, StoredTensor] | None = None
+) -> Transformer:
     """The model ``config`` describes, on the meta device (shapes, no memory), once the
-    checkpoint's weights header shows that its weights fit it."""
-    header = weights_header(path)
+    checkpoint's weights header (``header``: what a sharded checkpoint's index declares) shows
+    that its weights fit it."""
+    header = weights_header(path) if header is None else header
     check_layer_count(path, config, header)  # before even the meta model is built layer by layer
     with torch.device("meta"):
         model = Transformer(config)

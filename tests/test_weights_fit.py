@@ -139,6 +139,28 @@ def test_a_resume_of_a_crafted_checkpoint_is_refused_before_its_model_is_built(
     assert "\n" not in str(refused.value) and "meta" in no_real_model_built
 
 
+def test_a_resume_of_a_crafted_sharded_checkpoint_is_refused_before_its_model_is_built(
+    tmp_path, cache_dir, no_real_model_built
+):
+    """A sharded checkpoint's checked index declares its weights' shapes: a state.json asking
+    for 13B parameters beside it is refused as a single-file one is, with only a meta model."""
+    from shared.training import cli
+
+    run = tmp_path / "sharded"
+    flags = ["--preset", "tiny", "--cache-dir", str(cache_dir), "--checkpoint-format", "sharded"]
+    cli.train_from_argv([*flags, "--out", str(run), "--max-steps", "2"])
+    checkpoint = run / "checkpoints" / STEP
+    state = json.loads((checkpoint / "state.json").read_text())
+    state["model_config"].update(HUGE)
+    (checkpoint / "state.json").write_text(json.dumps(state))
+    relist(checkpoint)
+    argv = ["--resume", str(run), "--max-steps", "4", "--cache-dir", str(cache_dir)]
+    with pytest.raises(CheckpointError, match="tensors have another shape") as refused:
+        cli.train_from_argv(argv)
+    assert "\n" not in str(refused.value) and "(5120" in str(refused.value)
+    assert "meta" in no_real_model_built
+
+
 def test_an_import_whose_config_asks_for_a_million_layers_is_refused_unbuilt(
     tmp_path, capsys, no_real_model_built
 ):

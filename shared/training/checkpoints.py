@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 from accelerate import Accelerator
 from safetensors import SafetensorError
 
@@ -13,6 +14,8 @@ from shared import checkpoint as ckpt
 from shared import sharded_checkpoint as sharded
 from shared.door import write_json_atomic
 from shared.resume_state import load_training_state
+from shared.sharded_index import read_index
+from shared.tensor_files import StoredTensor
 from shared.tokenizer import Tokenizer
 
 
@@ -126,9 +129,34 @@ def format_for(cfg, layout: str, parameters: int) -> str:
 def check_weights_before_building(path: Path, cfg) -> None:
     """A resumed model is sized by the checkpoint's state.json: a model of that size is built
     only once a meta-device copy of it fits the weights' header (a few-KB checkpoint cannot
-    make a resume allocate 13B parameters). A sharded checkpoint is checked after wrapping."""
-    if not ckpt.is_sharded_checkpoint(path):
+    make a resume allocate 13B parameters). A sharded checkpoint's weights are declared by its
+    checked index (``shards/index.json``), which stands in for the header."""
+    if ckpt.is_sharded_checkpoint(path):
+        ckpt.meta_model_fitting(path, cfg, sharded_weights_header(path))
+    else:
         ckpt.meta_model_fitting(path, cfg)
+
+
+# a safetensors header's name for each floating-point dtype a model's weights may have
+STORED_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+}
+
+
+def sharded_weights_header(path: Path) -> dict[str, StoredTensor]:
+    """{name: StoredTensor} of the weights a sharded checkpoint's checked index declares (its
+    ``model/`` tensors), as a single-file checkpoint's safetensors header would."""
+    index = read_index(path)
+    return {
+        key[len("model/") :]: StoredTensor(
+            STORED_DTYPES.get(meta.properties.dtype, str(meta.properties.dtype)), tuple(meta.size)
+        )
+        for key, meta in index.state_dict_metadata.items()
+        if key.startswith("model/")
+    }
 
 
 def load_weights_before_wrapping(path: Path, model) -> None:
