@@ -57,7 +57,7 @@ from shared.door_walk import (
     unshare,
 )
 from shared.errors import ConfigError, with_path
-from shared.path_checks import not_a_regular_file, refuse_links_within
+from shared.path_checks import not_a_regular_file, not_an_output_file, refuse_links_within
 from shared.strict_json import parse_json
 
 __all__ = ["declare_root", "forget_declared_roots"]
@@ -262,11 +262,7 @@ def check_output_file(path: Path, what: str = "") -> Path:
     /dev/null itself), a FIFO or a socket, and would put a file where a symbolic link was."""
     kind = not_a_regular_file(Path(path))
     if kind:
-        name = f"{what} {path}" if what else str(path)
-        raise ConfigError(
-            f"{name} is {kind}, not a regular file; outputs are written only to regular files "
-            "or new paths: name a new file"
-        )
+        raise not_an_output_file(f"{what} {path}" if what else path, kind)
     return Path(path)
 
 

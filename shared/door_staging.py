@@ -37,11 +37,12 @@ LIVE_STAGING: set[str] = set()
 
 
 @contextlib.contextmanager
-def library_folder(prefix: str = "duolm-") -> Iterator[Path]:
-    """A new private folder under the system's temporary folder, removed when the block ends:
-    where a library that writes by name (``save_pretrained``) or reads a whole folder is sent,
-    so that it never touches a user's folder; ``copy_folder_into`` brings its files across."""
-    folder = make_temp_folder(Path(tempfile.gettempdir()), prefix)
+def library_folder(prefix: str = "duolm-", parent: Path | None = None) -> Iterator[Path]:
+    """A new private folder (mode 0700) under the system's temporary folder (or ``parent``),
+    removed when the block ends: where a library that writes by name (``save_pretrained``) or
+    reads a whole folder is sent, so that it never touches a user's folder;
+    ``copy_folder_into`` brings its files across."""
+    folder = make_temp_folder(Path(parent or tempfile.gettempdir()), prefix)
     LIVE_STAGING.add(os.path.abspath(folder))
     try:
         yield folder
@@ -59,7 +60,7 @@ def staged_files(
     what: str = "duolm",
     error=ConfigError,
 ) -> Iterator[Path]:
-    """A private temporary folder (``mkdtemp``: mode 0700) holding only ``files`` (staged name
+    """A ``library_folder`` holding only ``files`` (staged name
     -> the file to stage), for a library that is handed a folder and reads whatever it finds
     there (transformers reads a ``tokenizer_config.json`` beside a GGUF file and offers to run
     the code its ``auto_map`` names; ``datasets`` reads its own files by name). Each file is
@@ -67,18 +68,12 @@ def staged_files(
     cannot be made (another file system); the folder is removed when the block ends, however.
     ``parent``: where the folder is made (the system's temporary folder unless given: a folder
     of duolm's own, on the files' file system, lets large files be linked, not copied)."""
-    where = Path(parent) if parent is not None else Path(tempfile.gettempdir())
-    staging = make_temp_folder(where, "duolm-staging-")
-    LIVE_STAGING.add(os.path.abspath(staging))
-    try:
+    with library_folder("duolm-staging-", parent) as staging:
         for name, source in files.items():
             if not name or name in (".", "..") or "/" in name:
                 raise ValueError(f"staged name {name!r} must be a plain file name")
             _stage_file(Path(source), staging / name, root, what, error)
         yield staging
-    finally:
-        LIVE_STAGING.discard(os.path.abspath(staging))
-        remove_tree(staging)
 
 
 def staged_folder_files(folder: Path, names, root: Path | None = None, **staging):

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from shared.errors import ConfigError, with_path
-from shared.path_checks import kind_of_mode
+from shared.path_checks import kind_of_mode, not_an_output_file
 
 FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -325,10 +325,7 @@ def refuse_special_at(folder: int, name: str, shown: Path) -> None:
         kind = kind_of_mode(mode)
         if stat.S_ISLNK(mode):
             kind = f"a symbolic link to {os.readlink(name, dir_fd=folder)}"
-        raise ConfigError(
-            f"{shown} is {kind}, not a regular file; outputs are written only to regular files "
-            "or new paths: name a new file"
-        )
+        raise not_an_output_file(shown, kind)
 
 
 def each_file_below(top: int, act: Callable[[int], object]) -> None:

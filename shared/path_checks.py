@@ -1,7 +1,7 @@
-"""How ``shared.door`` judges a path before anything opens it: what a file is by its mode, a
-symbolic link refused in any component below the root the user named (or on the path itself),
-and a path kept inside its root once every link is resolved. These look at paths (``lstat``,
-``readlink``, ``scandir``); they never open, read or write a file."""
+"""How ``shared.door`` judges a path: what a file is by its mode, a symbolic link refused (a
+received folder holds its own files), a path kept inside its root once every link is resolved,
+and the one line that refuses an output path that is not a regular file. These look at paths
+(``lstat``, ``readlink``, ``scandir``); they never open, read or write a file."""
 
 from __future__ import annotations
 
@@ -57,28 +57,13 @@ def refuse_link(path: Path, what: str, error: type[Exception] = ConfigError) -> 
         )
 
 
-def components_below(path: Path, root: Path) -> list[Path]:
-    """The paths from ``root`` (excluded) down to ``path`` (included), by name, without
-    resolving anything; ``path`` outside ``root`` by name is refused."""
-    absolute, top = Path(os.path.abspath(path)), Path(os.path.abspath(root))
-    if absolute == top:
-        return []
-    if not absolute.is_relative_to(top):
-        raise ConfigError(f"{path} lies outside {root}; only files inside {root} are read")
-    parts = absolute.relative_to(top).parts
-    return [top.joinpath(*parts[: i + 1]) for i in range(len(parts))]
-
-
-def refuse_links_below(path: Path, root: Path | None, what: str, error=ConfigError) -> None:
-    """Refuse ``path`` when any component below ``root`` (or its last one, with no root) is a
-    symbolic link; a component that does not exist ends the walk (a writer creates it)."""
-    for component in components_below(path, root) if root is not None else [Path(path)]:
-        try:
-            mode = os.lstat(component).st_mode
-        except (FileNotFoundError, NotADirectoryError):
-            return
-        if stat.S_ISLNK(mode):
-            refuse_link(component, what, error)
+def not_an_output_file(shown: Path | str, kind: str) -> ConfigError:
+    """The refusal of an output path that is ``kind`` (a device, a FIFO, a link...): an atomic
+    write renames a new file over it, which would replace that thing."""
+    return ConfigError(
+        f"{shown} is {kind}, not a regular file; outputs are written only to regular files or "
+        "new paths: name a new file"
+    )
 
 
 def path_inside(path: Path, root: Path) -> bool:

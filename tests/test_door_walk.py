@@ -117,12 +117,19 @@ def test_reads_count_bytes_rather_than_trusting_a_size(tmp_path):
 # ------------------------------------------------------------------------------ hard links
 
 
-def test_an_append_never_changes_another_name_of_the_file(tmp_path):
-    original = tmp_path / "original.jsonl"
-    original.write_text('{"step": 1}\n')
+def linked_into_a_run(tmp_path: Path, text: str, name: str) -> tuple[Path, Path]:
+    """(a file outside the run holding ``text``, the run folder where ``name`` is a hard link
+    to it)."""
+    original = tmp_path / "original"
+    original.write_text(text)
     run = tmp_path / "run"
     run.mkdir()
-    os.link(original, run / "metrics.jsonl")
+    os.link(original, run / name)
+    return original, run
+
+
+def test_an_append_never_changes_another_name_of_the_file(tmp_path):
+    original, run = linked_into_a_run(tmp_path, '{"step": 1}\n', "metrics.jsonl")
     door.append_line(run / "metrics.jsonl", '{"step": 2}', root=run)
     assert original.read_text() == '{"step": 1}\n'
     assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n{"step": 2}\n'
@@ -130,11 +137,7 @@ def test_an_append_never_changes_another_name_of_the_file(tmp_path):
 
 
 def test_a_lock_never_rewrites_another_name_of_its_file(tmp_path):
-    original = tmp_path / "held"
-    original.write_text('{"pid": 1}')
-    run = tmp_path / "run"
-    run.mkdir()
-    os.link(original, run / ".lock")
+    original, run = linked_into_a_run(tmp_path, '{"pid": 1}', ".lock")
     handle = door.open_lock_file(run / ".lock")
     door.rewrite_lock_record(handle, "")
     handle.close()

@@ -8,7 +8,6 @@ conversion to one file never call ``torch.load`` or any unpickler."""
 import io
 import json
 import pickle
-import shutil
 import warnings
 import zipfile
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from helpers import checkpoint_in_a_run, relist
 from safetensors.torch import load_file
 from torch import _weights_only_unpickler, nn
 
@@ -198,29 +198,17 @@ def test_a_checkpoint_reads_bit_for_bit_as_dcps_own_loader(small_sharded, monkey
     assert all(same_bits(ours[k], theirs[k]) for k in ours)
 
 
-def copy_of(checkpoint: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "run" / "checkpoints" / checkpoint.name
-    shutil.copytree(checkpoint, copy)
-    return copy
-
-
-def rewrite_manifest(copy: Path) -> None:
-    files = sorted(p for p in copy.rglob("*") if p.is_file() and p.name != ckpt.MANIFEST)
-    listed = {str(p.relative_to(copy)): ckpt.file_sha256(p) for p in files}
-    (copy / ckpt.MANIFEST).write_text(json.dumps(listed))
-
-
 def with_embedding_record(checkpoint: Path, tmp_path: Path, record: bytearray) -> Path:
     """A copy whose embedding's record is ``record``, appended to its shard file and pointed at
     by its index, the manifest rewritten to match (what a sender of a crafted folder does)."""
-    copy = copy_of(checkpoint, tmp_path)
+    copy = checkpoint_in_a_run(checkpoint, tmp_path)
     shard = copy / ckpt.SHARDS / SHARD
     offset = shard.stat().st_size
     shard.write_bytes(shard.read_bytes() + bytes(record))
     index = json.loads((copy / sharded_index.INDEX).read_text())
     index["tensors"][EMBEDDING]["chunks"][0].update(offset=offset, length=len(record))
     (copy / sharded_index.INDEX).write_text(json.dumps(index))
-    rewrite_manifest(copy)
+    relist(copy)
     return copy
 
 
@@ -255,11 +243,11 @@ def test_a_checkpoint_with_a_crafted_record_is_refused_in_one_line(
 
 
 def test_a_cut_record_is_refused_in_one_line(small_sharded, tmp_path, capsys):
-    copy = copy_of(small_sharded, tmp_path)
+    copy = checkpoint_in_a_run(small_sharded, tmp_path)
     index = json.loads((copy / sharded_index.INDEX).read_text())
     index["tensors"][EMBEDDING]["chunks"][0]["length"] = 258 * 32 * 4 + 100  # no zip directory
     (copy / sharded_index.INDEX).write_text(json.dumps(index))
-    rewrite_manifest(copy)
+    relist(copy)
     assert convert.main([str(copy), "--to", "single"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{EMBEDDING} at [0, 0]: " in err, err
@@ -270,7 +258,7 @@ def test_resume_and_conversion_never_unpickle_and_give_dcps_weights(
     small_sharded, tmp_path, monkeypatch, capsys
 ):
     theirs = dcps_own(small_sharded)
-    copy = copy_of(small_sharded, tmp_path)
+    copy = checkpoint_in_a_run(small_sharded, tmp_path)
     forbid_unpickling(monkeypatch)
     status = cli.main(["--resume", str(copy), "--out", str(tmp_path / "on"), "--max-steps", "4"])
     assert status == 0, capsys.readouterr().err

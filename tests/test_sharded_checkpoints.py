@@ -9,7 +9,6 @@ tests/test_fsdp.py); they are marked ``multiprocess`` (a quick loop deselects th
 import json
 import os
 import pickle
-import shutil
 import signal
 import subprocess
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import checkpoint_in_a_run, relist
 from launch import FSDP_RUN, cpu_launch_env, free_port, fsdp_command, launch_fsdp
 from safetensors.torch import load_file
 
@@ -182,24 +182,12 @@ def losses_so_far(out: Path) -> bool:
 # ------------------------------------------------------------------ one process: refusals
 
 
-def copy_checkpoint_into_a_run(checkpoint: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "run" / "checkpoints" / checkpoint.name
-    shutil.copytree(checkpoint, copy)
-    return copy
-
-
-def rewrite_manifest(path: Path) -> None:
-    files = sorted(p for p in path.rglob("*") if p.is_file() and p.name != ckpt.MANIFEST)
-    listed = {str(p.relative_to(path)): ckpt.file_sha256(p) for p in files}
-    (path / ckpt.MANIFEST).write_text(json.dumps(listed))
-
-
 def test_the_single_file_reader_refuses_a_sharded_checkpoint_and_the_reverse(
     small_sharded, tmp_path, capsys
 ):
     with pytest.raises(CheckpointError, match="--to single"):
         ckpt.load_model_from_checkpoint(small_sharded)
-    copy = copy_checkpoint_into_a_run(small_sharded, tmp_path)
+    copy = checkpoint_in_a_run(small_sharded, tmp_path)
     assert convert.main([str(copy), "--to", "single"]) == 0
     model, _, _ = ckpt.load_model_from_checkpoint(copy)  # reads as one file now
     with pytest.raises(CheckpointError, match="not a sharded checkpoint"):
@@ -209,9 +197,9 @@ def test_the_single_file_reader_refuses_a_sharded_checkpoint_and_the_reverse(
 
 
 def test_a_missing_or_truncated_shard_is_refused_in_one_line(small_sharded, tmp_path, capsys):
-    missing = copy_checkpoint_into_a_run(small_sharded, tmp_path / "a")
+    missing = checkpoint_in_a_run(small_sharded, tmp_path / "a")
     (missing / "shards" / "__0_0.distcp").unlink()
-    truncated = copy_checkpoint_into_a_run(small_sharded, tmp_path / "b")
+    truncated = checkpoint_in_a_run(small_sharded, tmp_path / "b")
     shard = truncated / "shards" / "__0_0.distcp"
     shard.write_bytes(shard.read_bytes()[:100])
     for broken, why in ((missing, "missing file shards/__0_0.distcp"), (truncated, "checksum")):
@@ -225,7 +213,7 @@ def test_an_index_that_unpickles_anything_else_is_refused_and_runs_nothing(
 ):
     """A checkpoint of an earlier version (a pickled index only) is unpickled by
     ``convert-checkpoint --trust`` alone, and even then makes nothing but DCP's index classes."""
-    crafted = copy_checkpoint_into_a_run(small_sharded, tmp_path)
+    crafted = checkpoint_in_a_run(small_sharded, tmp_path)
     (crafted / "shards" / "index.json").unlink()
     witness = tmp_path / "ran"
 
@@ -235,7 +223,7 @@ def test_an_index_that_unpickles_anything_else_is_refused_and_runs_nothing(
 
     for protocol, why in ((2, "refused to unpickle: it asks for posix.system"), (4, "protocol 4")):
         (crafted / "shards" / ".metadata").write_bytes(pickle.dumps(Payload(), protocol=protocol))
-        rewrite_manifest(crafted)
+        relist(crafted)
         with pytest.raises(CheckpointError, match="convert-checkpoint .* --trust"):
             sharded.read_index(crafted)
         assert convert.main([str(crafted), "--to", "single"]) == 2

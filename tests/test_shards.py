@@ -65,33 +65,30 @@ def synthetic_documents(n_docs: int, seed: int = 0):
         yield ("validation" if i % 20 == 10 else "train"), letters.tobytes().decode()
 
 
+def packed_shards(folder: Path, tokenizer, documents: int, shard_rows: int) -> dict:
+    """Shards of ``documents`` synthetic documents in packed rows of 64 tokens (63 each)."""
+    return write_shards(
+        folder,
+        synthetic_documents(documents),
+        tokenizer,
+        protocol="packed",
+        seq_len=64,
+        shard_tokens=63 * shard_rows,
+        source="generated",
+    )
+
+
 def test_a_corpus_larger_than_the_memory_budget_is_written_and_read_within_it(tmp_path):
     budget = 2 * 1024 * 1024  # bytes of Python and numpy allocations, tracemalloc's count
     tokenizer = Tokenizer.byte()
     folder = tmp_path / "big"
     # a small write first, so the modules the writer imports on first use (numpy's and the
     # standard library's) are loaded before counting: the budget is for the data, not the code
-    write_shards(
-        tmp_path / "warm-up",
-        synthetic_documents(40),
-        tokenizer,
-        protocol="packed",
-        seq_len=64,
-        shard_tokens=63 * 10,
-        source="generated",
-    )
+    packed_shards(tmp_path / "warm-up", tokenizer, documents=40, shard_rows=10)
     open_shards(tmp_path / "warm-up", tokenizer, protocol="packed", seq_len=64)
     tracemalloc.start()
     try:
-        manifest = write_shards(
-            folder,
-            synthetic_documents(20_000),
-            tokenizer,
-            protocol="packed",
-            seq_len=64,
-            shard_tokens=63 * 2000,
-            source="generated",
-        )
+        manifest = packed_shards(folder, tokenizer, documents=20_000, shard_rows=2000)
         _, write_peak = tracemalloc.get_traced_memory()
         tracemalloc.reset_peak()
         splits = open_shards(folder, tokenizer, protocol="packed", seq_len=64)
